@@ -1,0 +1,102 @@
+"""What both daemons need from their host: logging, sd_notify, the watchdog.
+
+Logs go to the journal with structured fields when the process runs under
+systemd (``JOURNAL_STREAM`` names our stderr, or ``--journal`` forces it), and to
+stderr otherwise. Fields are passed as ``extra={"VMID": "101", ...}``: upper-case
+names become journal fields, so ``journalctl -u pvestord VMID=101`` works, and
+the stderr format shows them after the message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+#: Journal fields our log calls may carry (``extra=``); shown on stderr too.
+FIELDS = ("VMID", "NODE_NAME", "LV", "VG", "OLD_SIZE", "NEW_SIZE", "DURATION_MS", "REASON")
+
+
+class _FieldsFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        fields = [f"{k}={getattr(record, k)}" for k in FIELDS if hasattr(record, k)]
+        return f"{text} [{' '.join(fields)}]" if fields else text
+
+
+def _journal_wanted() -> bool:
+    # systemd sets JOURNAL_STREAM to "dev:inode" of the stream it connected to
+    # our stderr; if that is still our stderr, the journal is listening.
+    stream = os.environ.get("JOURNAL_STREAM")
+    if not stream:
+        return False
+    try:
+        st = os.fstat(sys.stderr.fileno())
+    except (OSError, ValueError):
+        return False
+    return stream == f"{st.st_dev}:{st.st_ino}"
+
+
+def setup_logging(ident: str, *, verbose: bool = False, journal: bool | None = None) -> None:
+    """Route the root logger to the journal or stderr, once per process."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    use_journal = _journal_wanted() if journal is None else journal
+    handler: logging.Handler
+    if use_journal:
+        from systemd.journal import JournalHandler
+
+        handler = JournalHandler(SYSLOG_IDENTIFIER=ident)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(_FieldsFormatter(
+            "%(asctime)s " + ident + " %(levelname)s %(name)s: %(message)s"))
+    root.addHandler(handler)
+    # qemu.qmp logs every message at DEBUG; keep it at INFO unless asked.
+    logging.getLogger("qemu.qmp").setLevel(logging.DEBUG if verbose else logging.WARNING)
+
+
+def fields(**values: Any) -> dict[str, str]:
+    """``extra=`` for a log call: journal fields with string values."""
+    return {k: str(v) for k, v in values.items()}
+
+
+def notify(state: str) -> None:
+    """``sd_notify(state)``; a no-op when not run by systemd."""
+    if not os.environ.get("NOTIFY_SOCKET"):
+        return
+    try:
+        from systemd import daemon
+    except ImportError:  # pragma: no cover - systemd-python is a dependency
+        log.warning("NOTIFY_SOCKET is set but systemd-python is missing")
+        return
+    daemon.notify(state)
+
+
+def watchdog_interval() -> float | None:
+    """Half the watchdog period systemd asked for, or None when it asked for none."""
+    usec = os.environ.get("WATCHDOG_USEC")
+    pid = os.environ.get("WATCHDOG_PID")
+    if not usec or (pid and pid != str(os.getpid())):
+        return None
+    try:
+        return int(usec) / 2e6
+    except ValueError:
+        return None
+
+
+async def watchdog_loop() -> None:
+    """Ping systemd's watchdog from the event loop: a stuck loop stops the pings."""
+    interval = watchdog_interval()
+    if interval is None:
+        return
+    while True:
+        notify("WATCHDOG=1")
+        await asyncio.sleep(interval)
