@@ -1,0 +1,49 @@
+# pvestord: `make demo` shows a thin disk growing live; `make check` runs every test.
+# Both install what they need first (scripts/install-deps: apt + .venv), and a
+# second run installs nothing new.
+
+PY        := .venv/bin/python
+PY313     := .venv313/bin/python
+PYTEST    := $(PY) -m pytest
+OUT       := out
+QUICK     ?=
+
+.PHONY: all deps check lint unit host packaging node demo bench clean
+
+all: check
+
+deps:
+	@./scripts/install-deps
+
+check: deps lint unit host packaging node
+	@echo "make check: all tiers passed"
+
+lint: deps
+	$(PY) -m ruff check pvestord qmeventd_py tests bench
+	$(PY) -m mypy --strict
+
+unit: deps
+	$(PYTEST) tests/unit -q
+	@if [ -x $(PY313) ]; then $(PY313) -m pytest tests/unit -q; \
+	 else echo "unit: no Python 3.13 venv on this machine, skipped that run"; fi
+
+# Host tier: real QEMU processes and files, no device-mapper (needs root).
+host: deps
+	$(PYTEST) tests/integration/host -q
+
+packaging: deps
+	$(PYTEST) tests/packaging -q
+
+# Node-guest tier: boots a Debian kernel under QEMU with dm-mod and runs
+# tests/integration/node inside it against real LVM on loop devices.
+node: deps
+	$(PY) -m tests.harness.nodeguest --out $(OUT)/node -- tests/integration/node
+
+demo: deps
+	$(PY) -m tests.harness.nodeguest --out $(OUT)/demo --demo
+
+bench: deps
+	$(PY) -m tests.harness.nodeguest --out $(OUT)/bench --bench $(if $(QUICK),--quick)
+
+clean:
+	rm -rf $(OUT) build *.egg-info
