@@ -1,0 +1,535 @@
+"""A real QEMU process for tests, as a context manager.
+
+In the spirit of QEMU's own ``python/qemu/machine/machine.py``: the process is
+always shut down on exit (QMP ``quit``, wait with a timeout, then SIGKILL, with
+a warning when QEMU died from a signal the test did not send), and a launch
+failure carries the exit code, the full command line and the captured output.
+
+The VM runs with Proxmox's runtime layout: ``<run_dir>/<vmid>.pid`` and a QMP
+server socket ``<run_dir>/<vmid>.qmp``; it can also connect as a client to a
+qmeventd socket exactly as qemu-server starts it.
+
+Everything here is synchronous (plain sockets and a reader thread for QEMU's
+output) so that sync and async tests can both use it; from an async test that
+must keep its event loop serving, wrap calls in ``asyncio.to_thread``.
+
+Why a reader thread and a marker for ``qemu-io``: HMP ``qemu-io`` prints its
+result ("wrote ...", "write failed: ...") on QEMU's stdout, not in the QMP
+reply, and the pipe and the QMP socket are not ordered with respect to each
+other. QEMU writes that output before it replies, and the same monitor runs
+one command at a time, so after the command we send a second ``qemu-io`` with
+an unknown command name; QEMU prints ``command "<marker>" not found`` (on
+stderr, which we merge into the same pipe). Every line between the previous
+position and the marker is exactly the first command's output.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import stat
+import subprocess
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+#: Environment override for the QEMU binary (same convention as pvestord.command).
+QEMU_ENV = "PVESTORD_QEMU_SYSTEM_X86_64"
+
+#: How long QEMU may take to create its QMP socket (TCG inside the node guest is slow).
+LAUNCH_TIMEOUT = 30.0
+#: Budget for one QMP command (qemu-io of a few MiB under TCG included).
+QMP_TIMEOUT = 30.0
+#: How long QEMU may take to exit after ``quit`` before it is killed.
+SHUTDOWN_TIMEOUT = 10.0
+
+_counter = itertools.count(1)
+
+
+class QemuError(Exception):
+    """Root of the harness's errors."""
+
+
+class QemuLaunchError(QemuError):
+    """QEMU did not start: carries everything needed to reproduce it."""
+
+    def __init__(self, reason: str, argv: Sequence[str], returncode: int | None,
+                 output: Sequence[str]) -> None:
+        self.reason = reason
+        self.argv = list(argv)
+        self.returncode = returncode
+        self.output = list(output)
+        super().__init__(
+            f"QEMU launch failed: {reason} (exit code {returncode})\n"
+            f"command: {' '.join(self.argv)}\n"
+            "output:\n" + "\n".join(self.output))
+
+
+class QmpCommandError(QemuError):
+    """A QMP command returned an error."""
+
+    def __init__(self, command: str, arguments: Mapping[str, Any], error: Mapping[str, Any]):
+        self.command = command
+        self.arguments = dict(arguments)
+        self.error_class = str(error.get("class", "?"))
+        self.desc = str(error.get("desc", "?"))
+        super().__init__(f"QMP {command} {self.arguments}: {self.error_class}: {self.desc}")
+
+
+class QemuIoError(QemuError):
+    """A qemu-io command failed; carries its output."""
+
+    def __init__(self, result: QemuIoResult) -> None:
+        self.result = result
+        super().__init__(
+            f"qemu-io {result.node} {result.command!r} failed: {result.error}\n"
+            "output:\n" + "\n".join(result.lines))
+
+
+@dataclass(frozen=True)
+class Disk:
+    """A qcow2 (or other format) node on top of a file node.
+
+    The file node's driver follows the path: ``host_device`` for a block device
+    (an LV, a loop device), ``file`` for a regular file.
+    """
+
+    path: str | Path
+    node_name: str
+    file_node_name: str
+    fmt: str = "qcow2"
+    file_options: Mapping[str, str] = field(default_factory=dict)
+    format_options: Mapping[str, str] = field(default_factory=dict)
+
+    def file_driver(self) -> str:
+        return "host_device" if stat.S_ISBLK(os.stat(self.path).st_mode) else "file"
+
+    def args(self) -> list[str]:
+        path = str(self.path).replace(",", ",,")
+        file_opts = {"driver": self.file_driver(), "filename": path,
+                     "node-name": self.file_node_name, **self.file_options}
+        fmt_opts = {"driver": self.fmt, "file": self.file_node_name,
+                    "node-name": self.node_name, **self.format_options}
+        return ["-blockdev", _opts(file_opts), "-blockdev", _opts(fmt_opts)]
+
+
+def _opts(values: Mapping[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in values.items())
+
+
+@dataclass(frozen=True)
+class QemuIoResult:
+    """The output of one HMP ``qemu-io`` command, parsed."""
+
+    node: str
+    command: str
+    lines: tuple[str, ...]
+    ok: bool
+    #: The errno text ("No space left on device"), "pattern mismatch", or the
+    #: first output line when the output is not understood; None when ok.
+    error: str | None
+
+
+_DONE = re.compile(r"^(wrote|read) \d+/\d+ bytes at offset \d+")
+_FAILED = re.compile(r"^\w+ failed: (.*)$")
+_MISMATCH = re.compile(r"^Pattern verification failed")
+
+
+def parse_qemu_io(node: str, command: str, lines: Sequence[str]) -> QemuIoResult:
+    """Turn qemu-io's human output into a result."""
+    error: str | None = None
+    done = False
+    for line in lines:
+        if m := _FAILED.match(line):
+            error = error or m.group(1)
+        elif _MISMATCH.match(line):
+            error = error or "pattern mismatch"
+        elif _DONE.match(line):
+            done = True
+    if error is None and not done:
+        error = lines[0] if lines else "no output"
+    return QemuIoResult(node, command, tuple(lines), error is None, error)
+
+
+class _Qmp:
+    """A minimal synchronous QMP client on a unix socket (test code only)."""
+
+    def __init__(self, path: Path, timeout: float) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout)
+        self.sock.connect(str(path))
+        self._buf = b""
+        self.events: list[dict[str, Any]] = []
+        self.greeting = self._read()
+        if "QMP" not in self.greeting:
+            raise QemuError(f"unexpected QMP greeting: {self.greeting}")
+        self.lock = threading.Lock()
+        self.execute("qmp_capabilities", {}, timeout)
+
+    def _read(self) -> dict[str, Any]:
+        # Our own buffer: a socket file object is unusable after one timeout.
+        while b"\n" not in self._buf:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise EOFError("QMP socket closed")
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        msg: dict[str, Any] = json.loads(line)
+        return msg
+
+    def execute(self, command: str, arguments: Mapping[str, Any], timeout: float) -> Any:
+        with self.lock:
+            self.sock.settimeout(timeout)
+            msg: dict[str, Any] = {"execute": command}
+            if arguments:
+                msg["arguments"] = dict(arguments)
+            log.debug("--> %s", msg)
+            self.sock.sendall(json.dumps(msg).encode() + b"\n")
+            while True:
+                reply = self._read()
+                log.debug("<-- %s", reply)
+                if "event" in reply:
+                    self.events.append(reply)
+                elif "error" in reply:
+                    raise QmpCommandError(command, arguments, reply["error"])
+                elif "return" in reply:
+                    return reply["return"]
+
+    def wait_event(self, match: Callable[[dict[str, Any]], bool],
+                   timeout: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        with self.lock:
+            while True:
+                for i, event in enumerate(self.events):
+                    if match(event):
+                        return self.events.pop(i)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no matching QMP event within {timeout:g} s;"
+                                       f" seen: {self.events}")
+                self.sock.settimeout(left)
+                try:
+                    msg = self._read()
+                except TimeoutError:
+                    continue
+                log.debug("<-- %s", msg)
+                if "event" in msg:
+                    self.events.append(msg)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+
+class QemuVM:
+    """A QEMU process with Proxmox's pidfile/QMP layout; use as a context manager.
+
+    :param vmid: names ``<run_dir>/<vmid>.pid`` and ``<run_dir>/<vmid>.qmp``.
+    :param run_dir: a writable folder (keep it short: unix socket paths are
+        limited to 107 bytes).
+    :param disks: block nodes to create.
+    :param machine: ``none`` for block-only tests, ``pc`` for guest devices.
+    :param event_socket: a qmeventd socket QEMU connects to as a client.
+    :param extra_args: appended to the command line (``-device ...``).
+    """
+
+    def __init__(self, vmid: int, run_dir: str | Path, *, disks: Sequence[Disk] = (),
+                 machine: str = "none", event_socket: str | Path | None = None,
+                 reconnect: int = 1, extra_args: Sequence[str] = (),
+                 log_path: str | Path | None = None,
+                 launch_timeout: float = LAUNCH_TIMEOUT,
+                 shutdown_timeout: float = SHUTDOWN_TIMEOUT) -> None:
+        self.vmid = vmid
+        self.run_dir = Path(run_dir)
+        self.pid_path = self.run_dir / f"{vmid}.pid"
+        self.qmp_path = self.run_dir / f"{vmid}.qmp"
+        self.log_path = Path(log_path) if log_path else self.run_dir / f"{vmid}.log"
+        self.disks = list(disks)
+        self.machine = machine
+        self.event_socket = event_socket
+        self.reconnect = reconnect
+        self.extra_args = list(extra_args)
+        self.launch_timeout = launch_timeout
+        self.shutdown_timeout = shutdown_timeout
+        self.output: list[str] = []
+        self._output_cond = threading.Condition()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._reader: threading.Thread | None = None
+        self._qmp: _Qmp | None = None
+        self._signals_sent: set[int] = set()
+        self._io_lock = threading.Lock()
+
+    # -- process ---------------------------------------------------------------
+
+    @property
+    def argv(self) -> list[str]:
+        argv = [os.environ.get(QEMU_ENV, "qemu-system-x86_64"),
+                "-machine", self.machine, "-nodefaults", "-nographic", "-display", "none",
+                "-accel", "tcg",
+                "-pidfile", str(self.pid_path),
+                "-qmp", f"unix:{self.qmp_path},server=on,wait=off"]
+        if self.event_socket is not None:
+            argv += ["-chardev", f"socket,id=qmp-event,path={self.event_socket},"
+                                 f"reconnect={self.reconnect}",
+                     "-mon", "chardev=qmp-event,mode=control"]
+        for disk in self.disks:
+            argv += disk.args()
+        return argv + self.extra_args
+
+    @property
+    def pid(self) -> int:
+        if self._proc is None:
+            raise QemuError("QEMU is not running")
+        return self._proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self._proc is None else self._proc.poll()
+
+    def is_running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def launch(self) -> QemuVM:
+        """Start QEMU and connect to its QMP socket.
+
+        :raise QemuLaunchError: QEMU exited or did not open its QMP socket in time.
+        """
+        if self._proc is not None:
+            raise QemuError("already launched")
+        with contextlib.suppress(FileNotFoundError):
+            self.qmp_path.unlink()
+        argv = self.argv
+        log.info("launching: %s", " ".join(argv))
+        self._log_file = open(self.log_path, "a", buffering=1)  # noqa: SIM115
+        self._log_file.write(f"# {' '.join(argv)}\n")
+        try:
+            self._proc = subprocess.Popen(  # noqa: S603 - argument list, no shell
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, bufsize=0)
+        except OSError as err:
+            raise QemuLaunchError(str(err), argv, None, []) from err
+        self._reader = threading.Thread(target=self._read_output, daemon=True,
+                                        name=f"qemu-{self.vmid}-output")
+        self._reader.start()
+        deadline = time.monotonic() + self.launch_timeout
+        last_err: Exception | None = None
+        while True:
+            if self._proc.poll() is not None:
+                self._reader.join(5)
+                raise QemuLaunchError("QEMU exited during start-up", argv,
+                                      self._proc.returncode, self.output)
+            if time.monotonic() > deadline:
+                self._kill_quietly()
+                raise QemuLaunchError(
+                    f"no QMP socket after {self.launch_timeout:g} s ({last_err})", argv,
+                    self._proc.returncode, self.output)
+            if self.qmp_path.exists():
+                try:
+                    self._qmp = _Qmp(self.qmp_path, QMP_TIMEOUT)
+                    return self
+                except (OSError, EOFError, ValueError) as err:
+                    last_err = err
+            time.sleep(0.02)
+
+    def _read_output(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        for raw in self._proc.stdout:
+            line = raw.decode(errors="replace").rstrip("\r\n")
+            self._log_file.write(line + "\n")
+            with self._output_cond:
+                self.output.append(line)
+                self._output_cond.notify_all()
+        with self._output_cond:
+            self._output_cond.notify_all()
+
+    def send_signal(self, sig: int) -> None:
+        """Signal QEMU; the shutdown check then knows the test meant it."""
+        self._signals_sent.add(sig)
+        if self._proc is not None:
+            self._proc.send_signal(sig)
+
+    def wait(self, timeout: float) -> int:
+        """Wait for QEMU to exit on its own; returns its exit code."""
+        if self._proc is None:
+            raise QemuError("QEMU was never launched")
+        return self._proc.wait(timeout)
+
+    def _kill_quietly(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._signals_sent.add(signal.SIGKILL)
+            self._proc.kill()
+            self._proc.wait(self.shutdown_timeout)
+
+    def shutdown(self) -> None:
+        """QMP ``quit``, wait, then kill; idempotent. Warns about unexpected deaths."""
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.poll() is None and self._qmp is not None:
+            with contextlib.suppress(OSError, EOFError, QemuError, ValueError):
+                self._qmp.execute("quit", {}, self.shutdown_timeout)
+        try:
+            proc.wait(self.shutdown_timeout)
+        except subprocess.TimeoutExpired:
+            log.warning("QEMU %s did not exit %g s after quit; killing it",
+                        self.vmid, self.shutdown_timeout)
+            self._kill_quietly()
+        if self._qmp is not None:
+            self._qmp.close()
+            self._qmp = None
+        if self._reader is not None:
+            self._reader.join(5)
+        self._log_file.close()
+        with contextlib.suppress(FileNotFoundError):
+            self.qmp_path.unlink()
+        rc = proc.returncode
+        if rc is not None and rc < 0 and -rc not in self._signals_sent:
+            warnings.warn(f"QEMU {self.vmid} died from signal {-rc} the test did not send;"
+                          f" output:\n" + "\n".join(self.output[-50:]), stacklevel=2)
+
+    def __enter__(self) -> QemuVM:
+        return self.launch() if self._proc is None else self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.shutdown()
+        if exc is not None and self.output:
+            log.error("QEMU %s output:\n%s", self.vmid, "\n".join(self.output[-100:]))
+
+    # -- monitor ---------------------------------------------------------------
+
+    def _client(self) -> _Qmp:
+        if self._qmp is None:
+            raise QemuError("QEMU is not running")
+        return self._qmp
+
+    def qmp(self, command: str, arguments: Mapping[str, Any] | None = None, *,
+            timeout: float = QMP_TIMEOUT, **kwargs: Any) -> Any:
+        """Run a QMP command; keyword names get ``_`` turned into ``-``.
+
+        :raise QmpCommandError: QEMU answered with an error.
+        """
+        args = dict(arguments or {})
+        args.update({k.replace("_", "-"): v for k, v in kwargs.items()})
+        return self._client().execute(command, args, timeout)
+
+    def hmp(self, command_line: str, *, timeout: float = QMP_TIMEOUT) -> str:
+        """Run an HMP command through ``human-monitor-command``; returns its text."""
+        out = self.qmp("human-monitor-command", {"command-line": command_line},
+                       timeout=timeout)
+        return str(out)
+
+    def events(self) -> list[dict[str, Any]]:
+        """The QMP events seen so far on our QMP connection (and not yet waited for)."""
+        return list(self._client().events)
+
+    def wait_event(self, name: str, *, timeout: float = QMP_TIMEOUT,
+                   match: Callable[[dict[str, Any]], bool] | None = None) -> dict[str, Any]:
+        """Wait for (and consume) an event called ``name``.
+
+        :raise TimeoutError: none came in time.
+        """
+        return self._client().wait_event(
+            lambda e: e.get("event") == name and (match is None or match(e)), timeout)
+
+    def set_write_threshold(self, node_name: str, threshold: int) -> None:
+        self.qmp("block-set-write-threshold", node_name=node_name, write_threshold=threshold)
+
+    def named_node(self, node_name: str) -> dict[str, Any]:
+        """The ``query-named-block-nodes`` entry of ``node_name``."""
+        for node in self.qmp("query-named-block-nodes", flat=True):
+            if node.get("node-name") == node_name:
+                return dict(node)
+        raise QemuError(f"no block node {node_name!r}")
+
+    # -- qemu-io ---------------------------------------------------------------
+
+    def qemu_io(self, node: str, command: str, *, timeout: float = QMP_TIMEOUT) -> QemuIoResult:
+        """Run ``qemu-io NODE "COMMAND"`` and collect exactly its output.
+
+        :raise QemuError: the monitor refused the command (unknown node...).
+        """
+        if '"' in command:
+            raise ValueError("qemu-io command must not contain '\"'")
+        with self._io_lock:
+            with self._output_cond:
+                start = len(self.output)
+            reply = self.hmp(f'qemu-io {node} "{command}"', timeout=timeout)
+            if reply.strip():
+                raise QemuError(f"qemu-io {node} {command!r}: {reply.strip()}")
+            marker = f"harness-marker-{os.getpid()}-{next(_counter)}"
+            self.hmp(f'qemu-io {node} "{marker}"', timeout=timeout)
+            lines = self._output_until(start, marker, timeout)
+        result = parse_qemu_io(node, command, lines)
+        log.debug("qemu-io %s %r -> %s", node, command, result)
+        return result
+
+    def _output_until(self, start: int, marker: str, timeout: float) -> list[str]:
+        deadline = time.monotonic() + timeout
+        with self._output_cond:
+            while True:
+                for i in range(start, len(self.output)):
+                    if marker in self.output[i]:
+                        return self.output[start:i]
+                left = deadline - time.monotonic()
+                if left <= 0 or not self.is_running():
+                    raise QemuError(f"qemu-io output marker {marker} not seen;"
+                                    " output since the command:\n"
+                                    + "\n".join(self.output[start:]))
+                self._output_cond.wait(left)
+
+    def write_pattern(self, node: str, offset: int, length: int, pattern: int = 0xAB, *,
+                      check: bool = True, timeout: float = QMP_TIMEOUT) -> QemuIoResult:
+        """Write ``length`` bytes of ``pattern`` at ``offset``.
+
+        :raise QemuIoError: the write failed and ``check`` is set.
+        """
+        result = self.qemu_io(node, f"write -P {pattern:#x} {offset} {length}", timeout=timeout)
+        if check and not result.ok:
+            raise QemuIoError(result)
+        return result
+
+    def read_verify(self, node: str, offset: int, length: int, pattern: int = 0xAB, *,
+                    timeout: float = QMP_TIMEOUT) -> bool:
+        """True when the range reads back as ``pattern``, False on a mismatch.
+
+        :raise QemuIoError: the read itself failed.
+        """
+        result = self.qemu_io(node, f"read -P {pattern:#x} {offset} {length}", timeout=timeout)
+        if result.ok:
+            return True
+        if result.error == "pattern mismatch":
+            return False
+        raise QemuIoError(result)
+
+
+@contextlib.contextmanager
+def running(vmid: int, run_dir: str | Path, **kwargs: Any) -> Iterator[QemuVM]:
+    """``with running(4242, tmp, disks=[...]) as vm:``, a shorthand for QemuVM."""
+    with QemuVM(vmid, run_dir, **kwargs) as vm:
+        yield vm
+
+
+def create_qcow2(path: str | Path, size: int | str, *, options: Sequence[str] = (),
+                 timeout: float = 30.0) -> Path:
+    """``qemu-img create -f qcow2`` (a plain file or a block device)."""
+    from pvestord.command import binary, run
+
+    argv = [binary("qemu-img"), "create", "-q", "-f", "qcow2"]
+    for opt in options:
+        argv += ["-o", opt]
+    run([*argv, str(path), str(size)], timeout=timeout)
+    return Path(path)

@@ -1,0 +1,128 @@
+"""The QEMU test fixture itself, against a real QEMU: the other tiers trust it."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.harness.qemu import (
+    Disk,
+    QemuError,
+    QemuLaunchError,
+    QemuVM,
+    QmpCommandError,
+    create_qcow2,
+    parse_qemu_io,
+)
+
+MiB = 1024 * 1024
+
+
+def _disk(run_dir: Path, size: int = 64 * MiB) -> Disk:
+    path = create_qcow2(run_dir / "disk0.qcow2", size)
+    return Disk(path, node_name="drive-scsi0", file_node_name="file-scsi0")
+
+
+def test_layout_and_pattern_round_trip(run_dir: Path) -> None:
+    with QemuVM(4242, run_dir, disks=[_disk(run_dir)]) as vm:
+        assert int((run_dir / "4242.pid").read_text()) == vm.pid
+        assert vm.named_node("file-scsi0")["drv"] == "file"
+        assert vm.named_node("drive-scsi0")["drv"] == "qcow2"
+        vm.write_pattern("drive-scsi0", 1 * MiB, 256 * 1024, 0xAB)
+        assert vm.read_verify("drive-scsi0", 1 * MiB, 256 * 1024, 0xAB)
+        assert not vm.read_verify("drive-scsi0", 1 * MiB, 256 * 1024, 0xCD)
+        # Unwritten clusters read as zeros.
+        assert vm.read_verify("drive-scsi0", 8 * MiB, 64 * 1024, 0x00)
+    assert vm.returncode == 0
+    assert not (run_dir / "4242.qmp").exists()
+
+
+def test_qemu_io_reports_the_errno_of_a_failed_write(run_dir: Path) -> None:
+    with QemuVM(4242, run_dir, disks=[_disk(run_dir, 16 * MiB)]) as vm:
+        # Past the end of the virtual disk: QEMU refuses the request (EIO).
+        result = vm.qemu_io("drive-scsi0", f"write -P 0x11 {32 * MiB} 4096")
+        assert not result.ok
+        assert result.error == "Input/output error"
+        # The next command's output is not mixed with this one's.
+        ok = vm.qemu_io("drive-scsi0", "write -P 0x11 0 4096")
+        assert ok.ok, ok.lines
+        assert all("failed" not in line for line in ok.lines)
+        with pytest.raises(QemuError, match="nosuch"):
+            vm.qemu_io("nosuch", "read 0 512")
+
+
+def test_write_threshold_is_one_shot_and_fires_on_the_file_node(run_dir: Path) -> None:
+    with QemuVM(4242, run_dir, disks=[_disk(run_dir)]) as vm:
+        vm.set_write_threshold("file-scsi0", 4 * MiB)
+        assert vm.named_node("file-scsi0")["write_threshold"] == 4 * MiB
+        # Below the threshold (in physical offsets of the file node): no event.
+        vm.write_pattern("drive-scsi0", 0, 64 * 1024)
+        assert not [e for e in vm.events() if e["event"] == "BLOCK_WRITE_THRESHOLD"]
+        # Enough guest data that the qcow2 file grows past 4 MiB.
+        vm.write_pattern("drive-scsi0", 0, 8 * MiB)
+        event = vm.wait_event("BLOCK_WRITE_THRESHOLD", timeout=10)
+        assert event["data"]["node-name"] == "file-scsi0"
+        assert event["data"]["write-threshold"] == 4 * MiB
+        assert vm.named_node("file-scsi0")["write_threshold"] == 0
+        vm.write_pattern("drive-scsi0", 16 * MiB, 8 * MiB)
+        with pytest.raises(TimeoutError):
+            vm.wait_event("BLOCK_WRITE_THRESHOLD", timeout=0.5)
+
+
+def test_qmp_error_is_raised_with_its_class(run_dir: Path) -> None:
+    with QemuVM(4242, run_dir) as vm, pytest.raises(QmpCommandError) as err:
+        vm.qmp("block-set-write-threshold", node_name="nosuch", write_threshold=1)
+    assert err.value.error_class == "GenericError"
+
+
+def test_launch_failure_carries_command_and_output(run_dir: Path) -> None:
+    vm = QemuVM(4242, run_dir, extra_args=["-no-such-option"])
+    with pytest.raises(QemuLaunchError) as err:
+        vm.launch()
+    assert err.value.returncode == 1
+    assert "-no-such-option" in err.value.argv
+    assert any("no-such-option" in line for line in err.value.output)
+    assert "-no-such-option" in str(err.value)
+
+
+def test_signal_sent_by_the_test_gives_no_warning(run_dir: Path,
+                                                  recwarn: pytest.WarningsRecorder) -> None:
+    with QemuVM(4242, run_dir) as vm:
+        vm.send_signal(signal.SIGKILL)
+        vm.wait(10)
+    assert vm.returncode == -signal.SIGKILL
+    assert not [w for w in recwarn if "did not send" in str(w.message)]
+
+
+def test_unexpected_death_warns(run_dir: Path) -> None:
+    with pytest.warns(UserWarning, match="did not send"), QemuVM(4242, run_dir) as vm:
+        import os
+
+        os.kill(vm.pid, signal.SIGKILL)
+        vm.wait(10)
+
+
+async def test_usable_from_async_tests(run_dir: Path) -> None:
+    vm = QemuVM(4243, run_dir, disks=[_disk(run_dir)])
+    await asyncio.to_thread(vm.launch)
+    try:
+        result = await asyncio.to_thread(vm.write_pattern, "drive-scsi0", 0, 4096, 0x5A)
+        assert result.ok
+    finally:
+        await asyncio.to_thread(vm.shutdown)
+
+
+def test_parse_qemu_io() -> None:
+    ok = parse_qemu_io("n", "write 0 1", ["wrote 1/1 bytes at offset 0", "1 bytes, 1 ops; ..."])
+    assert ok.ok and ok.error is None
+    nospc = parse_qemu_io("n", "write 0 1", ["write failed: No space left on device"])
+    assert not nospc.ok and nospc.error == "No space left on device"
+    mismatch = parse_qemu_io("n", "read -P 1 0 1", [
+        "Pattern verification failed at offset 0, 1 bytes", "read 1/1 bytes at offset 0"])
+    assert mismatch.error == "pattern mismatch"
+    unknown = parse_qemu_io("n", "bogus", ['command "bogus" not found'])
+    assert not unknown.ok and unknown.error == 'command "bogus" not found'
+    assert parse_qemu_io("n", "x", []).error == "no output"
