@@ -1,0 +1,260 @@
+"""Boot a "node guest" and run a command inside it: the node-guest test tier.
+
+This machine's kernel has no device-mapper, so LVM cannot activate an LV on
+the host. The node guest is Debian's ``linux-image-amd64`` kernel booted by
+virtme-ng with the host's root filesystem shared read-only (9p) and tmpfs
+overlays: the host's LVM, QEMU and Python run inside unchanged, next to a real
+dm-mod. One folder (``--out``) is shared writable; results (JUnit XML, logs,
+reports) come back through it.
+
+Facts this module relies on are in ``shared/NODE-GUEST.md``: TCG unless the
+machine has real hardware KVM (this one has ``kvm_pvm``, which cannot boot a
+stock kernel); vng's output piped (never a regular file: QEMU's file chardevs
+garble it); ``--force-9p``; the guest's exit status is the command's.
+
+Every guest run has a timeout. A guest that does not boot or hangs is killed
+and reported with the last lines of its console, never waited on forever.
+
+Usage (the Makefile's ``node``, ``demo`` and ``bench`` targets)::
+
+    python -m tests.harness.nodeguest --out out/node -- tests/integration/node [pytest args]
+    python -m tests.harness.nodeguest --out out/demo --demo
+    python -m tests.harness.nodeguest --out out/bench --bench [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+VENV_BIN = REPO / ".venv" / "bin"
+
+#: Modules the guest never needs; skipping them cut boot by a fifth (NODE-GUEST.md).
+BLACKLIST = (
+    "kvm,kvm_intel,kvm_amd,ahci,libahci,libata,sr_mod,cdrom,"
+    "aesni_intel,crc32_pclmul,ghash_clmulni_intel,sha256_ssse3,sha512_ssse3,"
+    "input_leds,psmouse,serio_raw,evdev,i2c_piix4,floppy,pcspkr"
+)
+
+#: Whole-run budget for a node-guest pytest session; boot alone is ~15-30 s.
+DEFAULT_TIMEOUT = 30 * 60
+CONSOLE_TAIL_LINES = 40
+
+
+class GuestError(Exception):
+    """The guest did not boot, or did not finish in time."""
+
+
+@dataclass(frozen=True)
+class GuestResult:
+    returncode: int
+    duration: float
+    console_log: Path
+
+
+def find_kernel() -> Path:
+    """The newest Debian ``vmlinuz`` with matching modules (dm-mod, loop)."""
+    candidates = sorted(Path("/boot").glob("vmlinuz-*-amd64"), key=lambda p: p.stat().st_mtime)
+    for kernel in reversed(candidates):
+        release = kernel.name.removeprefix("vmlinuz-")
+        if (Path("/lib/modules") / release / "kernel/drivers/md/dm-mod.ko").exists():
+            return kernel
+    raise GuestError(
+        "no Debian kernel with dm-mod under /boot: install linux-image-amd64 "
+        "(scripts/install-deps does)")
+
+
+def hardware_kvm_usable() -> bool:
+    """True for a real KVM; False for none and for kvm_pvm, which cannot boot Debian's kernel."""
+    if not os.access("/dev/kvm", os.R_OK | os.W_OK) or Path("/sys/module/kvm_pvm").exists():
+        return False
+    return Path("/sys/module/kvm_intel").exists() or Path("/sys/module/kvm_amd").exists()
+
+
+def vng_argv(command: str, out: Path, *, memory: str, cpus: int, name: str = "node") -> list[str]:
+    vng = shutil.which("vng", path=f"{VENV_BIN}:{os.environ.get('PATH', '')}")
+    if vng is None:
+        raise GuestError("vng (virtme-ng) not found: run scripts/install-deps")
+    argv = [
+        vng, "--run", str(find_kernel()), "--force-9p", "--name", name,
+        "-m", memory, "--cpus", str(cpus), "--rwdir", str(out),
+        "--append", f"modprobe.blacklist={BLACKLIST}",
+        "--exec", command,
+    ]
+    if not hardware_kvm_usable():
+        argv.insert(3, "--disable-kvm")
+    return argv
+
+
+def run_guest(command: list[str], out: Path, *, timeout: float = DEFAULT_TIMEOUT,
+              memory: str = "6G", cpus: int = 2, echo: bool = True) -> GuestResult:
+    """Boot the node guest, run ``command`` in it, and return its exit status.
+
+    ``command`` runs as root in the repository folder through
+    :mod:`tests.harness.inguest`, which loads dm-mod and loop first.
+    The console goes to ``out/console.log`` (and to our stdout if ``echo``).
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    inner = [str(VENV_BIN / "python"), "-m", "tests.harness.inguest", "--out", str(out),
+             *command]
+    argv = vng_argv(f"cd {shlex.quote(str(REPO))} && " + shlex.join(inner), out,
+                    memory=memory, cpus=cpus)
+    env = dict(os.environ, PATH=f"{VENV_BIN}:{os.environ.get('PATH', '')}")
+    console_log = out / "console.log"
+    tail: deque[str] = deque(maxlen=CONSOLE_TAIL_LINES)
+    start = time.monotonic()
+    deadline = start + timeout
+    # Popen with a pipe: NODE-GUEST.md says vng's output must not go straight to a file.
+    with console_log.open("w") as log, subprocess.Popen(  # noqa: S603 - argument list
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        env=env, text=True, errors="replace", start_new_session=True,
+    ) as proc:
+        assert proc.stdout is not None
+        os.set_blocking(proc.stdout.fileno(), False)
+        timed_out = False
+        pending = ""
+        while True:
+            chunk = _read_available(proc.stdout, wait=0.2)
+            if chunk:
+                pending += chunk
+                *lines, pending = pending.split("\n")
+                for line in lines:
+                    log.write(line + "\n")
+                    tail.append(line)
+                    if echo:
+                        print(line, flush=True)
+                log.flush()
+            elif proc.poll() is not None:
+                break
+            if time.monotonic() > deadline:
+                timed_out = True
+                _kill(proc)
+                break
+        if pending:
+            log.write(pending + "\n")
+            tail.append(pending)
+    duration = time.monotonic() - start
+    if timed_out:
+        raise GuestError(
+            f"node guest did not finish within {timeout:.0f} s; killed. Last console lines:\n"
+            + "\n".join(tail) + f"\n(full console: {console_log}; command: {shlex.join(argv)})")
+    returncode = proc.returncode
+    started = (out / "inguest.started").exists()
+    if not started:
+        raise GuestError(
+            f"node guest did not boot (vng exited {returncode} after {duration:.1f} s before "
+            "running our command). Last console lines:\n" + "\n".join(tail)
+            + f"\n(full console: {console_log}; command: {shlex.join(argv)})")
+    return GuestResult(returncode, duration, console_log)
+
+
+def _read_available(stream: object, wait: float) -> str:
+    import select
+
+    fileno = stream.fileno()  # type: ignore[attr-defined]
+    ready, _, _ = select.select([fileno], [], [], wait)
+    if not ready:
+        return ""
+    try:
+        data = os.read(fileno, 65536)
+    except BlockingIOError:
+        return ""
+    return data.decode(errors="replace")
+
+
+def _kill(proc: subprocess.Popen[str]) -> None:
+    try:
+        os.killpg(proc.pid, 9)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=30)
+
+
+@dataclass(frozen=True)
+class JUnitCounts:
+    tests: int
+    failures: int
+    errors: int
+    skipped: int
+
+    @property
+    def passed(self) -> int:
+        return self.tests - self.failures - self.errors - self.skipped
+
+
+def junit_counts(path: Path) -> JUnitCounts:
+    root = ET.parse(path).getroot()
+    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+    total = JUnitCounts(0, 0, 0, 0)
+    for s in suites:
+        total = JUnitCounts(
+            total.tests + int(s.get("tests", 0)), total.failures + int(s.get("failures", 0)),
+            total.errors + int(s.get("errors", 0)), total.skipped + int(s.get("skipped", 0)))
+    return total
+
+
+def run_pytest_in_guest(pytest_args: list[str], out: Path, timeout: float) -> int:
+    """Run a pytest session in the guest; print the guest's counts on the host."""
+    junit = out / "junit.xml"
+    junit.unlink(missing_ok=True)
+    (out / "inguest.started").unlink(missing_ok=True)
+    result = run_guest(
+        ["pytest", f"--junitxml={junit}", "-p", "no:cacheprovider", "-v", *pytest_args],
+        out, timeout=timeout)
+    if not junit.exists():
+        print(f"node guest: pytest wrote no JUnit report (exit {result.returncode}); "
+              f"console: {result.console_log}", file=sys.stderr)
+        return result.returncode or 1
+    counts = junit_counts(junit)
+    # The host-side summary: the plain closing line CI reads, for the guest tier.
+    print(f"node guest ({result.duration:.0f} s, report {junit}):")
+    print(f"node-guest: {counts.passed} passed, {counts.failures + counts.errors} failed, "
+          f"{counts.skipped} skipped")
+    if counts.tests == 0:
+        print("node guest: no test ran", file=sys.stderr)
+        return 1
+    return result.returncode
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="nodeguest", description="Run the node-guest test tier, the demo or the benchmarks "
+        "inside a Debian kernel booted under QEMU (real device-mapper and LVM).")
+    parser.add_argument("--out", type=Path, required=True, help="writable folder for results")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT)
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--demo", action="store_true", help="run the live demo")
+    mode.add_argument("--bench", action="store_true", help="run the benchmarks")
+    mode.add_argument("--exec", dest="exec_argv", nargs=argparse.REMAINDER,
+                      help="run this command in the guest")
+    parser.add_argument("--quick", action="store_true", help="benchmarks: quick mode")
+    parser.add_argument("pytest_args", nargs="*", help="pytest arguments (after --)")
+    args = parser.parse_args(argv)
+    out: Path = args.out.resolve()
+    try:
+        if args.demo:
+            return run_guest(["demo"], out, timeout=args.timeout).returncode
+        if args.bench:
+            return run_guest(["bench", *(["--quick"] if args.quick else [])], out,
+                             timeout=args.timeout).returncode
+        if args.exec_argv:
+            return run_guest(["exec", *args.exec_argv], out, timeout=args.timeout).returncode
+        return run_pytest_in_guest(args.pytest_args or ["tests/integration/node"], out,
+                                   args.timeout)
+    except GuestError as err:
+        print(f"nodeguest: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

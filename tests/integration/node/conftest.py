@@ -1,0 +1,38 @@
+"""Fixtures for the node-guest tier: a fresh loop-device VG per test.
+
+These tests only make sense inside the node guest (real device-mapper); run
+them with ``make node``. Run on the host by mistake, they stop at once with a
+clear message instead of failing one by one.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.harness.lvmbed import VG, loop_vg
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not Path("/dev/mapper/control").exists():
+        raise pytest.UsageError(
+            "tests/integration/node needs device-mapper: run them in the node guest "
+            "with `make node`")
+
+
+@pytest.fixture
+def vg() -> Iterator[VG]:
+    with loop_vg() as volume_group:
+        yield volume_group
+
+
+@pytest.fixture
+def out_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    """Where a test leaves logs worth reading after a failure (the shared folder)."""
+    base = Path(os.environ.get("PVESTORD_TEST_OUT", str(tmp_path)))
+    path = base / "tests" / request.node.name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
