@@ -1,0 +1,538 @@
+"""Cluster-wide and node-local locks behind one small interface.
+
+Two backends, chosen by where the protected thing lives:
+
+* :class:`LockDirLock`: a lock directory, as ``PVE::Cluster::cfs_lock`` does
+  on pmxcfs: ``mkdir <lockdir>/<id>`` is the atomic test-and-set; while it
+  exists the waiter sends an *unlock request* and retries for up to 10 s;
+  ``rmdir`` releases. pmxcfs expires a lock directory unchanged for 120 s when
+  a waiter asks; a holder must therefore finish well inside 60 s (Proxmox
+  aborts its locked code after 60 s).
+* :class:`FlockLock`: ``flock`` on a lock file, for one node on an ordinary
+  file system; the same kernel lock Proxmox's ``PVE::Tools::lock_file`` takes,
+  so ours and theirs exclude each other.
+
+Every wait is a retry loop (``time.sleep`` for the command line,
+``asyncio.sleep`` for the daemons): a lock that cannot be had in time raises
+:class:`LockTimeout` naming the lock and its holder's age; nothing hangs.
+
+Expiry on a folder that is not pmxcfs
+-------------------------------------
+pmxcfs treats ``utime(path, 0, 0)`` on a lock directory as an unlock request:
+it never lowers the directory's mtime, and removes the directory if it has not
+changed for 120 s. A plain folder (the two-node bed's shared 9p folder, tests)
+has no pmxcfs behind it, and ``utime(0, 0)`` there really sets the mtime to
+1970: the lock would look 55 years old and the next waiter would break a live
+lock. So on a plain folder the waiter does not send ``utime(0, 0)``;
+:class:`EmulatedPmxcfsExpiry` takes its place and does what pmxcfs would do:
+
+1. ``mkdir .<id>.expire`` beside the lock: only one waiter judges a lock at a
+   time (a waiter that finds it taken just retries later). Its mtime, set by
+   the file server, is "now" on the same clock as the lock's mtime, so the
+   guests' clock skew does not matter.
+2. under it, the lock's age is ``mtime(.<id>.expire) - mtime(<id>)``; if the
+   lock is still the directory the waiter saw first (same inode and mtime) and
+   is older than 120 s, its holder is gone: ``rmdir`` it, with a warning.
+3. ``rmdir .<id>.expire``.
+
+A holder checks at release that the lock directory is still the one it made;
+if it was expired meanwhile (the holder overran 120 s) it logs an error and
+leaves the new holder's directory alone. The one race left needs a waiter to
+crash inside step 2 *and* another to find the leftover breaker 120 s later
+at the very moment a third waiter takes the lock: it is documented, not
+handled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import re
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from pvestord import paths
+from pvestord.errors import PvestordError
+
+log = logging.getLogger(__name__)
+
+#: How long a waiter tries before giving up (``cfs_lock``'s default).
+DEFAULT_TIMEOUT = 10.0
+#: pmxcfs expires a lock directory unchanged for longer than this
+#: (``CFS_LOCK_TIMEOUT`` in pmxcfs's memdb.c).
+PMXCFS_LOCK_EXPIRY = 120.0
+#: A holder should be done by then (``cfs_lock`` aborts its code after 60 s).
+HOLD_BUDGET = 60.0
+#: Unlock requests go out at most this often (``cfs_lock`` sends one per ~1 s retry).
+UNLOCK_REQUEST_INTERVAL = 1.0
+#: Retry back-off of the ``mkdir``/``flock`` attempts: first and largest pause.
+#: Shorter than ``cfs_lock``'s 1 s so that a busy queue does not stall; each
+#: attempt is one cheap syscall (one message on pmxcfs).
+RETRY_FIRST = 0.002
+RETRY_MAX = 0.1
+
+# Lock ids become file names: Proxmox's ids are "storage-<storeid>",
+# "file-<name>", "domain-<name>"; storage ids may contain dots.
+_LOCK_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+# PVE::JSONSchema parse_storage_id.
+_STORAGE_ID = re.compile(r"[a-z][a-z0-9._-]*[a-z0-9]", re.IGNORECASE)
+
+
+class LockError(PvestordError):
+    """A lock could not be used at all (bad id, missing directory, I/O error)."""
+
+
+class LockTimeout(LockError):
+    """The lock was held by someone else for the whole wait."""
+
+    def __init__(self, name: str, waited: float, holder_age: float | None,
+                 detail: str = "") -> None:
+        self.name = name
+        self.waited = waited
+        self.holder_age = holder_age
+        age = f"held for {holder_age:.0f} s" if holder_age is not None else "holder's age unknown"
+        extra = f"; {detail}" if detail else ""
+        super().__init__(f"timed out after {waited:.1f} s waiting for lock {name} ({age}{extra})")
+
+
+class Lock(Protocol):
+    """One named lock; each ``acquire`` is an independent, non-reentrant hold."""
+
+    name: str
+
+    def acquire(self, timeout: float = DEFAULT_TIMEOUT) -> contextlib.AbstractContextManager[None]:
+        """Hold the lock for the ``with`` block; raises :class:`LockTimeout`."""
+        ...
+
+    def acquire_async(
+        self, timeout: float = DEFAULT_TIMEOUT
+    ) -> contextlib.AbstractAsyncContextManager[None]:
+        """Hold the lock for the ``async with`` block, waiting with ``asyncio.sleep``."""
+        ...
+
+
+class _Backoff:
+    """Pauses between attempts: exponential, capped, with some jitter so that
+    waiters started together do not retry in lock-step."""
+
+    def __init__(self, timeout: float) -> None:
+        self.start = time.monotonic()
+        self.deadline = self.start + timeout
+        self.pause = RETRY_FIRST
+
+    def next_pause(self) -> float | None:
+        """The next pause, or None once the deadline has passed."""
+        now = time.monotonic()
+        if now >= self.deadline:
+            return None
+        pause = min(self.pause * (0.5 + _jitter()), self.deadline - now)
+        self.pause = min(self.pause * 2, RETRY_MAX)
+        return max(pause, 0.0)
+
+    @property
+    def waited(self) -> float:
+        return time.monotonic() - self.start
+
+
+def _jitter() -> float:
+    return int.from_bytes(os.urandom(2), "little") / 65535.0
+
+
+def _warn_if_overran(name: str, held_since: float, budget: float) -> None:
+    held = time.monotonic() - held_since
+    if held > budget:
+        log.warning("lock %s was held for %.1f s, longer than its %.0f s budget: pmxcfs "
+                    "expires cluster locks after %.0f s, and waiters time out after %.0f s",
+                    name, held, budget, PMXCFS_LOCK_EXPIRY, DEFAULT_TIMEOUT)
+
+
+# ---------------------------------------------------------------------------
+# flock backend
+
+
+class FlockLock:
+    """``flock(LOCK_EX)`` on ``path``, created if missing.
+
+    The lock file's mtime is set at each acquisition so that a waiter that
+    times out can say how long the current holder has had it (Proxmox's own
+    holders do not touch it, so for them this is an upper bound).
+    """
+
+    def __init__(self, path: Path, *, hold_budget: float = HOLD_BUDGET) -> None:
+        self.path = path
+        self.name = f"{path} (flock)"
+        self.hold_budget = hold_budget
+
+    def _open(self) -> int:
+        try:
+            return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        except OSError as err:
+            raise LockError(f"cannot open lock file {self.path}: {err.strerror}") from err
+
+    def _try(self, fd: int) -> bool:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        except OSError as err:
+            raise LockError(f"flock on {self.path} failed: {err.strerror}") from err
+        with contextlib.suppress(OSError):
+            os.utime(fd)
+        return True
+
+    def _timeout(self, backoff: _Backoff) -> LockTimeout:
+        age: float | None = None
+        with contextlib.suppress(OSError):
+            age = max(time.time() - os.stat(self.path).st_mtime, 0.0)
+        holders = _flock_holders(self.path)
+        detail = f"holder pid {', '.join(map(str, holders))}" if holders else ""
+        return LockTimeout(self.name, backoff.waited, age, detail)
+
+    @contextlib.contextmanager
+    def acquire(self, timeout: float = DEFAULT_TIMEOUT) -> Iterator[None]:
+        fd = self._open()
+        try:
+            backoff = _Backoff(timeout)
+            while not self._try(fd):
+                pause = backoff.next_pause()
+                if pause is None:
+                    raise self._timeout(backoff)
+                time.sleep(pause)
+            held_since = time.monotonic()
+            try:
+                yield
+            finally:
+                _warn_if_overran(self.name, held_since, self.hold_budget)
+        finally:
+            os.close(fd)  # closing the descriptor drops the flock
+
+    @contextlib.asynccontextmanager
+    async def acquire_async(
+        self, timeout: float = DEFAULT_TIMEOUT  # noqa: ASYNC109 - bounds the wait, not the body
+    ) -> AsyncIterator[None]:
+        fd = self._open()
+        try:
+            backoff = _Backoff(timeout)
+            while not self._try(fd):
+                pause = backoff.next_pause()
+                if pause is None:
+                    raise self._timeout(backoff)
+                await asyncio.sleep(pause)
+            held_since = time.monotonic()
+            try:
+                yield
+            finally:
+                _warn_if_overran(self.name, held_since, self.hold_budget)
+        finally:
+            os.close(fd)
+
+
+def _flock_holders(path: Path) -> list[int]:
+    """Pids holding a FLOCK on ``path``, from /proc/locks (best effort)."""
+    try:
+        st = os.stat(path)
+        text = Path("/proc/locks").read_text()
+    except OSError:
+        return []
+    want = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    pids = []
+    for line in text.splitlines():
+        parts = line.split()
+        # "1: FLOCK  ADVISORY  WRITE 1234 fd:00:5678 0 EOF"; blocked waiters have "->".
+        if len(parts) >= 6 and parts[1] == "FLOCK" and parts[5] == want and parts[4].isdigit():
+            pids.append(int(parts[4]))
+    return pids
+
+
+# ---------------------------------------------------------------------------
+# lock-directory backend
+
+
+class UnlockRequest(Protocol):
+    """What a waiter does, about once a second, while the lock directory exists."""
+
+    def __call__(self, lock_path: Path) -> None: ...
+
+
+def pmxcfs_unlock_request(lock_path: Path) -> None:
+    """``utime(path, 0, 0)``, exactly as ``cfs_lock``: pmxcfs sees it and
+    removes the lock directory if it has been unchanged for 120 s. pmxcfs
+    refuses to lower a lock's mtime, so the error is expected and ignored
+    (``cfs_lock`` ignores it too)."""
+    with contextlib.suppress(OSError):
+        os.utime(lock_path, (0, 0))
+
+
+@dataclass(frozen=True)
+class _Seen:
+    ino: int
+    mtime_ns: int
+
+
+class EmulatedPmxcfsExpiry:
+    """pmxcfs's lock expiry, done by the waiters themselves, for a lock
+    directory on a folder that is not pmxcfs (see the module docstring)."""
+
+    def __init__(self, stale_after: float = PMXCFS_LOCK_EXPIRY) -> None:
+        self.stale_after = stale_after
+
+    def __call__(self, lock_path: Path) -> None:
+        try:
+            st = os.stat(lock_path)
+        except FileNotFoundError:
+            return
+        seen = _Seen(st.st_ino, st.st_mtime_ns)
+        breaker = lock_path.with_name(f".{lock_path.name}.expire")
+        try:
+            os.mkdir(breaker)
+        except FileExistsError:
+            self._clear_dead_breaker(breaker)
+            return
+        except OSError as err:
+            log.warning("cannot check lock %s for expiry: %s", lock_path, err.strerror)
+            return
+        try:
+            now_ns = os.stat(breaker).st_mtime_ns  # the file server's clock
+            try:
+                st = os.stat(lock_path)
+            except FileNotFoundError:
+                return
+            if _Seen(st.st_ino, st.st_mtime_ns) != seen:
+                return  # released and taken again meanwhile: a fresh lock
+            age = (now_ns - st.st_mtime_ns) / 1e9
+            if age <= self.stale_after:
+                return
+            log.warning("expiring lock %s: unchanged for %.0f s, longer than pmxcfs's %.0f s; "
+                        "its holder is gone (emulated pmxcfs expiry)", lock_path, age,
+                        self.stale_after)
+            try:
+                os.rmdir(lock_path)
+            except FileNotFoundError:
+                pass
+            except OSError as err:
+                log.error("cannot expire lock %s: %s", lock_path, err.strerror)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.rmdir(breaker)
+
+    def _clear_dead_breaker(self, breaker: Path) -> None:
+        # A breaker is held for a few syscalls; one much older than the lock
+        # expiry belongs to a waiter that died in between. Its age is measured
+        # against a probe directory made now, on the file server's clock.
+        probe = breaker.with_name(f"{breaker.name}.probe-{os.getpid()}-{_jitter():.6f}")
+        try:
+            os.mkdir(probe)
+            try:
+                now_ns = os.stat(probe).st_mtime_ns
+            finally:
+                os.rmdir(probe)
+            age = (now_ns - os.stat(breaker).st_mtime_ns) / 1e9
+        except OSError:
+            return
+        if age > self.stale_after:
+            log.warning("removing %s left by a waiter that died %.0f s ago", breaker, age)
+            with contextlib.suppress(OSError):
+                os.rmdir(breaker)
+
+
+class LockDirLock:
+    """A pmxcfs-style lock directory ``<lock_dir>/<lock_id>``.
+
+    ``unlock_request`` is what a waiter does while the directory exists:
+    :func:`pmxcfs_unlock_request` on pmxcfs, :class:`EmulatedPmxcfsExpiry`
+    elsewhere (the default picks by where ``lock_dir`` lives).
+    """
+
+    def __init__(self, lock_dir: Path, lock_id: str, *,
+                 unlock_request: UnlockRequest | None = None,
+                 hold_budget: float = HOLD_BUDGET) -> None:
+        if not _LOCK_ID.fullmatch(lock_id):
+            raise LockError(f"invalid lock id {lock_id!r}: letters, digits, '.', '_', '-' only")
+        self.lock_dir = lock_dir
+        self.lock_id = lock_id
+        self.path = lock_dir / lock_id
+        self.name = f"{lock_id} (lock directory {lock_dir})"
+        self.hold_budget = hold_budget
+        if unlock_request is None:
+            unlock_request = (pmxcfs_unlock_request if on_pmxcfs(lock_dir)
+                              else EmulatedPmxcfsExpiry())
+        self.unlock_request = unlock_request
+
+    def _try(self) -> _Seen | None:
+        try:
+            os.mkdir(self.path, 0o755)
+        except FileExistsError:
+            return None
+        except FileNotFoundError as err:
+            raise LockError(f"lock directory {self.lock_dir} does not exist "
+                            "(is the cluster file system online?)") from err
+        except OSError as err:
+            raise LockError(f"cannot create lock {self.path}: {err.strerror}") from err
+        try:
+            st = os.stat(self.path)
+        except OSError as err:
+            self._rmdir_quietly()
+            raise LockError(f"cannot stat lock {self.path} just made: {err.strerror}") from err
+        return _Seen(st.st_ino, st.st_mtime_ns)
+
+    def _rmdir_quietly(self) -> None:
+        with contextlib.suppress(OSError):
+            os.rmdir(self.path)
+
+    def _release(self, mine: _Seen, held_since: float) -> None:
+        _warn_if_overran(self.name, held_since, self.hold_budget)
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            log.error("lock %s vanished while held: it was expired as stale, so another "
+                      "holder may have run concurrently", self.name)
+            return
+        except OSError as err:
+            log.error("cannot check lock %s at release: %s", self.name, err.strerror)
+            return
+        same_mtime = st.st_mtime_ns in (mine.mtime_ns, 0)  # 0: a utime(0, 0) on ours
+        if st.st_ino != mine.ino or not same_mtime:
+            # Not ours any more: leave the new holder's directory alone.
+            log.error("lock %s was expired while held and taken by another holder; "
+                      "leaving theirs in place", self.name)
+            return
+        try:
+            os.rmdir(self.path)
+        except OSError as err:
+            log.error("cannot release lock %s: %s", self.name, err.strerror)
+
+    def _timeout(self, backoff: _Backoff) -> LockTimeout:
+        age: float | None = None
+        with contextlib.suppress(OSError):
+            mtime = os.stat(self.path).st_mtime
+            if mtime > 0:
+                age = max(time.time() - mtime, 0.0)
+        return LockTimeout(self.name, backoff.waited, age)
+
+    def _maybe_request(self, last: float | None) -> float | None:
+        now = time.monotonic()
+        if last is None or now - last >= UNLOCK_REQUEST_INTERVAL:
+            self.unlock_request(self.path)
+            return now
+        return last
+
+    @contextlib.contextmanager
+    def acquire(self, timeout: float = DEFAULT_TIMEOUT) -> Iterator[None]:
+        backoff = _Backoff(timeout)
+        last_request: float | None = None
+        while (mine := self._try()) is None:
+            last_request = self._maybe_request(last_request)
+            if (mine := self._try()) is not None:
+                break
+            pause = backoff.next_pause()
+            if pause is None:
+                raise self._timeout(backoff)
+            time.sleep(pause)
+        held_since = time.monotonic()
+        try:
+            yield
+        finally:
+            self._release(mine, held_since)
+
+    @contextlib.asynccontextmanager
+    async def acquire_async(
+        self, timeout: float = DEFAULT_TIMEOUT  # noqa: ASYNC109 - bounds the wait, not the body
+    ) -> AsyncIterator[None]:
+        backoff = _Backoff(timeout)
+        last_request: float | None = None
+        while (mine := self._try()) is None:
+            last_request = self._maybe_request(last_request)
+            if (mine := self._try()) is not None:
+                break
+            pause = backoff.next_pause()
+            if pause is None:
+                raise self._timeout(backoff)
+            await asyncio.sleep(pause)
+        held_since = time.monotonic()
+        try:
+            yield
+        finally:
+            self._release(mine, held_since)
+
+
+# ---------------------------------------------------------------------------
+# choosing a backend
+
+
+def on_pmxcfs(path: Path) -> bool:
+    """True when ``path`` lives on the Proxmox cluster file system: the FUSE
+    mount at /etc/pve (pmxcfs mounts nothing else)."""
+    try:
+        target = os.path.realpath(path)
+        text = Path("/proc/self/mountinfo").read_text()
+    except OSError:
+        return False
+    best, best_type = "", ""
+    for line in text.splitlines():
+        left, sep, right = line.partition(" - ")
+        fields = left.split()
+        if not sep or len(fields) < 5 or not right.split():
+            continue
+        mount_point = fields[4].replace("\\040", " ")
+        inside = target == mount_point or target.startswith(mount_point.rstrip("/") + "/")
+        if inside and len(mount_point) >= len(best):
+            best, best_type = mount_point, right.split()[0]
+    return best == str(paths.QUEUE.parent) and best_type.startswith("fuse")
+
+
+def _check_storage_id(storeid: str) -> None:
+    if not _STORAGE_ID.fullmatch(storeid):
+        raise LockError(f"invalid storage id {storeid!r}")
+
+
+def queue_lock(queue_path: Path, lock_dir: Path | None = None) -> Lock:
+    """The lock every read-modify-write of the queue file holds.
+
+    On pmxcfs, or with ``lock_dir``: a lock directory named as
+    ``cfs_lock_file`` would name it (``file-extend-queue``). Elsewhere:
+    flock on ``<queue>.lock`` beside the queue.
+    """
+    lock_id = "file-" + re.sub(r"[./]", "_", queue_path.name)
+    if lock_dir is not None:
+        return LockDirLock(lock_dir, lock_id)
+    if on_pmxcfs(queue_path.parent):
+        return LockDirLock(paths.PMXCFS_LOCK_DIR, lock_id)
+    return FlockLock(queue_path.with_name(queue_path.name + ".lock"))
+
+
+def storage_lock(storeid: str, *, shared: bool, lock_dir: Path | None = None,
+                 flock_dir: Path = paths.LOCAL_LOCK_DIR) -> Lock:
+    """The lock Proxmox's own storage code takes around lvcreate/lvremove.
+
+    As ``PVE::Storage::Plugin::cluster_lock_storage``: shared storage on a
+    pmxcfs node takes ``cfs_lock_storage`` (lock directory
+    ``storage-<storeid>``); otherwise flock on
+    ``/var/lock/pve-manager/pve-storage-<storeid>``. ``lock_dir`` forces the
+    lock-directory backend (the two-node bed's shared folder).
+    """
+    _check_storage_id(storeid)
+    lock_id = f"storage-{storeid}"
+    if lock_dir is not None:
+        return LockDirLock(lock_dir, lock_id)
+    if shared and on_pmxcfs(paths.PMXCFS_LOCK_DIR):
+        return LockDirLock(paths.PMXCFS_LOCK_DIR, lock_id)
+    try:
+        flock_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        if err.errno != errno.EEXIST:
+            raise LockError(f"cannot create lock folder {flock_dir}: {err.strerror}") from err
+    return FlockLock(flock_dir / f"pve-storage-{storeid}")
+
+
+__all__ = [
+    "DEFAULT_TIMEOUT", "HOLD_BUDGET", "PMXCFS_LOCK_EXPIRY", "EmulatedPmxcfsExpiry", "FlockLock",
+    "Lock", "LockDirLock", "LockError", "LockTimeout", "UnlockRequest", "on_pmxcfs",
+    "pmxcfs_unlock_request", "queue_lock", "storage_lock",
+]
