@@ -1,0 +1,135 @@
+"""What a message from a peer means: pure functions, no I/O.
+
+Everything here takes whatever JSON a peer sent (QEMU's events, vzdump's
+hello) and never raises: a message we do not understand becomes ``None`` or a
+:class:`Rejected` with the reason, and the server logs it. A daemon that one
+odd event could crash would lose every other VM's events with it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from pvestord.queue import Entry, InvalidEntryError, Reason, check_node_name
+
+#: Proxmox VMIDs are 100..999999999; we accept any positive id that fits.
+_VMID = re.compile(r"[1-9][0-9]{0,9}")
+
+
+@dataclass(frozen=True)
+class Extend:
+    """A drive needs more room: a queue entry for ``node_name``."""
+
+    node_name: str
+    reason: Reason
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    """QEMU reported ``SHUTDOWN``; ``guest`` when the guest asked for it."""
+
+    guest: bool
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """An event we care about, but malformed: logged, not acted on."""
+
+    event: str
+    why: str
+
+
+Action = Extend | Shutdown | Rejected
+
+
+def classify(message: object) -> Action | None:
+    """The action for one QMP event; None for events we do not handle."""
+    if not isinstance(message, Mapping):
+        return None
+    name = message.get("event")
+    if not isinstance(name, str):
+        return None
+    data = message.get("data", {})
+    if not isinstance(data, Mapping):
+        data = {}
+    if name == "BLOCK_WRITE_THRESHOLD":
+        node = data.get("node-name")
+        if not _is_name(node):
+            return Rejected(name, f"bad node-name {node!r}")
+        assert isinstance(node, str)
+        return Extend(node, Reason.THRESHOLD)
+    if name == "BLOCK_IO_ERROR":
+        # Only a write that ran out of space means "extend"; any other I/O
+        # error is not ours to fix. QEMU sends `nospace` only for ENOSPC.
+        if data.get("nospace") is not True:
+            return None
+        # `device` is always present but empty for -blockdev drives;
+        # `node-name` (QEMU >= 2.8) names the BlockBackend's root node.
+        for key in ("node-name", "device"):
+            value = data.get(key)
+            if _is_name(value):
+                assert isinstance(value, str)
+                return Extend(value, Reason.NOSPACE)
+        return Rejected(name, f"no usable node-name or device in {dict(data)!r}")
+    if name == "SHUTDOWN":
+        # qmeventd: a missing or non-boolean `guest` counts as "not the guest".
+        return Shutdown(data.get("guest") is True)
+    return None
+
+
+def _is_name(value: object) -> bool:
+    # QEMU's node-name rule, as the queue format enforces it.
+    if not isinstance(value, str):
+        return False
+    try:
+        check_node_name(value)
+    except InvalidEntryError:
+        return False
+    return True
+
+
+def to_entry(vmid: int, action: Extend, *, origin: str, ts: int) -> Entry | Rejected:
+    """The queue entry for an :class:`Extend` of VM ``vmid``, or why there is none
+    (a VMID outside Proxmox's range, say)."""
+    try:
+        return Entry(vmid, action.node_name, action.reason, origin=origin, ts=ts)
+    except InvalidEntryError as err:
+        return Rejected(action.reason.value, str(err))
+
+
+Hello = Literal["qmp", "vzdump"]
+
+
+def hello_kind(message: object) -> Hello | None:
+    """Who a peer is, from its first message: QEMU's greeting or vzdump's hello."""
+    if not isinstance(message, Mapping):
+        return None
+    qmp = message.get("QMP")
+    if isinstance(qmp, Mapping):
+        return "qmp"
+    if "vzdump" in message:
+        return "vzdump"
+    return None
+
+
+def vzdump_vmid(message: object) -> int | None:
+    """The VMID of ``{"vzdump": {"vmid": "N"}}``; None when it is unusable.
+
+    vzdump sends the VMID as a string; a JSON number is accepted too.
+    """
+    if not isinstance(message, Mapping):
+        return None
+    body = message.get("vzdump")
+    if not isinstance(body, Mapping):
+        return None
+    vmid = body.get("vmid")
+    if isinstance(vmid, bool):
+        return None
+    if isinstance(vmid, int):
+        vmid = str(vmid)
+    if isinstance(vmid, str) and _VMID.fullmatch(vmid):
+        return int(vmid)
+    return None
