@@ -1,0 +1,99 @@
+"""The Debian package: it builds, lintian finds no error, and it holds what we ship."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from pvestord.command import run
+from tests.packaging.conftest import SRC, Figures, pyproject_version
+
+DPKG_TIMEOUT = 60.0
+LINTIAN_TIMEOUT = 300.0
+
+EXPECTED_FILES = {
+    "./lib/systemd/system/pvestord.service",
+    "./lib/systemd/system/qmeventd-py.service",
+    "./usr/bin/pvestord",
+    "./usr/bin/qmeventd-py",
+    "./usr/lib/python3/dist-packages/pvestord/__init__.py",
+    "./usr/lib/python3/dist-packages/pvestord/cli/__init__.py",
+    "./usr/lib/python3/dist-packages/qmeventd_py/__init__.py",
+    "./usr/lib/pvestord/qemu/qmp/__init__.py",
+    "./usr/lib/pvestord/qemu/qmp/qmp_client.py",
+    "./usr/lib/pvestord/qemu/qmp/protocol.py",
+    "./usr/share/doc/pvestord/examples/storage.cfg.example",
+    "./usr/share/doc/pvestord/operations.md",
+    "./usr/share/doc/pvestord/copyright",
+}
+
+
+def contents(deb: Path) -> dict[str, str]:
+    """Path -> mode string, from `dpkg-deb -c`."""
+    listing = run(["dpkg-deb", "-c", str(deb)], timeout=DPKG_TIMEOUT).stdout
+    files = {}
+    for line in listing.splitlines():
+        fields = line.split()
+        files[fields[5]] = fields[0]
+    return files
+
+
+def field(deb: Path, name: str) -> str:
+    return run(["dpkg-deb", "-f", str(deb), name], timeout=DPKG_TIMEOUT).stdout.strip()
+
+
+def control_script(deb: Path, name: str) -> str:
+    return run(["sh", "-c", 'dpkg-deb --ctrl-tarfile "$1" | tar -xOf - "./$2"', "sh",
+                str(deb), name], timeout=DPKG_TIMEOUT).stdout
+
+
+def test_name_and_version(deb: Path) -> None:
+    version = pyproject_version()
+    assert deb.name == f"pvestord_{version}_all.deb"
+    changelog = (SRC / "packaging/debian/changelog").read_text().splitlines()[0]
+    assert changelog.startswith(f"pvestord ({version})"), (
+        f"packaging/debian/changelog says {changelog!r}, pyproject.toml says {version}")
+    assert field(deb, "Architecture") == "all"
+
+
+def test_expected_files(deb: Path) -> None:
+    files = contents(deb)
+    missing = EXPECTED_FILES - files.keys()
+    assert not missing, f"not in the package: {sorted(missing)}"
+    assert files["./usr/bin/pvestord"].startswith("-rwxr-xr-x")
+    assert files["./usr/bin/qmeventd-py"].startswith("-rwxr-xr-x")
+
+
+def test_private_qemu_qmp_is_the_lgpl_library_only(deb: Path) -> None:
+    files = contents(deb)
+    shipped = {Path(f).name for f in files if f.startswith("./usr/lib/pvestord/qemu/qmp/")}
+    # GPL-2-only and tool modules stay out (docs/operations.md).
+    assert not shipped & {"legacy.py", "qmp_shell.py", "qmp_tui.py"}
+    # Private means private: nothing of qemu.qmp on the public module path.
+    assert not [f for f in files if re.match(r"\./usr/lib/python3/dist-packages/qemu\b", f)]
+
+
+def test_depends(deb: Path) -> None:
+    depends = {d.strip().split()[0] for d in field(deb, "Depends").split(",")}
+    assert {"python3-systemd", "python3-pyinotify", "lvm2", "qemu-utils"} <= depends
+    assert not {d for d in depends if "qmp" in d}, "qemu.qmp is shipped, not depended on"
+
+
+def test_units_enabled_not_started(deb: Path) -> None:
+    postinst = control_script(deb, "postinst")
+    for unit in ("pvestord.service", "qmeventd-py.service"):
+        assert f"deb-systemd-helper enable '{unit}'" in postinst
+    assert "deb-systemd-invoke" not in postinst, "postinst starts or restarts a unit"
+
+
+def test_lintian_no_errors(deb: Path, figures: Figures) -> None:
+    changes = sorted(deb.parent.glob("pvestord_*.changes"))
+    assert len(changes) == 1
+    result = run(["lintian", "--no-tag-display-limit", str(changes[0])],
+                 timeout=LINTIAN_TIMEOUT, check=False)
+    tags = [line for line in result.stdout.splitlines() if re.match(r"[EWIXP]: ", line)]
+    errors = [line for line in tags if line.startswith("E: ")]
+    figures.values["lintian"] = "; ".join(tags) or "clean"
+    assert not errors, "\n".join(errors)
+    # lintian exits 1 on errors (and on a failure of its own): with none listed, 0.
+    assert result.returncode == 0, result.stderr

@@ -1,0 +1,71 @@
+"""The package installs into a clean Debian 12 root and its programs run there.
+
+The root is debootstrap's minbase with nothing but our package, what apt
+pulls for it, and systemd (as on any Proxmox node). No daemon is started: a
+chroot has no systemd running (the node-guest tier runs the services).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pvestord.command import run
+from tests.packaging.conftest import pyproject_version
+from tests.packaging.debroot import chroot
+
+VERIFY_TIMEOUT = 60.0
+
+
+def test_installed(installed_root: Path) -> None:
+    status = chroot(installed_root, ["dpkg-query", "-W", "-f=${Status} ${Version}", "pvestord"])
+    assert status.stdout == f"install ok installed {pyproject_version()}"
+
+
+@pytest.mark.parametrize("program", ["pvestord", "qmeventd-py"])
+def test_help_and_version(installed_root: Path, program: str) -> None:
+    assert chroot(installed_root, [program, "--help"]).stdout.startswith(f"usage: {program}")
+    version = chroot(installed_root, [program, "--version"]).stdout.strip()
+    assert version == f"{program} {pyproject_version()}"
+
+
+def test_queue_commands(installed_root: Path) -> None:
+    """The CLI works for real there: an empty queue, then one entry added and listed."""
+    queue = ["pvestord", "--queue", "/tmp/q"]
+    assert "queue is empty" in chroot(installed_root, [*queue, "queue", "list"]).stdout
+    chroot(installed_root, [*queue, "queue", "add", "101:drive-scsi0"])
+    entries = json.loads(chroot(installed_root, [*queue, "queue", "list", "--json"]).stdout)
+    assert [(e["vmid"], e["node_name"]) for e in entries] == [(101, "drive-scsi0")], entries
+
+
+def test_private_qemu_qmp(installed_root: Path) -> None:
+    """The programs see the private qemu.qmp; other Python programs do not."""
+    probe = ("import sys; sys.path.insert(1, '/usr/lib/pvestord'); "
+             "from qemu.qmp import QMPClient; import qemu.qmp; print(qemu.qmp.__file__)")
+    where = chroot(installed_root, ["python3", "-c", probe]).stdout.strip()
+    assert where == "/usr/lib/pvestord/qemu/qmp/__init__.py"
+    public = chroot(installed_root, ["python3", "-c", "import qemu.qmp"], check=False)
+    assert public.returncode != 0 and "ModuleNotFoundError" in public.stderr
+    for program in ("pvestord", "qmeventd-py"):
+        text = (installed_root / "usr/bin" / program).read_text()
+        assert 'sys.path.insert(1, "/usr/lib/pvestord")' in text
+    # The daemons' own QMP modules import through the wrapper's path.
+    loaded = chroot(installed_root, ["python3", "-c", probe.replace(
+        "from qemu.qmp import QMPClient", "import pvestord.qmp, qmeventd_py.server")])
+    assert loaded.stdout.strip() == "/usr/lib/pvestord/qemu/qmp/__init__.py"
+
+
+def test_units_installed_enabled_and_verified(installed_root: Path) -> None:
+    for unit in ("pvestord.service", "qmeventd-py.service"):
+        assert (installed_root / "lib/systemd/system" / unit).is_file()
+        link = installed_root / "etc/systemd/system/multi-user.target.wants" / unit
+        assert link.is_symlink(), f"{unit} not enabled"
+    # As installed, against the package's /usr/bin and the root's systemd.
+    result = run(["systemd-analyze", "verify", "--man=no", f"--root={installed_root}",
+                  "/lib/systemd/system/pvestord.service",
+                  "/lib/systemd/system/qmeventd-py.service"],
+                 timeout=VERIFY_TIMEOUT, check=False)
+    assert result.returncode == 0 and not (result.stdout + result.stderr).strip(), (
+        f"exit {result.returncode}\n{result.stdout}{result.stderr}")
