@@ -60,7 +60,9 @@ def run(argv: Sequence[str], *, timeout: float, check: bool = True,
     return done
 
 
-async def run_async(argv: Sequence[str], *, timeout: float, check: bool = True,
+# The timeout is ours, not the caller's asyncio.timeout: an overrun must kill
+# the process group and say "timed out" with the command's stderr.
+async def run_async(argv: Sequence[str], *, timeout: float, check: bool = True,  # noqa: ASYNC109
                     input: str | None = None) -> Completed:
     """Run ``argv`` without blocking the event loop; kill it if it overruns ``timeout``."""
     args = list(argv)

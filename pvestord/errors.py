@@ -28,9 +28,7 @@ class CommandError(PvestordError):
         self.stderr = stderr
         self.timed_out = timed_out
         self.timeout = timeout
-        if timed_out:
-            what = f"timed out after {timeout:g} s"
-        else:
-            what = f"exited with status {returncode}"
+        what = (f"timed out after {timeout:g} s" if timed_out
+                else f"exited with status {returncode}")
         detail = stderr.strip().splitlines()[-1] if stderr.strip() else "no stderr"
         super().__init__(f"{argv[0]} {what}: {detail} (command: {' '.join(argv)})")

@@ -44,8 +44,8 @@ def _journal_wanted() -> bool:
 def setup_logging(ident: str, *, verbose: bool = False, journal: bool | None = None) -> None:
     """Route the root logger to the journal or stderr, once per process."""
     root = logging.getLogger()
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
+    for old in list(root.handlers):
+        root.removeHandler(old)
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
     use_journal = _journal_wanted() if journal is None else journal
     handler: logging.Handler
@@ -55,9 +55,10 @@ def setup_logging(ident: str, *, verbose: bool = False, journal: bool | None = N
         handler = JournalHandler(SYSLOG_IDENTIFIER=ident)
         handler.setFormatter(logging.Formatter("%(message)s"))
     else:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(_FieldsFormatter(
+        stream_handler = logging.StreamHandler(sys.stderr)
+        stream_handler.setFormatter(_FieldsFormatter(
             "%(asctime)s " + ident + " %(levelname)s %(name)s: %(message)s"))
+        handler = stream_handler
     root.addHandler(handler)
     # qemu.qmp logs every message at DEBUG; keep it at INFO unless asked.
     logging.getLogger("qemu.qmp").setLevel(logging.DEBUG if verbose else logging.WARNING)
@@ -73,11 +74,11 @@ def notify(state: str) -> None:
     if not os.environ.get("NOTIFY_SOCKET"):
         return
     try:
-        from systemd import daemon
+        import systemd.daemon
     except ImportError:  # pragma: no cover - systemd-python is a dependency
         log.warning("NOTIFY_SOCKET is set but systemd-python is missing")
         return
-    daemon.notify(state)
+    systemd.daemon.notify(state)
 
 
 def watchdog_interval() -> float | None:

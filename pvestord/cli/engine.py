@@ -1,9 +1,146 @@
-"""``pvestord run|drives|extend``: the extension engine's commands (being written)."""
+"""``pvestord run``, ``pvestord drives`` and ``pvestord extend``: the engine's commands."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import dataclasses
+import json
+from pathlib import Path
+
+from pvestord import daemon, paths
+from pvestord.config import DaemonSettings
+from pvestord.daemon import StorageConfigSource
+from pvestord.errors import PvestordError
+from pvestord.extender import DriveReport, Extender
+from pvestord.policy import Reason
+from pvestord.sizes import format_size
+from pvestord.vms import local_vm, local_vms
+
+
+def _node_options(parser: argparse.ArgumentParser) -> None:
+    defaults = DaemonSettings.__dataclass_fields__
+    parser.add_argument("--storage-config", type=Path, default=paths.STORAGE_CFG,
+                        metavar="PATH", help="storage.cfg to read thin options from "
+                        "(default: %(default)s)")
+    parser.add_argument("--run-dir", type=Path, default=paths.QEMU_SERVER_RUN, metavar="DIR",
+                        help="where QEMU's <vmid>.pid and <vmid>.qmp live "
+                        "(default: %(default)s)")
+    parser.add_argument("--lock-dir", type=Path, default=None, metavar="DIR",
+                        help="force pmxcfs-style lock directories in DIR (default: chosen by "
+                        "where the queue lives)")
+    parser.add_argument("--node", default=None, metavar="NAME",
+                        help="this node's name in the cluster (default: short host name)")
+    del defaults
+
+
+def _settings(args: argparse.Namespace, **overrides: object) -> DaemonSettings:
+    values: dict[str, object] = {
+        "queue": args.queue, "storage_config": args.storage_config, "run_dir": args.run_dir,
+        "lock_dir": args.lock_dir, **overrides,
+    }
+    if args.node:
+        values["node"] = args.node
+    return DaemonSettings(**values)  # type: ignore[arg-type]
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Nothing registered yet: the engine's commands land with pvestord.daemon."""
+    run = sub.add_parser(
+        "run", help="run the extension daemon (what pvestord.service starts)",
+        description="Grow every thin LV of the VMs running on this node ahead of their "
+        "writes: take this node's entries from the cluster extend queue, extend the LV by a "
+        "chunk under the storage lock, re-arm QEMU's write threshold, resume a VM paused on "
+        "ENOSPC; and reconcile every thin drive at start and periodically. Logs to the "
+        "journal under systemd, else to stderr. Stops cleanly on SIGTERM.")
+    _node_options(run)
+    run.add_argument("--poll-interval", type=float, default=2.0, metavar="SECONDS",
+                     help="read the queue at least this often, for other nodes' writes "
+                     "(default: %(default)s)")
+    run.add_argument("--reconcile-interval", type=float, default=30.0, metavar="SECONDS",
+                     help="check every thin drive this often (default: %(default)s)")
+    run.add_argument("--global-worker", action="store_true",
+                     help="one extension at a time for all VGs, as the original proposal "
+                     "(for comparison; default: one per VG)")
+    run.add_argument("--no-inotify", action="store_true",
+                     help="poll only, do not wake on local queue writes")
+    run.add_argument("--journal", action=argparse.BooleanOptionalAction, default=None,
+                     help="log to the journal (default: when started by systemd)")
+    run.set_defaults(func=_run)
+
+    drives = sub.add_parser(
+        "drives", help="show the thin drives of the VMs running here",
+        description="Every thin-drive candidate of every VM running on this node: VM, "
+        "node-name, LV, LV size, allocation (QEMU's highest write), threshold, maximum "
+        "(qemu-img measure), and state.")
+    _node_options(drives)
+    drives.add_argument("--json", action="store_true", help="JSON for scripts")
+    drives.set_defaults(func=_drives)
+
+    extend = sub.add_parser(
+        "extend", help="extend one thin drive by a chunk now",
+        description="Extend a thin drive of a VM running here by one chunk, through the "
+        "daemon's own code path (storage lock, policy cap at the maximum, threshold re-armed).")
+    _node_options(extend)
+    extend.add_argument("vmid", type=int, metavar="VMID")
+    extend.add_argument("node_name", metavar="NODE-NAME",
+                        help="the drive's file node-name (see 'pvestord drives')")
+    extend.set_defaults(func=_extend)
+
+
+def _run(args: argparse.Namespace) -> int:
+    settings = _settings(args, poll_interval=args.poll_interval,
+                         reconcile_interval=args.reconcile_interval,
+                         global_worker=args.global_worker, inotify=not args.no_inotify)
+    return daemon.run(settings, verbose=args.verbose, journal=args.journal)
+
+
+def _drives(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+
+    async def collect() -> list[DriveReport]:
+        extender = Extender(settings, StorageConfigSource(settings.storage_config).get)
+        reports: list[DriveReport] = []
+        for vm in local_vms(settings.run_dir):
+            try:
+                reports += await extender.report(vm)
+            except PvestordError as err:
+                print(f"pvestord: VM {vm.vmid}: {err}")
+        return reports
+
+    reports = asyncio.run(collect())
+    if args.json:
+        print(json.dumps([{**dataclasses.asdict(r), "state": r.state.value} for r in reports],
+                         indent=2))
+        return 0
+    header = ("VMID", "NODE-NAME", "LV", "STORAGE", "LV SIZE", "ALLOCATED", "THRESHOLD",
+              "MAXIMUM", "STATE")
+    rows = [(str(r.vmid), r.node_name, r.lv, r.storage or "-", format_size(r.lv_size),
+             format_size(r.allocation), format_size(r.threshold) if r.threshold else "-",
+             format_size(r.maximum), r.state.value if r.storage else "not thin")
+            for r in reports]
+    widths = [max(len(c) for c in col) for col in zip(header, *rows, strict=True)]
+    for row in (header, *rows):
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    if not rows:
+        print("(no thin drives on this node)")
+    return 0
+
+
+def _extend(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    vm = local_vm(settings.run_dir, args.vmid)
+    if vm is None:
+        raise PvestordError(f"VM {args.vmid} is not running on this node")
+
+    async def extend() -> int:
+        extender = Extender(settings, StorageConfigSource(settings.storage_config).get)
+        outcome = await extender.handle(vm, {args.node_name: Reason.MANUAL})
+        if args.node_name not in outcome.known_nodes:
+            raise PvestordError(f"VM {args.vmid} has no block node {args.node_name!r}")
+        if outcome.errors:
+            raise PvestordError("; ".join(str(e) for e in outcome.errors.values()))
+        print(f"VM {args.vmid} {args.node_name}: "
+              + ("extended" if outcome.extensions else "nothing to do (at its maximum?)"))
+        return 0
+
+    return asyncio.run(extend())

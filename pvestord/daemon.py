@@ -1,0 +1,362 @@
+"""``pvestord run``: the node's extension daemon.
+
+Three loops on one event loop, no threads:
+
+- the queue loop wakes on inotify (a local write renames a new queue file into
+  the directory) or every ``poll_interval`` (other nodes' writes, which FUSE
+  does not report), takes the entries of VMs running here and starts one
+  pass per VM (:class:`pvestord.extender.Extender`);
+- the reconcile loop runs a pass over every local VM at start, for every VM
+  that appears, and every ``reconcile_interval``: events are the fast path,
+  correctness never depends on them;
+- the watchdog loop pings systemd.
+
+An entry leaves the queue only when its pass succeeded, or when it is known
+to be moot (the VM stopped, the node-name does not exist). A crash at any
+point leaves it queued, and the next daemon's pass is idempotent. Failures
+(a full VG, LVM or QMP errors) keep the entry and retry it with a backoff
+per VM, and are logged once per change of state, not once per retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pvestord import service
+from pvestord.config import DaemonSettings, StorageConfig, load_storage_config, parse_storage_config
+from pvestord.errors import ConfigError, PvestordError
+from pvestord.extender import Extender, VmOutcome
+from pvestord.locks import queue_lock
+from pvestord.policy import Reason
+from pvestord.qmp import VmBusyError, VmGoneError
+from pvestord.queue import Entry, ExtendQueue
+from pvestord.service import fields
+from pvestord.vms import LocalVm, local_vm, local_vms
+
+log = logging.getLogger(__name__)
+
+#: Retry delays after a failed pass, per VM: doubling from the first to the last.
+BACKOFF_FIRST = 1.0
+BACKOFF_MAX = 60.0
+#: How long a stopping daemon lets passes in flight finish (an lvextend is
+#: never cut off half-way by our own shutdown unless it overruns this).
+SHUTDOWN_GRACE = 45.0
+
+
+class StorageConfigSource:
+    """The storage configuration, re-read when the file changes.
+
+    A file that becomes invalid keeps the last good configuration in force
+    (logged once): an admin's typo must not stop extensions cluster-wide.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._stamp: tuple[int, int] | None = None
+        self._config = parse_storage_config("", str(path))
+        self._last_problem: str | None = None
+
+    def get(self) -> StorageConfig:
+        try:
+            st = self.path.stat()
+            stamp = (st.st_mtime_ns, st.st_size)
+        except OSError as err:
+            self._problem(f"cannot read storage configuration {self.path}: {err.strerror};"
+                          " no storage is thin until it can be read")
+            self._config = parse_storage_config("", str(self.path))
+            self._stamp = None
+            return self._config
+        if stamp != self._stamp:
+            try:
+                self._config = load_storage_config(self.path)
+                self._stamp = stamp
+                if self._last_problem is not None:
+                    log.info("storage configuration %s is valid again", self.path)
+                self._last_problem = None
+                for warning in self._config.warnings:
+                    log.warning("%s", warning)
+                log.info("storage configuration %s: thin storages: %s", self.path,
+                         ", ".join(sorted(self._config.thin_storages)) or "none")
+            except ConfigError as err:
+                self._problem(f"{err}; keeping the previous configuration")
+        return self._config
+
+    def _problem(self, message: str) -> None:
+        if message != self._last_problem:
+            log.error("%s", message)
+            self._last_problem = message
+
+
+@dataclass
+class VmRetry:
+    attempts: int = 0
+    not_before: float = 0.0
+
+    def failed(self) -> float:
+        delay = min(BACKOFF_MAX, BACKOFF_FIRST * 2.0 ** self.attempts)
+        self.attempts += 1
+        self.not_before = time.monotonic() + delay
+        return delay
+
+
+class Daemon:
+    def __init__(self, settings: DaemonSettings) -> None:
+        self.settings = settings
+        self.queue = ExtendQueue(settings.queue,
+                                 lock=queue_lock(settings.queue, lock_dir=settings.lock_dir))
+        self.config = StorageConfigSource(settings.storage_config)
+        self.extender = Extender(settings, self.config.get)
+        self._wake = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._passes: dict[int, asyncio.Task[None]] = {}
+        self._retry: dict[int, VmRetry] = {}
+        self._errors: dict[tuple[int, str], str] = {}
+        self._known_vms: set[int] = set()
+        self._reconcile_due: set[int] = set()
+        self._queue_depth = 0
+        self._notifier: Any = None
+
+    # -- lifecycle
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stop.set)
+        loop.add_signal_handler(signal.SIGHUP, self._wake.set)
+        self.config.get()
+        self._start_inotify()
+        log.info("pvestord started on node %s: queue %s, VMs in %s, poll %g s, reconcile %g s%s",
+                 self.settings.node, self.settings.queue, self.settings.run_dir,
+                 self.settings.poll_interval, self.settings.reconcile_interval,
+                 ", one global worker" if self.settings.global_worker else "")
+        loops = [asyncio.create_task(self._queue_loop(), name="queue"),
+                 asyncio.create_task(self._reconcile_loop(), name="reconcile"),
+                 asyncio.create_task(service.watchdog_loop(), name="watchdog")]
+        service.notify("READY=1")
+        stop = asyncio.create_task(self._wait_stop())
+        done, _ = await asyncio.wait([stop, *loops], return_when=asyncio.FIRST_COMPLETED)
+        crashed = [t for t in done if t is not stop]
+        service.notify("STOPPING=1")
+        log.info("pvestord stopping: letting %d pass(es) in flight finish", len(self._passes))
+        for task in loops:
+            task.cancel()
+        await asyncio.gather(*loops, return_exceptions=True)
+        stop.cancel()
+        if self._passes:
+            _, late = await asyncio.wait(list(self._passes.values()), timeout=SHUTDOWN_GRACE)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+        if self._notifier is not None:
+            self._notifier.stop()
+        for task in crashed:
+            if not task.cancelled() and task.exception() is not None:
+                log.error("pvestord: loop %s failed: %s", task.get_name(), task.exception(),
+                          exc_info=task.exception())
+                return 1
+        log.info("pvestord stopped")
+        return 0
+
+    async def _wait_stop(self) -> None:
+        await self._stop.wait()
+
+    def _start_inotify(self) -> None:
+        if not self.settings.inotify:
+            return
+        try:
+            import pyinotify
+        except ImportError as err:
+            log.warning("pyinotify unavailable (%s): polling every %g s only", err,
+                        self.settings.poll_interval)
+            return
+        wm = pyinotify.WatchManager()
+        mask = pyinotify.IN_CLOSE_WRITE | pyinotify.IN_MOVED_TO | pyinotify.IN_CREATE
+        queue_name = self.settings.queue.name
+
+        def on_event(event: Any) -> None:
+            name = getattr(event, "name", "")
+            if name == queue_name or name.endswith((".pid", ".qmp")):
+                self._wake.set()
+
+        for folder in (self.settings.queue.parent, self.settings.run_dir):
+            result = wm.add_watch(str(folder), mask, quiet=True)
+            if not result or min(result.values(), default=-1) < 0:
+                log.warning("cannot watch %s with inotify: polling it every %g s", folder,
+                            self.settings.poll_interval)
+        self._notifier = pyinotify.AsyncioNotifier(
+            wm, asyncio.get_running_loop(), default_proc_fun=on_event)
+
+    # -- loops
+
+    async def _queue_loop(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.settings.poll_interval)
+            self._wake.clear()
+            self._notice_new_vms()
+            try:
+                await self._scan_queue()
+            except PvestordError as err:
+                self._note_error((0, "queue"), f"cannot read the extend queue: {err}")
+            else:
+                self._clear_error((0, "queue"), "extend queue readable again")
+            service.notify(f"STATUS=queue depth {self._queue_depth}, "
+                           f"{len(self._known_vms)} local VM(s), {len(self._passes)} busy")
+
+    async def _reconcile_loop(self) -> None:
+        while True:
+            for vm in local_vms(self.settings.run_dir):
+                self._reconcile_due.add(vm.vmid)
+            self._wake.set()
+            await asyncio.sleep(self.settings.reconcile_interval)
+
+    def _notice_new_vms(self) -> None:
+        current = {vm.vmid for vm in local_vms(self.settings.run_dir)}
+        for vmid in sorted(current - self._known_vms):
+            log.info("VM %d runs here: reconciling its thin drives", vmid,
+                     extra=fields(VMID=vmid))
+            self._reconcile_due.add(vmid)
+        for vmid in self._known_vms - current:
+            self._retry.pop(vmid, None)
+            self._reconcile_due.discard(vmid)
+        self._known_vms = current
+
+    async def _scan_queue(self) -> None:
+        entries = await self.queue.list_async()
+        self._queue_depth = len(entries)
+        by_vm: dict[int, list[Entry]] = {}
+        for entry in entries:
+            by_vm.setdefault(entry.vmid, []).append(entry)
+        moot: list[Entry] = []
+        for vmid, vm_entries in by_vm.items():
+            vm = local_vm(self.settings.run_dir, vmid)
+            if vm is None:
+                moot += [e for e in vm_entries if e.origin in (None, self.settings.node)]
+                continue
+            self._start_pass(vm, vm_entries)
+        for vmid in sorted(self._reconcile_due - set(by_vm)):
+            vm = local_vm(self.settings.run_dir, vmid)
+            if vm is not None and self._start_pass(vm, []):
+                self._reconcile_due.discard(vmid)
+        if moot:
+            removed = await self.queue.complete_async(moot)
+            for entry in moot:
+                log.info("VM %d is not running on this node: entry %d:%s dropped", entry.vmid,
+                         entry.vmid, entry.node_name,
+                         extra=fields(VMID=entry.vmid, NODE_NAME=entry.node_name))
+            log.debug("removed %d moot entries", removed)
+
+    def _start_pass(self, vm: LocalVm, entries: Sequence[Entry]) -> bool:
+        if vm.vmid in self._passes:
+            return False  # the running pass wakes the loop when it ends
+        retry = self._retry.get(vm.vmid)
+        if retry is not None and time.monotonic() < retry.not_before:
+            return False
+        task = asyncio.create_task(self._pass(vm, list(entries)), name=f"vm-{vm.vmid}")
+        self._passes[vm.vmid] = task
+        return True
+
+    async def _pass(self, vm: LocalVm, entries: list[Entry]) -> None:
+        try:
+            await self._pass_inner(vm, entries)
+        except Exception as err:  # the daemon outlives any bug in one pass
+            log.exception("VM %d: unexpected error in a pass: %s", vm.vmid, err,
+                          extra=fields(VMID=vm.vmid))
+            self._backoff(vm.vmid)
+        finally:
+            self._passes.pop(vm.vmid, None)
+            self._wake.set()
+
+    async def _pass_inner(self, vm: LocalVm, entries: list[Entry]) -> None:
+        requests: dict[str, Reason] | None = None
+        if entries:
+            requests = {}
+            for entry in entries:
+                old = requests.get(entry.node_name)
+                if old is None or entry.reason.strength > old.strength:
+                    requests[entry.node_name] = entry.reason
+        try:
+            outcome = await self.extender.handle(vm, requests)
+        except VmGoneError as err:
+            if local_vm(self.settings.run_dir, vm.vmid) is None:
+                if entries:
+                    await self.queue.complete_async(entries)
+                    log.info("VM %d stopped: %d entr%s dropped", vm.vmid, len(entries),
+                             "y" if len(entries) == 1 else "ies", extra=fields(VMID=vm.vmid))
+                return
+            self._note_error((vm.vmid, ""), str(err))
+            self._backoff(vm.vmid)
+            return
+        except VmBusyError as err:
+            log.debug("%s", err)
+            self._reconcile_due.add(vm.vmid)
+            return
+        except PvestordError as err:
+            self._note_error((vm.vmid, ""), str(err))
+            self._backoff(vm.vmid)
+            return
+        self._clear_error((vm.vmid, ""), f"VM {vm.vmid}: QMP works again")
+        await self._settle_entries(vm, entries, outcome)
+
+    async def _settle_entries(self, vm: LocalVm, entries: list[Entry],
+                              outcome: VmOutcome) -> None:
+        done: list[Entry] = []
+        for node, err in outcome.errors.items():
+            self._note_error((vm.vmid, node), str(err))
+        for node in outcome.drives - set(outcome.errors):
+            self._clear_error((vm.vmid, node), f"VM {vm.vmid} {node}: extensions work again")
+        for entry in entries:
+            if entry.node_name not in outcome.known_nodes:
+                log.warning("VM %d has no block node %r: entry dropped", vm.vmid,
+                            entry.node_name,
+                            extra=fields(VMID=vm.vmid, NODE_NAME=entry.node_name))
+                done.append(entry)
+            elif entry.node_name in outcome.errors or (
+                    entry.node_name not in outcome.drives and outcome.errors):
+                continue  # its work failed: stays queued, retried after the backoff
+            else:
+                done.append(entry)
+        if outcome.errors:
+            self._backoff(vm.vmid)
+        else:
+            self._retry.pop(vm.vmid, None)
+        if done:
+            await self.queue.complete_async(done)
+
+    # -- failures: once per change of state in the log, backoff per VM
+
+    def _backoff(self, vmid: int) -> None:
+        delay = self._retry.setdefault(vmid, VmRetry()).failed()
+        log.debug("VM %d: next attempt in %g s", vmid, delay)
+
+    def _note_error(self, key: tuple[int, str], message: str) -> None:
+        if self._errors.get(key) != message:
+            self._errors[key] = message
+            vmid, node = key
+            log.error("%s (will retry)", message,
+                      extra=fields(VMID=vmid, NODE_NAME=node) if vmid else {})
+        else:
+            log.debug("still failing: %s", message)
+
+    def _clear_error(self, key: tuple[int, str], message: str) -> None:
+        if self._errors.pop(key, None) is not None:
+            log.info("%s", message)
+
+
+def run(settings: DaemonSettings, *, verbose: bool = False,
+        journal: bool | None = None) -> int:
+    """Run the daemon until SIGTERM or SIGINT; the process's exit status."""
+    service.setup_logging("pvestord", verbose=verbose, journal=journal)
+    try:
+        return asyncio.run(Daemon(settings).run())
+    except PvestordError as err:
+        log.error("pvestord: %s", err)
+        return 1

@@ -1,0 +1,354 @@
+"""Look at one VM's thin drives and do what the policy says: the engine's core.
+
+One :meth:`Extender.handle` call is one pass over one VM: observe its drives
+through QMP, decide per drive (:func:`pvestord.policy.decide`), grow LVs under
+the storage lock, re-arm thresholds, and resume the VM if it paused on ENOSPC
+and every drive it paused on has room again. The daemon, ``pvestord extend``
+and ``pvestord drives`` all come through here, so a manual extension takes
+exactly the daemon's path.
+
+Order of work for an extension, and why:
+
+1. observe with QMP only (what QEMU sees is what its writes meet); the LV
+   size is QEMU's device size, the extent size is cached per VG: no LVM
+   command before the lock;
+2. take the VG's gate (extensions in one VG are serialized in this process)
+   and the storage lock (serialized across the cluster: two nodes writing one
+   VG's metadata lose an extension);
+3. read the LV from LVM under the lock and decide again on that: another node
+   may have grown it (then the device-mapper table is stale here and gets a
+   refresh instead of a second extension);
+4. ``lvextend`` to an absolute size (idempotent when retried);
+5. release the lock, then re-arm on a fresh QMP observation, and go round
+   again if a fast writer is already past the new threshold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass, field
+
+from pvestord import lvm, policy, qemu_img
+from pvestord.config import DaemonSettings, StorageConfig, ThinStorage
+from pvestord.errors import PvestordError
+from pvestord.locks import Lock, storage_lock
+from pvestord.policy import Decision, DriveState, ExtensionState, Reason
+from pvestord.qmp import MIGRATION_STATES, RunState, ThinDriveView, VmBusyError, VmMonitor
+from pvestord.service import fields
+from pvestord.sizes import format_size
+from pvestord.vms import LocalVm
+
+log = logging.getLogger(__name__)
+
+#: Rounds of extend-then-rearm in one pass: a writer faster than an extension
+#: crosses the new threshold before it is armed, and gets another chunk at once.
+MAX_ROUNDS = 4
+#: Budget for waiting on the storage lock: as ``cfs_lock``.
+STORAGE_LOCK_TIMEOUT = 10.0
+
+
+@dataclass(frozen=True)
+class Drive:
+    """A thin-drive candidate: QEMU's view joined with its storage."""
+
+    view: ThinDriveView
+    vg: str
+    lv: str
+    storage: ThinStorage | None
+    maximum: int
+    extent_size: int
+
+    def state(self, *, lv_size: int | None = None, paused_nospace: bool = False,
+              reason: Reason = Reason.ARM) -> DriveState:
+        storage = self.storage
+        return DriveState(
+            lv_size=self.view.device_size if lv_size is None else lv_size,
+            allocation=self.view.allocation, threshold=self.view.threshold,
+            virtual_size=self.view.virtual_size, maximum=self.maximum,
+            extent_size=self.extent_size,
+            chunksize=storage.chunksize if storage else 1,
+            chunk_percentage=storage.chunk_percentage if storage else 0.5,
+            paused_nospace=paused_nospace, reason=reason, thin=storage is not None)
+
+
+@dataclass(frozen=True)
+class DriveReport:
+    """One drive's figures for ``pvestord drives`` (LV size read from LVM)."""
+
+    vmid: int
+    node_name: str
+    format_node: str
+    lv: str
+    storage: str | None
+    lv_size: int
+    device_size: int
+    allocation: int
+    threshold: int
+    maximum: int
+    virtual_size: int
+    state: ExtensionState
+
+
+@dataclass
+class VmOutcome:
+    """What one pass over a VM did, for the caller's bookkeeping."""
+
+    #: File node-names of thin drives seen in the VM.
+    drives: set[str] = field(default_factory=set)
+    #: Every node-name the VM has: an entry naming none of them is stale.
+    known_nodes: set[str] = field(default_factory=set)
+    extensions: int = 0
+    resumed: bool = False
+    #: Per file node: the error that stopped its work this pass.
+    errors: dict[str, PvestordError] = field(default_factory=dict)
+
+
+class Extender:
+    """The per-VM pass, with what must outlive it: gates, caches, storage config."""
+
+    def __init__(self, settings: DaemonSettings,
+                 storage_config: Callable[[], StorageConfig]) -> None:
+        self.settings = settings
+        self._storage_config = storage_config
+        self._gates: dict[str, asyncio.Lock] = {}
+        self._global_gate = asyncio.Lock()
+        self._extent_sizes: dict[str, int] = {}
+        self._maximum_cache: dict[tuple[object, ...], int] = {}
+        #: File nodes being extended right now, by (vmid, node): for ``drives``/status.
+        self.extending: set[tuple[int, str]] = set()
+
+    # -- locks
+
+    @contextlib.asynccontextmanager
+    async def _vg_gate(self, vg: str) -> AsyncIterator[None]:
+        """Serialize extensions per VG (or globally, as the original proposal did)."""
+        gate = self._global_gate if self.settings.global_worker else self._gates.setdefault(
+            vg, asyncio.Lock())
+        async with gate:
+            yield
+
+    def _storage_lock(self, storage: ThinStorage) -> Lock:
+        return storage_lock(storage.storeid, shared=storage.shared,
+                            lock_dir=self.settings.lock_dir)
+
+    # -- observing
+
+    async def _extent_size(self, vg: str, lv: str) -> int:
+        size = self._extent_sizes.get(vg)
+        if size is None:
+            size = (await lvm.lv_info(vg, lv)).extent_size
+            self._extent_sizes[vg] = size
+        return size
+
+    async def _maximum(self, view: ThinDriveView, extent_size: int) -> int:
+        info = qemu_img.parse_info(view.image)
+        key = (info.virtual_size, info.cluster_size, info.extended_l2, info.refcount_bits,
+               tuple((b.name, b.granularity) for b in info.bitmaps))
+        measured = self._maximum_cache.get(key)
+        if measured is None:
+            measured = await qemu_img.maximum_required(
+                info, timeout=self.settings.qemu_img_timeout)
+            self._maximum_cache[key] = measured
+        return policy.maximum_size(measured, extent_size)
+
+    async def _drives(self, monitor: VmMonitor, outcome: VmOutcome | None = None) -> list[Drive]:
+        config = self._storage_config()
+        drives: list[Drive] = []
+        views, names = await monitor.thin_drives()
+        if outcome is not None:
+            outcome.known_nodes |= names
+        for view in views:
+            vg_lv = lvm.lv_from_path(view.path)
+            if vg_lv is None:
+                continue  # a qcow2 on a plain file or another kind of device: not ours
+            vg, lv = vg_lv
+            storage = config.by_vg(vg, self.settings.node)
+            extent = await self._extent_size(vg, lv)
+            drives.append(Drive(view, vg, lv, storage, await self._maximum(view, extent),
+                                extent))
+        return drives
+
+    async def report(self, vm: LocalVm) -> list[DriveReport]:
+        """Every thin-drive candidate of ``vm`` with its LV read from LVM."""
+        async with VmMonitor(vm.qmp_socket, f"VM {vm.vmid}") as monitor:
+            drives = await self._drives(monitor)
+            run = await monitor.run_state()
+        reports = []
+        for drive in drives:
+            info = await lvm.lv_info(drive.vg, drive.lv)
+            state = drive.state(lv_size=info.size, paused_nospace=run.nospace_on(drive.view.path))
+            reports.append(DriveReport(
+                vm.vmid, drive.view.file_node, drive.view.format_node, drive.view.path,
+                drive.storage.storeid if drive.storage else None, info.size,
+                drive.view.device_size, drive.view.allocation, drive.view.threshold,
+                drive.maximum, drive.view.virtual_size,
+                policy.classify(state, extending=(vm.vmid, drive.view.file_node)
+                                in self.extending) if drive.storage else ExtensionState.IDLE))
+        return reports
+
+    # -- the pass
+
+    async def handle(self, vm: LocalVm, requests: dict[str, Reason] | None = None) -> VmOutcome:
+        """One pass over ``vm``.
+
+        ``requests`` maps node-names named by queue entries to their reasons;
+        None means every thin drive (reconcile). A node-name may name a file
+        node (threshold events) or any node above it (a ``nospace`` event names
+        the device's root node): a request that matches no thin drive by name
+        is applied to every thin drive of the VM, which is always safe because
+        the policy does nothing for a drive with headroom.
+        """
+        outcome = VmOutcome()
+        for _ in range(MAX_ROUNDS):
+            again = await self._round(vm, requests, outcome)
+            if not again:
+                break
+            requests = None  # later rounds look at every drive with fresh figures
+        return outcome
+
+    async def _round(self, vm: LocalVm, requests: dict[str, Reason] | None,
+                     outcome: VmOutcome) -> bool:
+        """Observe, decide, act once. True when another round is needed."""
+        async with VmMonitor(vm.qmp_socket, f"VM {vm.vmid}") as monitor:
+            run = await monitor.run_state()
+            if run.status in MIGRATION_STATES:
+                raise VmBusyError(f"VM {vm.vmid} is in state {run.status}: later")
+            drives = await self._drives(monitor, outcome)
+            thin_nodes = {name for d in drives for name in (d.view.file_node, d.view.format_node)}
+            planned: list[tuple[Drive, Decision, DriveState]] = []
+            for drive in drives:
+                outcome.drives.add(drive.view.file_node)
+                reason = _reason_for(drive, requests, thin_nodes)
+                if reason is None:
+                    continue
+                state = drive.state(paused_nospace=run.nospace_on(drive.view.path),
+                                    reason=reason)
+                planned.append((drive, policy.decide(state), state))
+            # Cheap actions first, inside this QMP session.
+            for drive, decision, _ in planned:
+                await self._arm_or_disarm(monitor, vm, drive, decision)
+        extended = False
+        for drive, decision, state in planned:
+            if isinstance(decision, policy.Extend | policy.ExtendPastMaximum):
+                try:
+                    extended |= await self._extend(vm, drive, decision, state)
+                except PvestordError as err:
+                    outcome.errors[drive.view.file_node] = err
+        if extended:
+            outcome.extensions += 1
+        # Re-arm and resume on a fresh observation: sizes changed, and a fast
+        # writer may already be past the new threshold.
+        if extended or run.paused_on_nospace:
+            return await self._settle(vm, outcome, extended)
+        return False
+
+    async def _arm_or_disarm(self, monitor: VmMonitor, vm: LocalVm, drive: Drive,
+                             decision: Decision) -> None:
+        node = drive.view.file_node
+        if isinstance(decision, policy.Arm):
+            await monitor.set_threshold(node, decision.threshold)
+            log.info("VM %d %s: threshold armed at %s (LV %s)", vm.vmid, node,
+                     format_size(decision.threshold), format_size(drive.view.device_size),
+                     extra=fields(VMID=vm.vmid, NODE_NAME=node, LV=drive.view.path))
+        elif isinstance(decision, policy.AtMaximum) and decision.disarm:
+            await monitor.set_threshold(node, 0)
+            log.info("VM %d %s: LV holds the whole image (%s): threshold removed", vm.vmid,
+                     node, format_size(drive.maximum),
+                     extra=fields(VMID=vm.vmid, NODE_NAME=node, LV=drive.view.path))
+
+    async def _extend(self, vm: LocalVm, drive: Drive, decision: policy.Extend
+                      | policy.ExtendPastMaximum, state: DriveState) -> bool:
+        """Grow the LV under the VG gate and the storage lock. True if it grew."""
+        assert drive.storage is not None  # the policy never extends a drive that is not thin
+        node = drive.view.file_node
+        key = (vm.vmid, node)
+        started = time.monotonic()
+        self.extending.add(key)
+        try:
+            async with self._vg_gate(drive.vg), \
+                    self._storage_lock(drive.storage).acquire_async(STORAGE_LOCK_TIMEOUT):
+                info = await lvm.lv_info(drive.vg, drive.lv)
+                if info.size > drive.view.device_size:
+                    # The metadata is ahead of this node's device-mapper table:
+                    # another node grew it. Catch up instead of growing again.
+                    await lvm.refresh(drive.vg, drive.lv)
+                    log.info("VM %d %s: LV %s was grown elsewhere to %s: refreshed", vm.vmid,
+                             node, drive.view.path, format_size(info.size),
+                             extra=fields(VMID=vm.vmid, NODE_NAME=node, LV=drive.view.path))
+                    fresh = policy.decide(drive.state(
+                        lv_size=info.size, paused_nospace=state.paused_nospace,
+                        reason=state.reason))
+                    if not isinstance(fresh, policy.Extend | policy.ExtendPastMaximum):
+                        return True
+                    decision = fresh
+                if info.size >= decision.target:
+                    return False
+                if isinstance(decision, policy.ExtendPastMaximum):
+                    log.warning(
+                        "VM %d %s: paused on ENOSPC although LV %s already holds the measured"
+                        " maximum %s (a fragmented image can outgrow qemu-img measure, Proxmox"
+                        " bug 6543): growing one more chunk so the VM can run",
+                        vm.vmid, node, drive.view.path, format_size(drive.maximum),
+                        extra=fields(VMID=vm.vmid, NODE_NAME=node, LV=drive.view.path))
+                await lvm.extend(drive.vg, drive.lv, decision.target)
+        finally:
+            self.extending.discard(key)
+        elapsed_ms = round((time.monotonic() - started) * 1000)
+        log.info("VM %d %s: LV %s extended %s -> %s in %d ms", vm.vmid, node,
+                 drive.view.path, format_size(info.size), format_size(decision.target),
+                 elapsed_ms, extra=fields(
+                     VMID=vm.vmid, NODE_NAME=node, LV=drive.view.path, VG=drive.vg,
+                     OLD_SIZE=info.size, NEW_SIZE=decision.target, DURATION_MS=elapsed_ms,
+                     REASON=state.reason.value))
+        return True
+
+    async def _settle(self, vm: LocalVm, outcome: VmOutcome, extended: bool) -> bool:
+        """Re-arm every drive and resume a VM paused on ENOSPC that has room again."""
+        async with VmMonitor(vm.qmp_socket, f"VM {vm.vmid}") as monitor:
+            drives = await self._drives(monitor)
+            run = await monitor.run_state()
+            need_more = False
+            for drive in drives:
+                if drive.view.file_node in outcome.errors:
+                    continue
+                decision = policy.decide(drive.state(paused_nospace=False))
+                if isinstance(decision, policy.Extend | policy.ExtendPastMaximum):
+                    need_more = True  # a fast writer is already past the new threshold
+                await self._arm_or_disarm(monitor, vm, drive, decision)
+            if run.paused_on_nospace and not need_more and _may_resume(run, drives, outcome):
+                await monitor.cont()
+                outcome.resumed = True
+                log.warning("VM %d: resumed after it paused on ENOSPC", vm.vmid,
+                            extra=fields(VMID=vm.vmid))
+        return need_more or (run.paused_on_nospace and not outcome.resumed and extended)
+
+
+def _reason_for(drive: Drive, requests: dict[str, Reason] | None,
+                thin_nodes: set[str]) -> Reason | None:
+    """The reason to look at ``drive``, or None to leave it alone this pass.
+
+    A request naming no thin drive's node (a device's root node, as
+    ``BLOCK_IO_ERROR`` reports it) applies to every thin drive.
+    """
+    if requests is None:
+        return Reason.ARM
+    names = {drive.view.file_node, drive.view.format_node}
+    relevant = [reason for name, reason in requests.items()
+                if name in names or name not in thin_nodes]
+    return max(relevant, key=lambda r: r.strength) if relevant else None
+
+
+def _may_resume(run: RunState, drives: Iterable[Drive], outcome: VmOutcome) -> bool:
+    """Resume only a VM whose every ENOSPC pause sits on a thin drive that now has room.
+
+    A device paused on ENOSPC that is not one of our thin drives (a qcow2 on a
+    full file system, say) would pause again at once; a real I/O error
+    (io-status ``failed``) is never ours to resume (``paused_on_nospace`` is
+    False then).
+    """
+    ours = [d for d in drives if d.storage is not None and d.view.file_node not in outcome.errors]
+    return all(any(d.view.path in label for d in ours) for label in run.nospace_devices)

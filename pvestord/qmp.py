@@ -1,0 +1,244 @@
+"""A VM's QMP socket, for one short batch of commands at a time.
+
+qemu-server uses the same socket (``/var/run/qemu-server/<vmid>.qmp``), and QEMU
+serves one client on it at a time: pvestord connects, runs its batch and
+disconnects, and never holds it. Every call has a budget (:data:`CALL_TIMEOUT`);
+a QEMU that accepts and never answers costs one budget, then an error.
+
+What this module knows about QEMU's block layer:
+
+- A thin drive is a ``host_device`` *file* node on an LV, under a writable
+  ``qcow2`` *format* node. The format node's ``file`` field is its child's
+  filename, which is how the two are paired (QMP offers no stable graph query).
+- The write threshold lives on the file node (physical offsets), and so does
+  ``wr_highest_offset``: the allocation the policy needs.
+- ``BLOCK_IO_ERROR`` names the device's root node, not the node that failed,
+  so a ``nospace`` entry is resolved by looking at the VM's devices.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+from qemu.qmp import ExecuteError, QMPClient, QMPError
+
+from pvestord.errors import PvestordError
+
+log = logging.getLogger(__name__)
+
+#: Budget for connecting (greeting + capabilities) and for each command.
+#: ``query-named-block-nodes`` takes ~40 ms under emulation; a QEMU busy with a
+#: long HMP command on another monitor delays ours (one main loop serves all).
+CONNECT_TIMEOUT = 10.0
+CALL_TIMEOUT = 10.0
+
+
+class QmpError(PvestordError):
+    """A QMP conversation with a VM failed."""
+
+
+class VmGoneError(QmpError):
+    """The VM's QMP socket is missing or refuses connections: the VM is not running."""
+
+
+class VmBusyError(QmpError):
+    """The VM is in a migration state in which its block nodes are not ours to touch."""
+
+
+#: Run states in which a pass leaves the VM alone: an incoming migration's
+#: nodes are inactive (and lose any threshold when it completes), and a
+#: source that finished migrating no longer owns its disks.
+MIGRATION_STATES = frozenset({"inmigrate", "finish-migrate", "postmigrate"})
+
+
+class QmpTimeout(QmpError):
+    """QEMU did not answer within the budget."""
+
+
+@dataclass(frozen=True)
+class ThinDriveView:
+    """What QEMU says of one candidate thin drive."""
+
+    file_node: str
+    format_node: str
+    path: str
+    virtual_size: int
+    allocation: int
+    threshold: int
+    device_size: int
+    #: The qcow2 node's ``image`` (QEMU's ImageInfo, the same shape as
+    #: ``qemu-img info --output=json``): cluster size, extended L2, bitmaps.
+    image: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
+class RunState:
+    running: bool
+    status: str
+    #: Filenames (``json:`` or plain) of devices whose io-status is ``nospace``.
+    nospace_devices: tuple[str, ...]
+    #: Devices whose io-status is ``failed``: a real I/O error, never resumed by us.
+    failed_devices: tuple[str, ...]
+
+    def nospace_on(self, path: str) -> bool:
+        """Whether a device paused on ENOSPC sits on ``path`` (its filename names the LV)."""
+        return any(path in label for label in self.nospace_devices)
+
+    @property
+    def paused_on_nospace(self) -> bool:
+        return (not self.running and self.status == "io-error" and bool(self.nospace_devices)
+                and not self.failed_devices)
+
+
+class VmMonitor:
+    """One connection to a VM's QMP socket; use as ``async with VmMonitor(path, name):``."""
+
+    def __init__(self, socket_path: Path, name: str) -> None:
+        self.socket_path = socket_path
+        self.name = name
+        self._client = QMPClient(name)
+
+    async def __aenter__(self) -> Self:
+        if not self.socket_path.exists():
+            raise VmGoneError(f"{self.name}: no QMP socket at {self.socket_path}")
+        try:
+            await asyncio.wait_for(self._client.connect(str(self.socket_path)), CONNECT_TIMEOUT)
+        except TimeoutError:
+            await self._disconnect()
+            raise QmpTimeout(
+                f"{self.name}: QMP socket {self.socket_path} did not greet within "
+                f"{CONNECT_TIMEOUT:g} s") from None
+        except (QMPError, OSError) as err:
+            await self._disconnect()
+            cause = getattr(err, "exc", err)
+            if isinstance(cause, ConnectionRefusedError | FileNotFoundError):
+                raise VmGoneError(f"{self.name}: QMP socket refuses connections") from err
+            raise QmpError(f"{self.name}: cannot connect to {self.socket_path}: {err}") from err
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        await self._disconnect()
+
+    async def _disconnect(self) -> None:
+        try:
+            await asyncio.wait_for(self._client.disconnect(), CONNECT_TIMEOUT)
+        except (TimeoutError, QMPError, OSError) as err:
+            log.debug("%s: disconnect: %s", self.name, err)
+
+    async def execute(self, command: str, arguments: Mapping[str, object] | None = None) -> Any:
+        """Run one command; QEMU's error becomes a :class:`QmpError` with its text."""
+        try:
+            return await asyncio.wait_for(
+                self._client.execute(command, dict(arguments) if arguments else None),
+                CALL_TIMEOUT)
+        except TimeoutError:
+            raise QmpTimeout(f"{self.name}: {command} got no answer within "
+                             f"{CALL_TIMEOUT:g} s") from None
+        except ExecuteError as err:
+            raise QmpError(f"{self.name}: {command}: {err.error.error.desc}") from err
+        except QMPError as err:
+            raise QmpError(f"{self.name}: {command}: {err}") from err
+
+    async def thin_drives(self) -> tuple[list[ThinDriveView], set[str]]:
+        """Every ``host_device`` file node under a writable qcow2 node, with its
+        figures; and every node-name the VM has (to tell a stale entry)."""
+        nodes = await self.execute("query-named-block-nodes", {"flat": True})
+        stats = await self.execute("query-blockstats", {"query-nodes": True})
+        names = {n["node-name"] for n in nodes if isinstance(n, dict)
+                 and isinstance(n.get("node-name"), str)} if isinstance(nodes, list) else set()
+        return thin_drives_from(nodes, stats), names
+
+    async def set_threshold(self, file_node: str, offset: int) -> None:
+        """Arm (``offset`` > 0) or disarm (0) the one-shot write threshold."""
+        await self.execute("block-set-write-threshold",
+                           {"node-name": file_node, "write-threshold": offset})
+
+    async def run_state(self) -> RunState:
+        status = await self.execute("query-status")
+        block = await self.execute("query-block")
+        return run_state_from(status, block)
+
+    async def cont(self) -> None:
+        await self.execute("cont")
+
+
+def thin_drives_from(nodes: object, stats: object) -> list[ThinDriveView]:
+    """Pair file and format nodes from QMP replies; pure, so it is fuzzed in the unit tests.
+
+    Malformed entries (missing or wrong-typed fields) are skipped, never fatal:
+    a QEMU of another version must not stop the daemon.
+    """
+    if not isinstance(nodes, list):
+        return []
+    allocation: dict[str, int] = {}
+    if isinstance(stats, list):
+        for entry in stats:
+            if not isinstance(entry, dict):
+                continue
+            name = entry.get("node-name")
+            offset = _get_int(entry.get("stats"), "wr_highest_offset")
+            if isinstance(name, str) and offset is not None:
+                allocation[name] = offset
+    files: dict[str, dict[str, Any]] = {}
+    formats: list[dict[str, Any]] = []
+    for node in nodes:
+        if not isinstance(node, dict) or not isinstance(node.get("node-name"), str):
+            continue
+        if node.get("drv") == "host_device" and isinstance(node.get("file"), str):
+            files[node["file"]] = node
+        elif node.get("drv") == "qcow2" and node.get("ro") is False:
+            formats.append(node)
+    drives: list[ThinDriveView] = []
+    for fmt in formats:
+        path = fmt.get("file")
+        child = files.get(path) if isinstance(path, str) else None
+        if child is None or child.get("ro") is not False:
+            continue
+        virtual_size = _get_int(fmt.get("image"), "virtual-size")
+        device_size = _get_int(child.get("image"), "virtual-size")
+        if virtual_size is None or device_size is None or not isinstance(path, str):
+            continue
+        threshold = child.get("write_threshold", 0)
+        drives.append(ThinDriveView(
+            file_node=child["node-name"], format_node=fmt["node-name"], path=path,
+            virtual_size=virtual_size, allocation=allocation.get(child["node-name"], 0),
+            threshold=threshold if isinstance(threshold, int) else 0,
+            device_size=device_size, image=fmt["image"],
+        ))
+    return drives
+
+
+def run_state_from(status: object, block: object) -> RunState:
+    running = isinstance(status, dict) and status.get("running") is True
+    state = status.get("status") if isinstance(status, dict) else None
+    nospace: list[str] = []
+    failed: list[str] = []
+    if isinstance(block, list):
+        for device in block:
+            if not isinstance(device, dict):
+                continue
+            io_status = device.get("io-status")
+            inserted = device.get("inserted")
+            label = json.dumps(inserted) if isinstance(inserted, dict) else str(
+                device.get("device"))
+            if io_status == "nospace":
+                nospace.append(label)
+            elif io_status == "failed":
+                failed.append(label)
+    return RunState(running, state if isinstance(state, str) else "unknown",
+                    tuple(nospace), tuple(failed))
+
+
+def _get_int(mapping: object, key: str) -> int | None:
+    if not isinstance(mapping, dict):
+        return None
+    value = mapping.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
