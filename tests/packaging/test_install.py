@@ -69,3 +69,14 @@ def test_units_installed_enabled_and_verified(installed_root: Path) -> None:
                  timeout=VERIFY_TIMEOUT, check=False)
     assert result.returncode == 0 and not (result.stdout + result.stderr).strip(), (
         f"exit {result.returncode}\n{result.stdout}{result.stderr}")
+
+
+@pytest.mark.parametrize("unit", ["pvestord.service", "qmeventd-py.service"])
+def test_unit_command_line_is_accepted(installed_root: Path, unit: str) -> None:
+    """The installed program accepts the unit's ExecStart= arguments (asked for --help)."""
+    text = (installed_root / "lib/systemd/system" / unit).read_text()
+    exec_start = next(line.split("=", 1)[1] for line in text.splitlines()
+                      if line.startswith("ExecStart="))
+    result = chroot(installed_root, [*exec_start.split(), "--help"], check=False)
+    assert result.returncode == 0, (
+        f"{exec_start} --help: exit {result.returncode}\n{result.stderr}")
