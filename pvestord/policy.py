@@ -27,20 +27,11 @@ import enum
 import math
 from dataclasses import dataclass
 
+# Re-exported: the queue entry's reason is the policy's input. ``MANUAL``
+# (``pvestord extend``) forces a one-chunk extension even with headroom; the
+# others are judged by the drive's state (see :func:`decide`).
+from pvestord.queue import Reason as Reason
 from pvestord.sizes import align_up
-
-
-class Reason(enum.Enum):
-    """Why a drive is being looked at (the queue entry's ``reason``)."""
-
-    #: QEMU reported ``BLOCK_WRITE_THRESHOLD``.
-    THRESHOLD = "threshold"
-    #: QEMU reported ``BLOCK_IO_ERROR`` with ``nospace``.
-    NOSPACE = "nospace"
-    #: Reconcile, a new VM, an incoming migration: make sure it is armed right.
-    ARM = "arm"
-    #: ``pvestord extend``: grow by one chunk even with enough headroom.
-    MANUAL = "manual"
 
 
 class ExtensionState(enum.Enum):

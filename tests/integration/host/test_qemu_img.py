@@ -1,0 +1,214 @@
+"""qemu-img info, measure and check: the real binary on real images in tmp_path."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pvestord import command, qemu_img
+from pvestord.errors import CommandError
+from pvestord.policy import maximum_size
+from pvestord.qemu_img import Bitmap, CheckStatus, QemuImgError
+from pvestord.sizes import GiB, MiB
+
+#: Every qemu-img/qemu-io call the test makes itself.
+TOOL_TIMEOUT = 120.0
+
+
+def tool(*argv: str) -> str:
+    return command.run(argv, timeout=TOOL_TIMEOUT).stdout
+
+
+def create(path: Path, size: str, *options: str, backing: Path | None = None) -> Path:
+    argv = ["qemu-img", "create", "-q", "-f", "qcow2"]
+    if options:
+        argv += ["-o", ",".join(options)]
+    if backing is not None:
+        argv += ["-b", str(backing), "-F", "qcow2"]
+    tool(*argv, str(path), size)
+    return path
+
+
+def l2_table(path: Path) -> int:
+    """Offset of the first L2 table (qcow2 header: l1_table_offset at byte 40)."""
+    with path.open("rb") as f:
+        header = f.read(48)
+        f.seek(struct.unpack(">Q", header[40:48])[0])
+        return int(struct.unpack(">Q", f.read(8))[0] & 0x00FFFFFFFFFFFE00)
+
+
+async def test_measure_8g_default_and_proxmox_overlay_layout() -> None:
+    plain = await qemu_img.measure(8 * GiB)
+    overlay = await qemu_img.measure(8 * GiB, cluster_size=128 * 1024, extended_l2=True)
+    # qcow2_calc_prealloc_size on QEMU 7.2: data plus L1/L2/refcount metadata.
+    assert plain.fully_allocated == 8591507456
+    assert overlay.fully_allocated == 8591638528
+    assert plain.bitmaps is None and overlay.bitmaps is None
+    # The maximum LV is that in whole 4 MiB extents: one extent above 8 GiB.
+    assert maximum_size(plain.fully_allocated, 4 * MiB) == 8 * GiB + 4 * MiB
+
+
+async def test_info_of_an_overlay_with_bitmaps(tmp_path: Path) -> None:
+    base = create(tmp_path / "base.qcow2", "1G")
+    top = create(tmp_path / "top.qcow2", "1G", "cluster_size=128k", "extended_l2=on",
+                 backing=base)
+    tool("qemu-img", "bitmap", "--add", "-g", "1M", str(top), "backup-1")
+    info = await qemu_img.info(top)
+    assert info.format == "qcow2" and info.virtual_size == GiB
+    assert info.cluster_size == 128 * 1024 and info.extended_l2
+    assert info.refcount_bits == 16
+    assert info.bitmaps == (Bitmap("backup-1", MiB, ("auto",)),)
+    assert info.backing_filename == str(base) and info.backing_format == "qcow2"
+    assert not info.dirty and not info.corrupt
+    plain = await qemu_img.info(base)
+    assert (plain.cluster_size, plain.extended_l2, plain.bitmaps) == (65536, False, ())
+
+
+async def test_bitmaps_size_matches_qemu_measure_of_the_image(tmp_path: Path) -> None:
+    # measure --size cannot see bitmaps; our arithmetic must equal what
+    # measure reports for the image itself.
+    image = create(tmp_path / "b.qcow2", "3G", "cluster_size=128k", "extended_l2=on")
+    for name, granularity in (("a", "64K"), ("a-much-longer-bitmap-name-" + "x" * 40, "4K"),
+                              ("c", "2M")):
+        tool("qemu-img", "bitmap", "--add", "-g", granularity, str(image), name)
+    info = await qemu_img.info(image)
+    measured = await qemu_img.measure(info.virtual_size, cluster_size=info.cluster_size,
+                                      extended_l2=info.extended_l2)
+    by_image = json.loads(tool("qemu-img", "measure", "--output=json", "-O", "qcow2", "-o",
+                               "cluster_size=128k,extended_l2=on", str(image)))
+    assert by_image["bitmaps"] > 0
+    assert qemu_img.bitmaps_size(info.virtual_size, 128 * 1024, info.bitmaps) == \
+        by_image["bitmaps"]
+    assert measured.fully_allocated == by_image["fully-allocated"]
+    assert await qemu_img.maximum_required(info) == \
+        by_image["fully-allocated"] + by_image["bitmaps"]
+
+
+@pytest.mark.parametrize("options", [(), ("cluster_size=128k", "extended_l2=on")])
+async def test_a_fully_written_image_fits_its_maximum_exactly(
+        tmp_path: Path, options: tuple[str, ...]) -> None:
+    # The point of the maximum: an image whose every cluster is written never
+    # needs more than measure's fully allocated size.
+    image = create(tmp_path / "full.qcow2", "64M", *options)
+    tool("qemu-io", "-f", "qcow2", "-c", "write -P 0x5a 0 64M", str(image))
+    info = await qemu_img.info(image)
+    maximum = await qemu_img.maximum_required(info)
+    result = await qemu_img.check(image)
+    assert result.status is CheckStatus.CLEAN
+    assert result.image_end_offset == maximum == image.stat().st_size
+
+
+@pytest.mark.parametrize("options", [(), ("cluster_size=128k", "extended_l2=on")])
+async def test_stored_bitmaps_can_outgrow_the_measured_maximum(
+        tmp_path: Path, options: tuple[str, ...]) -> None:
+    # QEMU stores a bitmap copy-then-free: the new table and directory are
+    # written before the old ones are freed, and the holes left behind are
+    # too small for later data runs. So a fully written image with a bitmap
+    # ends past "fully allocated + bitmaps" (and more so with every session):
+    # the maximum is not a hard bound, which is why the policy gives a drive
+    # that still hits ENOSPC at its maximum one more chunk (Proxmox bug 6543).
+    image = create(tmp_path / "full.qcow2", "64M", *options)
+    tool("qemu-img", "bitmap", "--add", "-g", "4K", str(image), "dirty")
+    tool("qemu-io", "-f", "qcow2", "-c", "write -P 0x5a 0 64M", str(image))
+    info = await qemu_img.info(image)
+    assert info.cluster_size is not None
+    maximum = await qemu_img.maximum_required(info)
+    result = await qemu_img.check(image)
+    assert result.status is CheckStatus.CLEAN and result.image_end_offset is not None
+    overshoot = result.image_end_offset - maximum
+    # Measured on QEMU 7.2: the old table and directory, two clusters.
+    assert 0 < overshoot <= 2 * info.cluster_size
+
+
+async def test_check_clean_leaks_and_corruption(tmp_path: Path) -> None:
+    image = create(tmp_path / "c.qcow2", "64M")
+    tool("qemu-io", "-f", "qcow2", "-c", "write -P 0xab 0 192k", str(image))
+    clean = await qemu_img.check(image)
+    assert clean.status is CheckStatus.CLEAN
+    assert (clean.leaks, clean.corruptions, clean.check_errors) == (0, 0, 0)
+    assert clean.allocated_clusters == 3 and clean.total_clusters == 1024
+
+    table = l2_table(image)
+    with image.open("r+b") as f:  # unreference guest cluster 1: its data cluster leaks
+        f.seek(table + 8)
+        f.write(bytes(8))
+    leaks = await qemu_img.check(image)
+    assert leaks.status is CheckStatus.LEAKS
+    assert (leaks.leaks, leaks.corruptions) == (1, 0)
+    assert "Leaked cluster" in leaks.messages
+
+    with image.open("r+b") as f:  # guest cluster 2 now shares cluster 0's data
+        f.seek(table)
+        first = f.read(8)
+        f.seek(table + 16)
+        f.write(first)
+    corrupt = await qemu_img.check(image)
+    assert corrupt.status is CheckStatus.CORRUPT
+    assert corrupt.corruptions >= 1
+    assert "ERROR" in corrupt.messages
+
+
+async def test_failures_are_command_errors_with_the_reason(tmp_path: Path) -> None:
+    with pytest.raises(CommandError, match="No such file") as caught:
+        await qemu_img.info(tmp_path / "missing.qcow2")
+    assert caught.value.returncode == 1
+    raw = tmp_path / "disk.raw"
+    raw.write_bytes(bytes(MiB))
+    with pytest.raises(CommandError) as unsupported:
+        await qemu_img.check(raw, image_format="raw")
+    assert unsupported.value.returncode == 63  # the format cannot be checked
+    with pytest.raises(CommandError, match="Cluster size must be a power of two"):
+        await qemu_img.measure(GiB, cluster_size=1000)
+
+
+async def test_image_in_use_needs_force_share(tmp_path: Path) -> None:
+    image = create(tmp_path / "busy.qcow2", "64M")
+    # qemu-io holding the image open stands in for a running VM: it keeps
+    # QEMU's image locks until its stdin closes.
+    holder = await asyncio.create_subprocess_exec(
+        "qemu-io", "-f", "qcow2", str(image), stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert holder.stdout is not None
+        prompt = await asyncio.wait_for(holder.stdout.readexactly(len("qemu-io> ")),
+                                        TOOL_TIMEOUT)
+        assert prompt == b"qemu-io> "  # the image is open
+        with pytest.raises(CommandError, match="another process using the image"):
+            await qemu_img.info(image)
+        info = await qemu_img.info(image, force_share=True)
+        assert info.virtual_size == 64 * MiB
+    finally:
+        await asyncio.wait_for(holder.communicate(b"quit\n"), TOOL_TIMEOUT)
+
+
+def fake_qemu_img(tmp_path: Path, body: str) -> str:
+    """A test double standing in for a misbehaving qemu-img."""
+    script = tmp_path / "fake-qemu-img"
+    script.write_text(f"#!/bin/sh\n{body}\n")
+    script.chmod(0o755)
+    return str(script)
+
+
+async def test_overrun_is_killed_and_reported(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PVESTORD_QEMU_IMG", fake_qemu_img(tmp_path, "exec sleep 60"))
+    with pytest.raises(CommandError) as caught:
+        await qemu_img.measure(GiB, timeout=0.5)
+    assert caught.value.timed_out and "timed out after 0.5 s" in str(caught.value)
+
+
+async def test_unreadable_output_is_a_qemu_img_error(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PVESTORD_QEMU_IMG", fake_qemu_img(tmp_path, "echo 'not json'"))
+    with pytest.raises(QemuImgError, match="not JSON"):
+        await qemu_img.measure(GiB)
+    monkeypatch.setenv("PVESTORD_QEMU_IMG", fake_qemu_img(tmp_path, "echo '{\"required\": 1}'"))
+    with pytest.raises(QemuImgError, match="fully-allocated"):
+        await qemu_img.measure(GiB)
+    assert os.environ["PVESTORD_QEMU_IMG"].endswith("fake-qemu-img")

@@ -1,0 +1,302 @@
+"""The extension policy: examples from DESIGN.md, then properties with hypothesis."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from pvestord.policy import (
+    Arm,
+    AtMaximum,
+    Decision,
+    DriveState,
+    Extend,
+    ExtendPastMaximum,
+    ExtensionState,
+    Nothing,
+    NotThin,
+    Reason,
+    classify,
+    decide,
+    exceeded,
+    extend_target,
+    maximum_size,
+    threshold,
+    wanted_headroom,
+)
+from pvestord.sizes import GiB, MiB
+
+EXTENT = 4 * MiB
+
+
+def drive(**changes: object) -> DriveState:
+    """The issue's main test drive: 8 GiB qcow2, 256 MiB LV, chunks of 256M at 0.5."""
+    base = DriveState(lv_size=256 * MiB, allocation=0, threshold=0, virtual_size=8 * GiB,
+                      maximum=maximum_size(8591507456, EXTENT), extent_size=EXTENT,
+                      chunksize=256 * MiB, chunk_percentage=0.5)
+    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+
+
+# --- examples -------------------------------------------------------------------
+
+def test_formulas() -> None:
+    assert threshold(2 * GiB, GiB, 0.5) == 1536 * MiB
+    assert threshold(256 * MiB, GiB, 0.5) == 0  # clamped: cannot be armed
+    assert wanted_headroom(GiB, 0.1) == 107374183  # rounded up
+    assert maximum_size(8591507456, EXTENT) == 8196 * MiB
+    assert maximum_size(8 * GiB, EXTENT) == 8 * GiB
+    # One chunk past the LV end, in extents.
+    assert extend_target(256 * MiB, 200 * MiB, 256 * MiB, 8 * GiB, EXTENT) == 512 * MiB
+    # One chunk past an allocation beyond the end (a shrunk LV), aligned up.
+    assert extend_target(256 * MiB, 300 * MiB + 1, 256 * MiB, 8 * GiB, EXTENT) == 560 * MiB
+    # Capped at the maximum, never below the current size.
+    assert extend_target(8000 * MiB, 0, GiB, 8196 * MiB, EXTENT) == 8196 * MiB
+    assert extend_target(9 * GiB, 0, GiB, 8 * GiB, EXTENT) == 9 * GiB
+
+
+def test_fresh_drive_gets_armed() -> None:
+    assert decide(drive()) == Arm(128 * MiB)
+    assert classify(drive()) is ExtensionState.IDLE
+
+
+def test_armed_drive_with_headroom_needs_nothing() -> None:
+    state = drive(threshold=128 * MiB, allocation=100 * MiB, reason=Reason.THRESHOLD)
+    assert decide(state) == Nothing()
+    assert classify(state) is ExtensionState.ARMED
+
+
+def test_wrong_threshold_is_rearmed() -> None:
+    assert decide(drive(threshold=200 * MiB, allocation=10 * MiB)) == Arm(128 * MiB)
+
+
+def test_past_threshold_extends_at_once_instead_of_arming() -> None:
+    state = drive(allocation=130 * MiB)  # nothing armed (e.g. after a VM restart)
+    assert exceeded(state)
+    assert classify(state) is ExtensionState.EXCEEDED
+    assert decide(state) == Extend(512 * MiB, 384 * MiB, resume=False)
+
+
+def test_allocation_exactly_at_threshold_is_not_exceeded() -> None:
+    # QEMU fires on a write that ends past the threshold.
+    assert decide(drive(allocation=128 * MiB, threshold=128 * MiB)) == Nothing()
+
+
+def test_lv_smaller_than_wanted_headroom_counts_as_exceeded() -> None:
+    state = drive(lv_size=EXTENT, chunksize=GiB)
+    assert exceeded(state)
+    decision = decide(state)
+    assert decision == Extend(GiB + EXTENT, EXTENT + GiB // 2, resume=False)
+
+
+def test_nospace_pause_extends_and_resumes_even_below_threshold() -> None:
+    # wr_highest_offset counts successful writes only: a big failed write
+    # leaves the allocation low.
+    state = drive(allocation=10 * MiB, threshold=128 * MiB, paused_nospace=True,
+                  reason=Reason.NOSPACE)
+    assert classify(state) is ExtensionState.EXCEEDED
+    assert decide(state) == Extend(512 * MiB, 384 * MiB, resume=True)
+
+
+def test_stale_nospace_entry_without_pause_is_judged_by_headroom() -> None:
+    assert decide(drive(allocation=10 * MiB, threshold=128 * MiB,
+                        reason=Reason.NOSPACE)) == Nothing()
+
+
+def test_manual_extends_one_chunk_even_with_headroom() -> None:
+    state = drive(allocation=0, threshold=128 * MiB, reason=Reason.MANUAL)
+    assert decide(state) == Extend(512 * MiB, 384 * MiB, resume=False)
+
+
+def test_last_step_reaches_the_maximum_without_threshold() -> None:
+    top = maximum_size(8591507456, EXTENT)
+    state = drive(lv_size=8 * GiB, allocation=8 * GiB - 100 * MiB, threshold=8 * GiB - 128 * MiB)
+    assert decide(state) == Extend(top, None, resume=False)
+    at_max = drive(lv_size=top, allocation=8 * GiB, threshold=0)
+    assert decide(at_max) == AtMaximum(disarm=False)
+    assert classify(at_max) is ExtensionState.AT_MAXIMUM
+    assert decide(dataclasses.replace(at_max, threshold=1)) == AtMaximum(disarm=True)
+
+
+def test_nospace_at_maximum_gets_one_more_chunk() -> None:
+    top = maximum_size(8591507456, EXTENT)
+    state = drive(lv_size=top, allocation=top, paused_nospace=True, reason=Reason.NOSPACE)
+    assert decide(state) == ExtendPastMaximum(top + 256 * MiB, resume=True)
+    assert classify(state) is ExtensionState.EXCEEDED
+    # And again, if it still does not fit: a VM is never left paused.
+    again = dataclasses.replace(state, lv_size=top + 256 * MiB)
+    assert decide(again) == ExtendPastMaximum(top + 512 * MiB, resume=True)
+
+
+def test_not_thin_is_never_touched() -> None:
+    assert decide(drive(thin=False, paused_nospace=True, allocation=GiB)) == NotThin()
+
+
+def test_daemon_knowledge_wins_in_classify() -> None:
+    state = drive(allocation=GiB)
+    assert classify(state, extending=True) is ExtensionState.EXTENDING
+    assert classify(state, failed=True) is ExtensionState.FAILED
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("lv_size", -1), ("allocation", -1), ("extent_size", 0), ("chunksize", 0),
+    ("chunk_percentage", 0.0), ("chunk_percentage", 1.0),
+])
+def test_impossible_observations_are_rejected(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=field):
+        drive(**{field: value})
+
+
+# --- properties -----------------------------------------------------------------
+
+@st.composite
+def states(draw: st.DrawFn) -> DriveState:
+    extent = draw(st.sampled_from([1 * MiB, 4 * MiB, 32 * MiB, 64 * MiB]))
+    chunksize = draw(st.integers(min_value=1, max_value=4096)) * MiB
+    percentage = draw(st.floats(min_value=0.001, max_value=0.999))
+    virtual = draw(st.integers(min_value=1, max_value=64 * 1024)) * MiB
+    # measure's fully allocated size: a bit more than the virtual size, unaligned.
+    measured = virtual + draw(st.integers(min_value=0, max_value=virtual // 100 + 4 * MiB))
+    maximum = maximum_size(measured, extent) if draw(st.booleans()) else measured
+    top = maximum_size(maximum, extent)
+    lv_size = draw(st.integers(min_value=1, max_value=top // extent + 8)) * extent
+    allocation = draw(st.one_of(
+        st.integers(min_value=0, max_value=lv_size),
+        st.integers(min_value=0, max_value=top + 8 * extent)))  # shrunk LVs, outgrown measure
+    armed = draw(st.one_of(st.just(0), st.just(threshold(lv_size, chunksize, percentage)),
+                           st.integers(min_value=0, max_value=lv_size)))
+    return DriveState(lv_size=lv_size, allocation=allocation, threshold=armed,
+                      virtual_size=virtual, maximum=maximum, extent_size=extent,
+                      chunksize=chunksize, chunk_percentage=percentage,
+                      paused_nospace=draw(st.booleans()), reason=draw(st.sampled_from(Reason)),
+                      thin=draw(st.booleans()))
+
+
+def carry_out(state: DriveState, decision: Decision) -> DriveState:
+    """The drive as it is after the daemon did what ``decision`` says (a real
+    daemon re-observes; the allocation is the same, the request consumed)."""
+    after = dataclasses.replace(state, reason=Reason.ARM)
+    match decision:
+        case Arm(threshold=new):
+            return dataclasses.replace(after, threshold=new)
+        case Extend(target=target, threshold=new):
+            return dataclasses.replace(after, lv_size=target, threshold=new or 0,
+                                       paused_nospace=False)
+        case ExtendPastMaximum(target=target):
+            return dataclasses.replace(after, lv_size=target, threshold=0, paused_nospace=False)
+        case AtMaximum():
+            return dataclasses.replace(after, threshold=0)
+        case _:
+            return after
+
+
+def cap(state: DriveState) -> int:
+    return maximum_size(state.maximum, state.extent_size)
+
+
+# Enough to find the edge cases below in well under a second each.
+SETTINGS = settings(max_examples=300, deadline=None)
+
+
+@SETTINGS
+@given(states())
+def test_never_past_maximum_except_explicit_enospc_case(state: DriveState) -> None:
+    decision = decide(state)
+    if isinstance(decision, Extend):
+        assert decision.target <= cap(state)
+    if isinstance(decision, ExtendPastMaximum):
+        assert state.paused_nospace and state.lv_size >= cap(state)
+        assert decision.target == state.lv_size + state.chunksize + (
+            -(state.lv_size + state.chunksize) % state.extent_size)
+
+
+@SETTINGS
+@given(states())
+def test_never_shrinks_and_every_extension_grows(state: DriveState) -> None:
+    decision = decide(state)
+    if isinstance(decision, Extend | ExtendPastMaximum):
+        assert decision.target > state.lv_size
+
+
+@SETTINGS
+@given(states())
+def test_targets_are_extent_aligned_and_smallest(state: DriveState) -> None:
+    decision = decide(state)
+    if isinstance(decision, Extend | ExtendPastMaximum):
+        assert decision.target % state.extent_size == 0
+    if isinstance(decision, Extend) and decision.target < cap(state):
+        wanted = max(state.lv_size, state.allocation) + state.chunksize
+        assert decision.target >= wanted
+        assert decision.target - state.extent_size < wanted
+
+
+@SETTINGS
+@given(states())
+def test_headroom_after_extension(state: DriveState) -> None:
+    decision = decide(state)
+    if isinstance(decision, Extend) and decision.target < cap(state):
+        headroom = decision.target - state.allocation
+        assert headroom >= state.chunksize * state.chunk_percentage
+        assert headroom >= state.chunksize
+        # The new threshold is armed above the allocation, so it can fire.
+        assert decision.threshold is not None
+        assert state.allocation < decision.threshold < decision.target
+    if isinstance(decision, Extend) and decision.target >= cap(state):
+        assert decision.threshold is None  # at the maximum, no threshold
+
+
+@SETTINGS
+@given(states())
+def test_arming_only_above_the_allocation(state: DriveState) -> None:
+    decision = decide(state)
+    if isinstance(decision, Arm):
+        assert 0 < decision.threshold < state.lv_size
+        assert decision.threshold >= state.allocation
+        assert not state.paused_nospace
+
+
+@SETTINGS
+@given(states())
+def test_idempotent_for_duplicates(state: DriveState) -> None:
+    decision = decide(state)
+    after = carry_out(state, decision)
+    again = decide(after)
+    assert again in (Nothing(), AtMaximum(disarm=False), NotThin())
+    # The same entry once more (threshold and nospace reasons; manual forces).
+    if state.reason is not Reason.MANUAL:
+        duplicate = dataclasses.replace(after, reason=state.reason)
+        assert decide(duplicate) == again
+
+
+@SETTINGS
+@given(states())
+def test_a_vm_paused_on_nospace_is_always_resumed(state: DriveState) -> None:
+    decision = decide(state)
+    if state.thin and state.paused_nospace:
+        assert isinstance(decision, Extend | ExtendPastMaximum) and decision.resume
+    if isinstance(decision, Extend | ExtendPastMaximum) and decision.resume:
+        assert state.paused_nospace
+
+
+@SETTINGS
+@given(states())
+def test_not_thin_is_never_touched_property(state: DriveState) -> None:
+    assert (decide(state) == NotThin()) == (not state.thin)
+
+
+@SETTINGS
+@given(states())
+def test_classify_agrees_with_decide(state: DriveState) -> None:
+    assume(state.thin)
+    decision = decide(state)
+    status = classify(state)
+    if status is ExtensionState.EXCEEDED:
+        assert isinstance(decision, Extend | ExtendPastMaximum)
+    if status is ExtensionState.AT_MAXIMUM:
+        assert isinstance(decision, AtMaximum)
+    if status in (ExtensionState.IDLE, ExtensionState.ARMED):
+        assert isinstance(decision, Nothing | Arm) or state.reason is Reason.MANUAL
+    if isinstance(decision, Nothing):
+        assert status is ExtensionState.ARMED
