@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from pvestord.queue import Entry, ExtendQueue
 from tests.harness.qemu import QEMU_ENV
 
 
@@ -38,3 +45,90 @@ def run_dir() -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+# -- qmeventd-py as a real subprocess --------------------------------------------
+
+#: How long the daemon may take to create its socket, and to exit on SIGTERM.
+DAEMON_START_TIMEOUT = 15.0
+DAEMON_STOP_TIMEOUT = 30.0
+
+
+def wait_until(predicate: Callable[[], object], timeout: float, what: str,
+               interval: float = 0.05) -> None:
+    """Poll ``predicate`` until true; fail the test saying ``what`` did not happen."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
+
+
+class Daemon:
+    """``qmeventd-py`` run from the venv, its log kept in a file."""
+
+    def __init__(self, run_dir: Path, *, name: str = "qmeventd", extra: Sequence[str] = (),
+                 cleanup_cmd: str | None = None) -> None:
+        self.socket = run_dir / "qmeventd.sock"
+        self.queue_path = run_dir / "extend-queue"
+        self.log_path = run_dir / f"{name}.log"
+        self.argv = [str(Path(sys.executable).parent / "qmeventd-py"),
+                     "--socket", str(self.socket), "--queue", str(self.queue_path),
+                     "--node-name", "testnode", "-v", *extra]
+        self.argv += ["--cleanup-cmd", cleanup_cmd] if cleanup_cmd else ["--no-cleanup"]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Daemon:
+        log = open(self.log_path, "ab")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log,  # noqa: S603
+                                stderr=subprocess.STDOUT)
+        self.proc = proc
+        log.close()
+        wait_until(lambda: "listening on" in self.log() or proc.poll() is not None,
+                   DAEMON_START_TIMEOUT, "qmeventd-py to listen")
+        assert proc.poll() is None, f"qmeventd-py exited:\n{self.log()}"
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def wait_log(self, pattern: str, timeout: float = 15.0, count: int = 1) -> None:
+        regex = re.compile(pattern)
+        try:
+            wait_until(lambda: len(regex.findall(self.log())) >= count, timeout,
+                       f"log line /{pattern}/ x{count}")
+        except AssertionError as err:
+            raise AssertionError(f"{err}\n--- daemon log ---\n{self.log()[-6000:]}") from None
+
+    def entries(self) -> list[Entry]:
+        return ExtendQueue(self.queue_path).list()
+
+    def kill(self, sig: int = signal.SIGKILL) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+        return self.proc.wait(DAEMON_STOP_TIMEOUT)
+
+    def stop(self) -> int | None:
+        if self.proc is None or self.proc.poll() is not None:
+            return None if self.proc is None else self.proc.returncode
+        self.proc.terminate()
+        try:
+            return self.proc.wait(DAEMON_STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(DAEMON_STOP_TIMEOUT)
+            raise AssertionError(f"qmeventd-py ignored SIGTERM:\n{self.log()}") from None
+
+
+@pytest.fixture
+def daemon_factory(run_dir: Path) -> Iterator[Callable[..., Daemon]]:
+    started: list[Daemon] = []
+
+    def start(**kwargs: Any) -> Daemon:
+        daemon = Daemon(run_dir, name=f"qmeventd{len(started)}", **kwargs)
+        started.append(daemon)
+        return daemon.start()
+
+    yield start
+    for daemon in started:
+        daemon.stop()

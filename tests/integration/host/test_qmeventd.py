@@ -1,0 +1,301 @@
+"""qmeventd-py end to end: the real daemon, real QEMU processes, a real queue file.
+
+QEMU connects to the daemon exactly as qemu-server starts it (event chardev
+with ``reconnect``); thresholds are armed through the VM's own QMP socket and
+crossed with HMP ``qemu-io``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pvestord.queue import Reason
+from tests.harness.qemu import Disk, QemuVM, create_qcow2
+
+pytestmark = pytest.mark.root
+
+MiB = 1024 * 1024
+#: A peer's greeting budget in these tests (the daemon's default is 10 s).
+HELLO_TIMEOUT = 1.0
+
+DaemonFactory = Callable[..., Any]
+
+
+def _wait(predicate: Callable[[], object], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def _vm(run_dir: Path, vmid: int, daemon: Any, *, disks: int = 1, size: int = 16 * MiB,
+        extra_args: tuple[str, ...] = ()) -> QemuVM:
+    images = [create_qcow2(run_dir / f"{vmid}-{i}.qcow2", size) for i in range(disks)]
+    return QemuVM(vmid, run_dir, event_socket=daemon.socket, extra_args=extra_args, disks=[
+        Disk(path, node_name=f"drive-scsi{i}", file_node_name=f"file-scsi{i}")
+        for i, path in enumerate(images)])
+
+
+def _cross_threshold(vm: QemuVM, disk: int = 0) -> None:
+    """Arm a 1 MiB threshold on the file node and write past it; wait for the event."""
+    vm.set_write_threshold(f"file-scsi{disk}", 1 * MiB)
+    vm.write_pattern(f"drive-scsi{disk}", 0, 2 * MiB, 0x5A)
+    event = vm.wait_event("BLOCK_WRITE_THRESHOLD", timeout=10)
+    assert event["data"]["node-name"] == f"file-scsi{disk}"
+
+
+def _connected(daemon: Any, vm: QemuVM, count: int = 1) -> None:
+    daemon.wait_log(rf"VM {vm.vmid}: QEMU pid {vm.pid} connected", count=count)
+
+
+def _keys(daemon: Any) -> list[tuple[int, str]]:
+    return sorted(e.key for e in daemon.entries())
+
+
+def test_socket_is_private(run_dir: Path, daemon_factory: DaemonFactory) -> None:
+    daemon = daemon_factory()
+    mode = daemon.socket.stat().st_mode
+    assert stat.S_ISSOCK(mode)
+    assert stat.S_IMODE(mode) == 0o600
+
+
+def test_one_crossed_threshold_gives_one_entry(run_dir: Path,
+                                               daemon_factory: DaemonFactory) -> None:
+    daemon = daemon_factory()
+    with _vm(run_dir, 4242, daemon) as vm:
+        _connected(daemon, vm)
+        _cross_threshold(vm)
+        _wait(lambda: daemon.entries(), 10, "a queue entry")
+        # Another write well past the (now disarmed) threshold adds nothing.
+        vm.write_pattern("drive-scsi0", 4 * MiB, 2 * MiB)
+        daemon.wait_log(r"VM 4242: queued 4242:file-scsi0 reason=threshold")
+    [entry] = daemon.entries()
+    assert entry.key == (4242, "file-scsi0")
+    assert entry.reason is Reason.THRESHOLD
+    assert entry.origin == "testnode"
+    assert entry.n == 1
+    assert entry.ts is not None and abs(entry.ts - time.time()) < 600
+    assert (run_dir / "extend-queue").read_text().startswith("4242:file-scsi0 ")
+
+
+def test_thirty_vms_at_once(run_dir: Path, daemon_factory: DaemonFactory) -> None:
+    daemon = daemon_factory()
+    vmids = range(4300, 4330)
+    with contextlib.ExitStack() as stack:
+        vms = [stack.enter_context(_vm(run_dir, vmid, daemon, size=8 * MiB))
+               for vmid in vmids]
+        for vm in vms:
+            _connected(daemon, vm)
+        for vm in vms:
+            vm.set_write_threshold("file-scsi0", 1 * MiB)
+        for vm in vms:
+            vm.write_pattern("drive-scsi0", 0, 2 * MiB)
+        _wait(lambda: len(daemon.entries()) >= 30, 30, "30 queue entries")
+        assert _keys(daemon) == [(vmid, "file-scsi0") for vmid in vmids]
+        assert all(e.reason is Reason.THRESHOLD and e.n == 1 for e in daemon.entries())
+
+
+def test_daemon_killed_and_restarted_loses_nothing(run_dir: Path,
+                                                   daemon_factory: DaemonFactory) -> None:
+    first = daemon_factory(cleanup_cmd=str(_recorder(run_dir)))
+    with _vm(run_dir, 4242, first, disks=2) as vm:
+        _connected(first, vm)
+        _cross_threshold(vm, disk=0)
+        _wait(lambda: first.entries(), 10, "the first entry")
+        assert first.kill(signal.SIGKILL) == -signal.SIGKILL
+        second = daemon_factory(cleanup_cmd=str(_recorder(run_dir)))
+        # QEMU's chardev reconnects on its own (reconnect=1).
+        _connected(second, vm)
+        _cross_threshold(vm, disk=1)
+        _wait(lambda: len(second.entries()) == 2, 10, "the second entry")
+        assert _keys(second) == [(4242, "file-scsi0"), (4242, "file-scsi1")]
+    # The VM never exited while the daemons came and went: exactly one cleanup, at the end.
+    second.wait_log(r"VM 4242: running cleanup")
+    _wait(lambda: _recorded(run_dir), 10, "the cleanup command")
+    assert _recorded(run_dir) == ["4242 1 0"]
+
+
+# -- bad peers ---------------------------------------------------------------------
+
+_FAKE_QEMU = """
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+s.settimeout(30)
+greeting = {"QMP": {"version": {"qemu": {"micro": 0, "minor": 2, "major": 7}, "package": ""},
+                    "capabilities": []}}
+try:
+    s.sendall(json.dumps(greeting).encode() + b"\\n")
+    while s.recv(4096):
+        pass
+except (BrokenPipeError, ConnectionResetError):  # hung up on before or while greeting
+    pass
+"""
+
+
+def _fake_qemu(sock: Path, **popen: Any) -> subprocess.Popen[bytes]:
+    """A process that greets like QEMU but has no -pidfile/-id (a test double)."""
+    return subprocess.Popen([sys.executable, "-c", _FAKE_QEMU, str(sock)],  # noqa: S603
+                            stdin=subprocess.DEVNULL, **popen)
+
+
+def test_bad_peers_are_dropped_and_others_served(run_dir: Path,
+                                                 daemon_factory: DaemonFactory) -> None:
+    daemon = daemon_factory(extra=["--hello-timeout", str(HELLO_TIMEOUT)])
+    with _vm(run_dir, 4242, daemon) as vm:
+        _connected(daemon, vm)
+
+        with _client(daemon.socket) as s:  # garbage
+            s.sendall(b"hello, this is not JSON\n")
+            daemon.wait_log(r"dropped peer \(pid \d+ uid 0\): sent garbage")
+            assert s.recv(16) == b""
+
+        with _client(daemon.socket) as s:  # one 1 MiB line
+            with contextlib.suppress(OSError):
+                s.sendall(b'{"QMP": "' + b"x" * MiB + b'"}\n')
+            daemon.wait_log(r"dropped peer \(pid \d+ uid 0\): first message is longer than")
+
+        with _client(daemon.socket) as s:  # says nothing at all
+            daemon.wait_log(rf"dropped peer \(pid {os.getpid()} uid 0\): said nothing usable"
+                            rf" within {HELLO_TIMEOUT:g} s")
+            assert s.recv(16) == b""
+
+        fake = _fake_qemu(daemon.socket)  # a QMP greeting, but no VMID on its command line
+        try:
+            daemon.wait_log(rf"dropped peer \(pid {fake.pid} uid 0\): pid {fake.pid} has no"
+                            r" usable -id or -pidfile")
+            assert fake.wait(10) == 0  # the daemon hung up on it
+        finally:
+            _reap(fake)
+
+        # A non-root peer: the socket's mode already keeps it out, so open the
+        # first gate (socket and folder) to test the second one, the uid check.
+        os.chmod(run_dir, 0o711)
+        os.chmod(daemon.socket, 0o666)
+        nobody = _fake_qemu(daemon.socket, user=65534, group=65534)
+        try:
+            daemon.wait_log(rf"dropped peer \(pid {nobody.pid} uid 65534\): uid 65534 is not"
+                            r" root")
+            assert nobody.wait(10) == 0
+        finally:
+            _reap(nobody)
+
+        # Through all of that the daemon kept serving the real QEMU.
+        assert daemon.proc.poll() is None
+        _cross_threshold(vm)
+        _wait(lambda: daemon.entries(), 10, "the entry of the good peer")
+        assert _keys(daemon) == [(4242, "file-scsi0")]
+
+
+@contextlib.contextmanager
+def _client(path: Path) -> Iterator[socket.socket]:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(30)
+    try:
+        s.connect(str(path))
+        yield s
+    finally:
+        s.close()
+
+
+def _reap(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(10)
+
+
+# -- end-of-life duties --------------------------------------------------------------
+
+def _recorder(run_dir: Path) -> Path:
+    """A cleanup command that appends its arguments to a file."""
+    script = run_dir / "record-cleanup"
+    if not script.exists():
+        script.write_text(f'#!/bin/sh\necho "$@" >> {run_dir}/cleanups\n')
+        script.chmod(0o755)
+    return script
+
+
+def _recorded(run_dir: Path) -> list[str]:
+    path = run_dir / "cleanups"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_cleanup_runs_once_per_vm_exit(run_dir: Path, daemon_factory: DaemonFactory) -> None:
+    daemon = daemon_factory(cleanup_cmd=str(_recorder(run_dir)))
+    with _vm(run_dir, 4242, daemon) as quitting, _vm(run_dir, 4243, daemon) as killed:
+        _connected(daemon, quitting)
+        _connected(daemon, killed)
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(10)
+        daemon.wait_log(r"VM 4243: running cleanup")
+        quitting.qmp("quit")
+        quitting.wait(10)
+        daemon.wait_log(r"VM 4242: running cleanup")
+    _wait(lambda: len(_recorded(run_dir)) >= 2, 10, "two cleanups")
+    assert daemon.stop() == 0
+    # 4243 died without a SHUTDOWN event: not graceful; quit is graceful, not the guest.
+    assert sorted(_recorded(run_dir)) == ["4242 1 0", "4243 0 0"]
+
+
+# QEMU stays alive after a shutdown (Proxmox runs it with -no-shutdown); a
+# system_reset with reboot=shutdown gives a real SHUTDOWN event without a guest.
+_STAYS_AFTER_SHUTDOWN = ("-no-shutdown", "-action", "reboot=shutdown")
+
+
+def test_shut_down_vm_is_terminated_then_cleaned_up(run_dir: Path,
+                                                    daemon_factory: DaemonFactory) -> None:
+    daemon = daemon_factory(cleanup_cmd=str(_recorder(run_dir)))
+    with _vm(run_dir, 4244, daemon, extra_args=_STAYS_AFTER_SHUTDOWN) as vm:
+        _connected(daemon, vm)
+        vm.qmp("system_reset")
+        # The daemon sees status "shutdown" and sends SIGTERM; QEMU exits.
+        assert vm.wait(20) == 0
+        daemon.wait_log(r"VM 4244: terminating QEMU pid")
+        daemon.wait_log(r"VM 4244: running cleanup")
+    _wait(lambda: _recorded(run_dir), 10, "the cleanup command")
+    assert _recorded(run_dir) == ["4244 1 0"]
+
+
+def test_backup_keeps_a_shut_down_vm_alive_until_vzdump_hangs_up(
+        run_dir: Path, daemon_factory: DaemonFactory) -> None:
+    daemon = daemon_factory(cleanup_cmd=str(_recorder(run_dir)))
+    with _vm(run_dir, 4245, daemon, extra_args=_STAYS_AFTER_SHUTDOWN) as vm:
+        _connected(daemon, vm)
+        with _client(daemon.socket) as vzdump:
+            # vzdump's hello, as PVE::VZDump::QemuServer sends it (no newline).
+            vzdump.sendall(json.dumps({"vzdump": {"vmid": "4245"}}).encode())
+            daemon.wait_log(r"VM 4245: vzdump backup started")
+            vm.qmp("system_reset")
+            daemon.wait_log(r"VM 4245: not active, but a backup runs: kept alive")
+            assert vm.is_running()
+            assert vm.qmp("query-status")["status"] == "shutdown"
+        daemon.wait_log(r"VM 4245: vzdump backup ended")
+        assert vm.wait(20) == 0
+        daemon.wait_log(r"VM 4245: running cleanup")
+    _wait(lambda: _recorded(run_dir), 10, "the cleanup command")
+    assert _recorded(run_dir) == ["4245 1 0"]
+
+
+def test_sigterm_removes_the_socket_and_runs_no_cleanup(
+        run_dir: Path, daemon_factory: DaemonFactory) -> None:
+    daemon = daemon_factory(cleanup_cmd=str(_recorder(run_dir)))
+    with _vm(run_dir, 4246, daemon) as vm:
+        _connected(daemon, vm)
+        assert daemon.stop() == 0
+        assert not daemon.socket.exists()
+        assert vm.is_running()
+    assert _recorded(run_dir) == []
