@@ -263,20 +263,31 @@ class Server:
     # -- listening -----------------------------------------------------------
 
     def listen(self) -> None:
+        """Listen on the socket path, created 0600.
+
+        We bind and listen on a temporary name and rename it over the path:
+        a peer never finds the path bound but not yet listening, and a stale
+        socket from a previous run is replaced in one step (qmeventd unlinks
+        it first).
+        """
         path = self.options.socket
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
         with contextlib.suppress(FileNotFoundError):
-            path.unlink()  # a stale socket from a previous run, as qmeventd does
+            tmp.unlink()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old_umask = os.umask(0o177)  # the socket file is born 0600: no window
         try:
-            sock.bind(str(path))
+            sock.bind(str(tmp))
+            os.chmod(tmp, 0o600)
+            sock.listen(128)
+            os.rename(tmp, path)
         except OSError as err:
             sock.close()
+            with contextlib.suppress(OSError):
+                tmp.unlink()
             raise PvestordError(f"cannot listen on {path}: {err}") from err
         finally:
             os.umask(old_umask)
-        os.chmod(path, 0o600)
-        sock.listen(128)
         sock.setblocking(False)
         self._sock = sock
         self._sock_ino = path.stat().st_ino
