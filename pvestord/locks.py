@@ -72,11 +72,17 @@ PMXCFS_LOCK_EXPIRY = 120.0
 HOLD_BUDGET = 60.0
 #: Unlock requests go out at most this often (``cfs_lock`` sends one per ~1 s retry).
 UNLOCK_REQUEST_INTERVAL = 1.0
-#: Retry back-off of the ``mkdir``/``flock`` attempts: first and largest pause.
-#: Shorter than ``cfs_lock``'s 1 s so that a busy queue does not stall; each
-#: attempt is one cheap syscall (one message on pmxcfs).
-RETRY_FIRST = 0.002
-RETRY_MAX = 0.1
+#: Retry back-off of the ``mkdir``/``flock`` attempts: the first pause, then
+#: doubling up to a cap per backend. Polling waiters only get the lock in the
+#: gap between one holder's release and the next acquisition, so the cap
+#: decides how fairly a busy lock is shared. ``cfs_lock`` retries every 1 s;
+#: we poll faster so that a busy queue does not stall: on pmxcfs every attempt
+#: is a cluster message, so 100 ms there; a plain folder (9p, tests) answers
+#: from one server, 10 ms; flock is a local syscall, 5 ms.
+RETRY_FIRST = 0.001
+RETRY_MAX_PMXCFS = 0.1
+RETRY_MAX_FOLDER = 0.01
+RETRY_MAX_FLOCK = 0.005
 
 # Lock ids become file names: Proxmox's ids are "storage-<storeid>",
 # "file-<name>", "domain-<name>"; storage ids may contain dots.
@@ -122,7 +128,8 @@ class _Backoff:
     """Pauses between attempts: exponential, capped, with some jitter so that
     waiters started together do not retry in lock-step."""
 
-    def __init__(self, timeout: float) -> None:
+    def __init__(self, timeout: float, cap: float) -> None:
+        self.cap = cap
         self.start = time.monotonic()
         self.deadline = self.start + timeout
         self.pause = RETRY_FIRST
@@ -133,7 +140,7 @@ class _Backoff:
         if now >= self.deadline:
             return None
         pause = min(self.pause * (0.5 + _jitter()), self.deadline - now)
-        self.pause = min(self.pause * 2, RETRY_MAX)
+        self.pause = min(self.pause * 2, self.cap)
         return max(pause, 0.0)
 
     @property
@@ -165,8 +172,10 @@ class FlockLock:
     holders do not touch it, so for them this is an upper bound).
     """
 
-    def __init__(self, path: Path, *, hold_budget: float = HOLD_BUDGET) -> None:
+    def __init__(self, path: Path, *, hold_budget: float = HOLD_BUDGET,
+                 retry_max: float = RETRY_MAX_FLOCK) -> None:
         self.path = path
+        self.retry_max = retry_max
         self.name = f"{path} (flock)"
         self.hold_budget = hold_budget
 
@@ -199,7 +208,7 @@ class FlockLock:
     def acquire(self, timeout: float = DEFAULT_TIMEOUT) -> Iterator[None]:
         fd = self._open()
         try:
-            backoff = _Backoff(timeout)
+            backoff = _Backoff(timeout, self.retry_max)
             while not self._try(fd):
                 pause = backoff.next_pause()
                 if pause is None:
@@ -219,7 +228,7 @@ class FlockLock:
     ) -> AsyncIterator[None]:
         fd = self._open()
         try:
-            backoff = _Backoff(timeout)
+            backoff = _Backoff(timeout, self.retry_max)
             while not self._try(fd):
                 pause = backoff.next_pause()
                 if pause is None:
@@ -352,7 +361,7 @@ class LockDirLock:
 
     def __init__(self, lock_dir: Path, lock_id: str, *,
                  unlock_request: UnlockRequest | None = None,
-                 hold_budget: float = HOLD_BUDGET) -> None:
+                 hold_budget: float = HOLD_BUDGET, retry_max: float | None = None) -> None:
         if not _LOCK_ID.fullmatch(lock_id):
             raise LockError(f"invalid lock id {lock_id!r}: letters, digits, '.', '_', '-' only")
         self.lock_dir = lock_dir
@@ -360,10 +369,13 @@ class LockDirLock:
         self.path = lock_dir / lock_id
         self.name = f"{lock_id} (lock directory {lock_dir})"
         self.hold_budget = hold_budget
+        pmxcfs = on_pmxcfs(lock_dir)
         if unlock_request is None:
-            unlock_request = (pmxcfs_unlock_request if on_pmxcfs(lock_dir)
-                              else EmulatedPmxcfsExpiry())
+            unlock_request = pmxcfs_unlock_request if pmxcfs else EmulatedPmxcfsExpiry()
         self.unlock_request = unlock_request
+        if retry_max is None:
+            retry_max = RETRY_MAX_PMXCFS if pmxcfs else RETRY_MAX_FOLDER
+        self.retry_max = retry_max
 
     def _try(self) -> _Seen | None:
         try:
@@ -425,7 +437,7 @@ class LockDirLock:
 
     @contextlib.contextmanager
     def acquire(self, timeout: float = DEFAULT_TIMEOUT) -> Iterator[None]:
-        backoff = _Backoff(timeout)
+        backoff = _Backoff(timeout, self.retry_max)
         last_request: float | None = None
         while (mine := self._try()) is None:
             last_request = self._maybe_request(last_request)
@@ -445,7 +457,7 @@ class LockDirLock:
     async def acquire_async(
         self, timeout: float = DEFAULT_TIMEOUT  # noqa: ASYNC109 - bounds the wait, not the body
     ) -> AsyncIterator[None]:
-        backoff = _Backoff(timeout)
+        backoff = _Backoff(timeout, self.retry_max)
         last_request: float | None = None
         while (mine := self._try()) is None:
             last_request = self._maybe_request(last_request)

@@ -223,16 +223,17 @@ class Entry:
             reason = Reason(known.get("reason", Reason.THRESHOLD.value))
         except ValueError:
             raise InvalidEntryError(f"unknown reason {known['reason'][:40]!r}") from None
+        n = _uint(known, "n")
         return cls(vmid, name, reason, known.get("origin"), _uint(known, "ts"),
-                   _uint(known, "n") or 1, known.get("id"), tuple(extra))
+                   1 if n is None else n, known.get("id"), tuple(extra))
 
     def merged(self, other: Entry) -> Entry:
         """This line after ``other`` (an event for the same drive) merged into it.
 
         Commutative and associative in every field but ``id`` and ``extra``,
         where this line's values win: the strongest reason, its origin (ties
-        broken by the oldest ts, then the origin's name), the oldest known ts,
-        and the sum of the counts.
+        broken by the node name, a known one first), the oldest known ts, and
+        the sum of the counts.
         """
         if other.key != self.key:
             raise InvalidEntryError(f"cannot merge {other.key} into {self.key}")
@@ -251,8 +252,9 @@ class Entry:
         )
 
 
-def _rank(entry: Entry) -> tuple[bool, int, bool, str]:
-    return (entry.ts is None, entry.ts or 0, entry.origin is None, entry.origin or "")
+def _rank(entry: Entry) -> tuple[bool, str]:
+    # Only fields that merging does not change, so that merging is associative.
+    return (entry.origin is None, entry.origin or "")
 
 
 def _uint(fields: dict[str, str], key: str) -> int | None:
@@ -324,29 +326,61 @@ class _Contents:
     raw: bytes
     entries: dict[tuple[int, str], Entry]
     rejected: list[RejectedLine]
+    #: The file's own line for each entry that came from exactly one line:
+    #: rewritten as it was unless the entry changes.
+    lines: dict[tuple[int, str], bytes]
+
+
+#: Parsed lines, shared by the reads of one queue: the file changes by a few
+#: lines per write, so most lines parse once per process.
+_ParseCache = dict[bytes, "Entry | str"]
+_PARSE_CACHE_MAX = 65536
 
 
 def parse_queue(data: bytes, now: int | None = None) -> tuple[list[Entry], list[RejectedLine]]:
     """Every entry in file order (duplicates merged) and every rejected line."""
-    contents = _parse(data, int(time.time()) if now is None else now)
+    contents = _parse(data, int(time.time()) if now is None else now, {})
     return list(contents.entries.values()), contents.rejected
 
 
-def _parse(data: bytes, now: int) -> _Contents:
+def _parse(data: bytes, now: int, cache: _ParseCache) -> _Contents:
+    if len(cache) > _PARSE_CACHE_MAX:
+        cache.clear()
     entries: dict[tuple[int, str], Entry] = {}
+    lines: dict[tuple[int, str], bytes] = {}
     rejected: list[RejectedLine] = []
     for raw_line in data.split(b"\n"):
         line = raw_line.strip(b" \t\r")
         if not line:
             continue
-        try:
-            entry = _parse_line(line)
-        except InvalidEntryError as err:
-            rejected.append(_reject(raw_line, str(err), now))
+        parsed = cache.get(line)
+        if parsed is None:
+            try:
+                parsed = _parse_line(line)
+            except InvalidEntryError as err:
+                parsed = str(err)
+            cache[line] = parsed
+        if isinstance(parsed, str):
+            rejected.append(_reject(raw_line, parsed, now))
             continue
-        old = entries.get(entry.key)
-        entries[entry.key] = old.merged(entry) if old else entry
-    return _Contents(data, entries, rejected)
+        old = entries.get(parsed.key)
+        if old is None:
+            entries[parsed.key] = parsed
+            lines[parsed.key] = line
+        else:
+            entries[parsed.key] = old.merged(parsed)
+            lines.pop(parsed.key, None)
+    return _Contents(data, entries, rejected, lines)
+
+
+def _render(entries: Iterable[Entry], before: _Contents) -> bytes:
+    out = []
+    for entry in entries:
+        line = before.lines.get(entry.key)
+        if line is None or before.entries.get(entry.key) is not entry:
+            line = entry.format().encode("utf-8")
+        out.append(line + b"\n")
+    return b"".join(out)
 
 
 def render(entries: Iterable[Entry]) -> bytes:
@@ -474,6 +508,7 @@ class ExtendQueue:
         self.max_bytes = max_bytes
         self.lock_timeout = lock_timeout
         self._swept = False
+        self._cache: _ParseCache = {}
 
     def __repr__(self) -> str:
         return f"ExtendQueue({str(self.path)!r})"
@@ -481,7 +516,7 @@ class ExtendQueue:
     # -- reads
 
     def _load(self) -> _Contents:
-        return _parse(_read(self.path), int(time.time()))
+        return _parse(_read(self.path), int(time.time()), self._cache)
 
     def list(self) -> Entries:
         """Every queued entry, in file order."""
@@ -506,8 +541,9 @@ class ExtendQueue:
         cur = self._load()
         entries = dict(cur.entries)
         result = change(entries)
-        data = render(entries.values())
-        if grows and len(data) > self.max_bytes and len(data) > len(render(cur.entries.values())):
+        data = _render(entries.values(), cur)
+        if grows and len(data) > self.max_bytes and len(data) > len(_render(cur.entries.values(),
+                                                                            cur)):
             raise QueueFullError(
                 f"queue {self.path} would grow to {len(data)} bytes, past its bound of "
                 f"{self.max_bytes} (pmxcfs refuses files over 1 MiB): nothing was queued, "

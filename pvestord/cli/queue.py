@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pvestord.locks import queue_lock
+from pvestord.locks import DEFAULT_TIMEOUT, queue_lock
 from pvestord.queue import Entry, ExtendQueue, InvalidEntryError, Reason, RejectedLine, parse_key
 
 
@@ -25,6 +25,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument("--lock-dir", type=Path, metavar="PATH",
                         help="take the queue lock as a pmxcfs-style lock directory in PATH "
                              "(default: pmxcfs's when the queue is on /etc/pve, else flock)")
+    parser.add_argument("--lock-timeout", type=_seconds, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+                        help="give up waiting for the queue lock after this long "
+                             "(default: %(default)g, as Proxmox's cfs_lock)")
     cmds = parser.add_subparsers(dest="queue_command", metavar="ACTION", required=True)
 
     p = cmds.add_parser("list", help="list queued drives (or rejected lines)")
@@ -54,9 +57,19 @@ def _key(text: str) -> tuple[int, str]:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 3600:
+        raise argparse.ArgumentTypeError(f"expected seconds between 0 and 3600, got {text!r}")
+    return value
+
+
 def _queue(args: argparse.Namespace) -> ExtendQueue:
     path: Path = args.queue
-    return ExtendQueue(path, lock=queue_lock(path, args.lock_dir))
+    return ExtendQueue(path, lock=queue_lock(path, args.lock_dir), lock_timeout=args.lock_timeout)
 
 
 def _local_node() -> str | None:
