@@ -76,8 +76,9 @@ async def run_async(argv: Sequence[str], *, timeout: float, check: bool = True, 
     except OSError as err:
         raise CommandError(args, None, str(err)) from err
     try:
-        out, err_out = await asyncio.wait_for(
-            proc.communicate(input.encode() if input is not None else None), timeout)
+        async with asyncio.timeout(timeout):
+            out, err_out = await proc.communicate(
+                input.encode() if input is not None else None)
     except TimeoutError:
         _kill_group(proc.pid)
         _, err_out = await proc.communicate()

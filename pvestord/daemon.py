@@ -138,8 +138,9 @@ class Daemon:
                  self.settings.poll_interval, self.settings.reconcile_interval,
                  ", one global worker" if self.settings.global_worker else "")
         loops = [asyncio.create_task(self._queue_loop(), name="queue"),
-                 asyncio.create_task(self._reconcile_loop(), name="reconcile"),
-                 asyncio.create_task(service.watchdog_loop(), name="watchdog")]
+                 asyncio.create_task(self._reconcile_loop(), name="reconcile")]
+        if service.watchdog_interval() is not None:
+            loops.append(asyncio.create_task(service.watchdog_loop(), name="watchdog"))
         service.notify("READY=1")
         stop = asyncio.create_task(self._wait_stop())
         done, _ = await asyncio.wait([stop, *loops], return_when=asyncio.FIRST_COMPLETED)
@@ -197,10 +198,15 @@ class Daemon:
     # -- loops
 
     async def _queue_loop(self) -> None:
-        while True:
+        while not self._stop.is_set():
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow
+            # a cancellation that arrives as the wake-up completes.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.settings.poll_interval)
+                async with asyncio.timeout(self.settings.poll_interval):
+                    await self._wake.wait()
             self._wake.clear()
+            if self._stop.is_set():
+                break
             self._notice_new_vms()
             try:
                 await self._scan_queue()
@@ -212,7 +218,7 @@ class Daemon:
                            f"{len(self._known_vms)} local VM(s), {len(self._passes)} busy")
 
     async def _reconcile_loop(self) -> None:
-        while True:
+        while not self._stop.is_set():
             for vm in local_vms(self.settings.run_dir):
                 self._reconcile_due.add(vm.vmid)
             self._wake.set()
@@ -255,7 +261,7 @@ class Daemon:
             log.debug("removed %d moot entries", removed)
 
     def _start_pass(self, vm: LocalVm, entries: Sequence[Entry]) -> bool:
-        if vm.vmid in self._passes:
+        if self._stop.is_set() or vm.vmid in self._passes:
             return False  # the running pass wakes the loop when it ends
         retry = self._retry.get(vm.vmid)
         if retry is not None and time.monotonic() < retry.not_before:

@@ -109,7 +109,8 @@ class VmMonitor:
         if not self.socket_path.exists():
             raise VmGoneError(f"{self.name}: no QMP socket at {self.socket_path}")
         try:
-            await asyncio.wait_for(self._client.connect(str(self.socket_path)), CONNECT_TIMEOUT)
+            async with asyncio.timeout(CONNECT_TIMEOUT):
+                await self._client.connect(str(self.socket_path))
         except TimeoutError:
             await self._disconnect()
             raise QmpTimeout(
@@ -129,16 +130,17 @@ class VmMonitor:
 
     async def _disconnect(self) -> None:
         try:
-            await asyncio.wait_for(self._client.disconnect(), CONNECT_TIMEOUT)
+            async with asyncio.timeout(CONNECT_TIMEOUT):
+                await self._client.disconnect()
         except (TimeoutError, QMPError, OSError) as err:
             log.debug("%s: disconnect: %s", self.name, err)
 
     async def execute(self, command: str, arguments: Mapping[str, object] | None = None) -> Any:
         """Run one command; QEMU's error becomes a :class:`QmpError` with its text."""
         try:
-            return await asyncio.wait_for(
-                self._client.execute(command, dict(arguments) if arguments else None),
-                CALL_TIMEOUT)
+            async with asyncio.timeout(CALL_TIMEOUT):
+                return await self._client.execute(
+                    command, dict(arguments) if arguments else None)
         except TimeoutError:
             raise QmpTimeout(f"{self.name}: {command} got no answer within "
                              f"{CALL_TIMEOUT:g} s") from None

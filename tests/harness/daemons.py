@@ -1,0 +1,193 @@
+"""qmeventd-py and pvestord as real processes, for the node tier, the demo and bench.
+
+A :class:`NodeBed` is one node's worth of Proxmox layout in a folder: the
+qemu-server run folder (``<vmid>.pid``, ``<vmid>.qmp``), the extend queue, a
+storage.cfg, and the qmeventd socket. :func:`daemons` starts both daemons
+against it, and stops them with SIGTERM at the end, checking they exit 0
+(a daemon that crashed or hung fails the test that used it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pvestord.queue import Entry, ExtendQueue
+
+VENV_BIN = Path(sys.executable).parent
+START_TIMEOUT = 30.0
+STOP_TIMEOUT = 60.0
+
+
+@dataclass
+class ThinStorageSpec:
+    storeid: str
+    vgname: str
+    chunksize: str = "256M"
+    chunk_percentage: float = 0.5
+    initial_size: str = "256M"
+    shared: bool = False
+
+    def section(self) -> str:
+        return (f"lvm: {self.storeid}\n\tvgname {self.vgname}\n\tcontent images\n"
+                f"\tshared {int(self.shared)}\n\tchunksize {self.chunksize}\n"
+                f"\tchunk-percentage {self.chunk_percentage}\n"
+                f"\tinitial-size {self.initial_size}\n")
+
+
+@dataclass
+class NodeBed:
+    root: Path
+    storages: list[ThinStorageSpec] = field(default_factory=list)
+    node: str = "nodea"
+    #: Where daemon and QEMU logs go (default: ``root/logs``); the node tier
+    #: points it at the shared results folder so a failure can be read.
+    logs_dir: Path | None = None
+
+    def __post_init__(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.write_storage_config()
+
+    @property
+    def run_dir(self) -> Path:
+        return self.root / "run"
+
+    @property
+    def logs(self) -> Path:
+        return self.logs_dir if self.logs_dir is not None else self.root / "logs"
+
+    @property
+    def queue_path(self) -> Path:
+        return self.root / "extend-queue"
+
+    @property
+    def storage_cfg(self) -> Path:
+        return self.root / "storage.cfg"
+
+    @property
+    def event_socket(self) -> Path:
+        return self.root / "qmeventd.sock"
+
+    @property
+    def queue(self) -> ExtendQueue:
+        return ExtendQueue(self.queue_path)
+
+    def entries(self) -> list[Entry]:
+        return self.queue.list()
+
+    def write_storage_config(self) -> None:
+        text = "dir: local\n\tpath /var/lib/vz\n\tcontent iso\n\n" + "\n".join(
+            s.section() for s in self.storages)
+        self.storage_cfg.write_text(text)
+
+    def pvestord_argv(self, *extra: str) -> list[str]:
+        return [str(VENV_BIN / "pvestord"), "--queue", str(self.queue_path), "-v", "run",
+                "--storage-config", str(self.storage_cfg), "--run-dir", str(self.run_dir),
+                "--node", self.node, "--no-journal", *extra]
+
+    def qmeventd_argv(self, *extra: str) -> list[str]:
+        return [str(VENV_BIN / "qmeventd-py"), "--socket", str(self.event_socket),
+                "--queue", str(self.queue_path), "--no-cleanup", "-f", "-v",
+                "--node-name", self.node, *extra]
+
+
+class Daemon:
+    """One daemon process with its log file; stopped with SIGTERM."""
+
+    def __init__(self, name: str, argv: Sequence[str], log_path: Path) -> None:
+        self.name = name
+        self.argv = list(argv)
+        self.log_path = log_path
+        self._log = log_path.open("ab")
+        self.proc = subprocess.Popen(  # noqa: S603 - argument list
+            self.argv, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_log(self, needle: str, timeout: float = START_TIMEOUT) -> None:
+        deadline = time.monotonic() + timeout
+        while needle not in self.log_text():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited {self.proc.returncode} before logging "
+                                   f"{needle!r}:\n{self.log_text()[-4000:]}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.name} did not log {needle!r} within {timeout} s:\n"
+                                   f"{self.log_text()[-4000:]}")
+            time.sleep(0.1)
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would."""
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=STOP_TIMEOUT)
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=STOP_TIMEOUT)
+                raise RuntimeError(f"{self.name} did not stop within {STOP_TIMEOUT} s on "
+                                   f"SIGTERM:\n{self.log_text()[-4000:]}") from None
+        self._log.close()
+        return self.proc.returncode
+
+
+def start_qmeventd(bed: NodeBed, *extra: str) -> Daemon:
+    daemon = Daemon("qmeventd-py", bed.qmeventd_argv(*extra), bed.logs / "qmeventd.log")
+    deadline = time.monotonic() + START_TIMEOUT
+    while not bed.event_socket.exists():
+        if daemon.proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"qmeventd-py did not listen:\n{daemon.log_text()[-4000:]}")
+        time.sleep(0.05)
+    return daemon
+
+
+def start_pvestord(bed: NodeBed, *extra: str) -> Daemon:
+    daemon = Daemon("pvestord", bed.pvestord_argv(*extra), bed.logs / "pvestord.log")
+    daemon.wait_log("pvestord started")
+    return daemon
+
+
+@contextlib.contextmanager
+def daemons(bed: NodeBed, *, pvestord_args: Sequence[str] = ()) -> Iterator[
+        tuple[Daemon, Daemon]]:
+    """Both daemons on ``bed``; on exit, both must stop cleanly (exit 0)."""
+    qmeventd = start_qmeventd(bed)
+    try:
+        pvestord = start_pvestord(bed, *pvestord_args)
+    except BaseException:
+        qmeventd.stop()
+        raise
+    failures = []
+    try:
+        yield qmeventd, pvestord
+    finally:
+        for daemon in (pvestord, qmeventd):
+            status = daemon.stop()
+            if status != 0:
+                failures.append(f"{daemon.name} exited {status}:\n{daemon.log_text()[-4000:]}")
+    if failures:
+        raise RuntimeError("\n".join(failures))
+
+
+def wait_for(predicate: object, timeout: float, what: str, interval: float = 0.2) -> None:
+    """Poll ``predicate()`` until true; TimeoutError naming ``what`` otherwise."""
+    assert callable(predicate)
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)

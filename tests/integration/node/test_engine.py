@@ -1,0 +1,243 @@
+"""The extension engine end to end: real qmeventd-py and pvestord processes,
+real QEMU, real LVM on loop devices, inside the node guest.
+
+The writer goes through QEMU's own block layer (HMP ``qemu-io`` on the qcow2
+node). It is paced so the emulated node can keep up; how fast a writer may go
+without a failed write is the benchmark's question (bench/), not these tests'.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pvestord.queue import Entry, Reason
+from tests.harness.daemons import NodeBed, ThinStorageSpec, daemons, start_pvestord, wait_for
+from tests.harness.lvmbed import GiB, MiB, VG, loop_vg, qcow2_check, qcow2_create, sh
+from tests.harness.qemu import Disk, QemuVM
+
+WRITE = 16 * MiB
+#: Bytes per second the paced writer aims at (see the module docstring).
+PACE = 48 * MiB
+EXTEND_TIMEOUT = 60.0
+
+
+def measured_maximum(virtual: int, extent: int) -> int:
+    out = sh("qemu-img", "measure", "--output=json", "-O", "qcow2", "--size", str(virtual))
+    fully = int(json.loads(out)["fully-allocated"])
+    return -(-fully // extent) * extent
+
+
+@pytest.fixture
+def bed(vg: VG, tmp_path: Path, out_dir: Path) -> NodeBed:
+    return NodeBed(tmp_path, [ThinStorageSpec("thin1", vg.name)], logs_dir=out_dir)
+
+
+def thin_vm(bed: NodeBed, vg: VG, vmid: int, *, lv_size: int = 256 * MiB,
+            virtual: int = 8 * GiB, index: int = 0, **kwargs: object) -> QemuVM:
+    lv = f"vm-{vmid}-disk-{index}.qcow2"
+    path = vg.create_lv(lv, lv_size)
+    qcow2_create(path, virtual)
+    disk = Disk(path, f"fmt{index}", f"file{index}")
+    return QemuVM(vmid, bed.run_dir, disks=[disk], event_socket=bed.event_socket,
+                  log_path=bed.logs / f"qemu-{vmid}.log", **kwargs)  # type: ignore[arg-type]
+
+
+def paced_write(vm: QemuVM, node: str, start: int, total: int, pattern: int) -> list[str]:
+    """Write ``total`` bytes from ``start``; return the errors (none expected)."""
+    errors = []
+    began = time.monotonic()
+    for offset in range(start, start + total, WRITE):
+        result = vm.write_pattern(node, offset, WRITE, pattern, check=False)
+        if not result.ok:
+            errors.append(f"offset {offset}: {result.error}")
+        ahead = (offset + WRITE - start) / PACE - (time.monotonic() - began)
+        if ahead > 0:
+            time.sleep(ahead)
+    return errors
+
+
+def lv_sizes_logged(log: str) -> list[tuple[str, str]]:
+    return re.findall(r"extended (\S+ \S+) -> (\S+ \S+) in", log)
+
+
+def test_thin_disk_grows_chunk_by_chunk_under_a_writer(bed: NodeBed, vg: VG) -> None:
+    lv = "vm-101-disk-0.qcow2"
+    with daemons(bed) as (_, pvestord), thin_vm(bed, vg, 101) as vm:
+        # The start reconcile arms the threshold: LV 256 MiB - half a chunk.
+        wait_for(lambda: vm.named_node("file0")["write_threshold"] == 128 * MiB, 30,
+                 "threshold armed by reconcile")
+        errors = paced_write(vm, "fmt0", 0, 1536 * MiB, 0x5A)
+        assert errors == []
+        wait_for(lambda: bed.entries() == [], EXTEND_TIMEOUT, "queue drained")
+        size = vg.lv_size(lv)
+        # Chunk steps of 256 MiB from 256 MiB, never past the maximum.
+        assert size % (256 * MiB) == 0
+        assert 1536 * MiB < size <= measured_maximum(8 * GiB, vg.extent_size())
+        threshold = vm.named_node("file0")["write_threshold"]
+        assert threshold == size - 128 * MiB
+        for offset in range(0, 1536 * MiB, 128 * MiB):
+            assert vm.read_verify("fmt0", offset, 128 * MiB, 0x5A), offset
+        steps = lv_sizes_logged(pvestord.log_text())
+        assert len(steps) >= 4
+    assert qcow2_check(vg.lv_path(lv))["exit"] == 0
+
+
+def test_lv_stops_at_the_measured_maximum(bed: NodeBed, vg: VG) -> None:
+    virtual = 768 * MiB
+    lv = "vm-102-disk-0.qcow2"
+    maximum = measured_maximum(virtual, vg.extent_size())
+    with daemons(bed), thin_vm(bed, vg, 102, virtual=virtual) as vm:
+        assert paced_write(vm, "fmt0", 0, virtual, 0x6B) == []
+        wait_for(lambda: vg.lv_size(lv) == maximum, EXTEND_TIMEOUT, "LV at its maximum")
+        wait_for(lambda: vm.named_node("file0")["write_threshold"] == 0, 30,
+                 "no threshold at the maximum")
+        assert vm.read_verify("fmt0", 0, virtual, 0x6B)
+        time.sleep(3)
+        assert vg.lv_size(lv) == maximum
+    assert qcow2_check(vg.lv_path(lv))["exit"] == 0
+
+
+@pytest.fixture
+def second_vg() -> Iterator[VG]:
+    with loop_vg(prefix="pvu") as other:
+        yield other
+
+
+def test_two_vgs_extend_concurrently(bed: NodeBed, vg: VG, second_vg: VG) -> None:
+    bed.storages.append(ThinStorageSpec("thin2", second_vg.name))
+    bed.write_storage_config()
+    with daemons(bed) as (_, pvestord), thin_vm(bed, vg, 201) as a, \
+            thin_vm(bed, second_vg, 202) as b:
+        for vm in (a, b):
+            wait_for(lambda vm=vm: vm.named_node("file0")["write_threshold"] > 0, 30, "armed")
+        # Both cross their thresholds at once.
+        a.write_pattern("fmt0", 0, 144 * MiB, 0x01)
+        b.write_pattern("fmt0", 0, 144 * MiB, 0x02)
+        wait_for(lambda: vg.lv_size("vm-201-disk-0.qcow2") > 256 * MiB
+                 and second_vg.lv_size("vm-202-disk-0.qcow2") > 256 * MiB,
+                 EXTEND_TIMEOUT, "both extended")
+        log = pvestord.log_text()
+    # Each extension logs when it starts working under its VG's lock and when
+    # it is done: with one worker per VG the two intervals overlap.
+    spans = extension_spans(log)
+    assert set(spans) == {"201", "202"}, log[-3000:]
+    (s1, e1), (s2, e2) = spans["201"], spans["202"]
+    assert s1 < e2 and s2 < e1, spans
+
+
+def extension_spans(log: str) -> dict[str, tuple[float, float]]:
+    """VMID -> (start, end) of its first extension, from the DURATION_MS log lines."""
+    spans: dict[str, tuple[float, float]] = {}
+    for line in log.splitlines():
+        m = re.match(r"(\S+ \S+) pvestord .*VM (\d+) \S+: LV .* extended .* in (\d+) ms", line)
+        if m and m.group(2) not in spans:
+            end = time.mktime(time.strptime(m.group(1)[:19], "%Y-%m-%d %H:%M:%S")) + float(
+                "0." + m.group(1)[20:])
+            spans[m.group(2)] = (end - int(m.group(3)) / 1000, end)
+    return spans
+
+
+def test_full_vg_keeps_the_entry_then_extends_when_space_is_added(tmp_path: Path) -> None:
+    # A VG with room for the LV and less than one chunk more.
+    with loop_vg(320 * MiB) as small:
+        bed = NodeBed(tmp_path, [ThinStorageSpec("thin1", small.name)])  # logs in tmp
+        with daemons(bed) as (_, pvestord), thin_vm(bed, small, 301) as vm:
+            wait_for(lambda: vm.named_node("file0")["write_threshold"] > 0, 30, "armed")
+            vm.write_pattern("fmt0", 0, 144 * MiB, 0x07)
+            wait_for(lambda: "volume group is full" in pvestord.log_text(), EXTEND_TIMEOUT,
+                     "VG full logged")
+            assert [e.node_name for e in bed.entries()] == ["file0"]
+            time.sleep(5)  # retries happen meanwhile...
+            assert pvestord.log_text().count("volume group is full") == 1  # ...logged once
+            small.add_pv(1 * GiB)
+            wait_for(lambda: small.lv_size("vm-301-disk-0.qcow2") > 256 * MiB, 120,
+                     "extended after vgextend")
+            wait_for(lambda: bed.entries() == [], 30, "entry done")
+            assert vm.write_pattern("fmt0", 144 * MiB, 200 * MiB, 0x08).ok
+            assert "extensions work again" in pvestord.log_text()
+
+
+def test_reconcile_catches_missed_events(bed: NodeBed, vg: VG) -> None:
+    lv = "vm-401-disk-0.qcow2"
+    with thin_vm(bed, vg, 401) as vm:
+        # No daemon: the write crosses where a threshold should be, unseen.
+        vm.write_pattern("fmt0", 0, 200 * MiB, 0x09)
+        with daemons(bed):
+            wait_for(lambda: vg.lv_size(lv) >= 512 * MiB, EXTEND_TIMEOUT, "reconciled")
+            wait_for(lambda: vm.named_node("file0")["write_threshold"] > 200 * MiB, 30,
+                     "re-armed above the allocation")
+        assert vm.read_verify("fmt0", 0, 200 * MiB, 0x09)
+
+
+def test_duplicate_and_stale_entries(bed: NodeBed, vg: VG) -> None:
+    lv = "vm-501-disk-0.qcow2"
+    with daemons(bed) as (_, pvestord), thin_vm(bed, vg, 501) as vm:
+        wait_for(lambda: vm.named_node("file0")["write_threshold"] > 0, 30, "armed")
+        bed.queue.append([
+            Entry(501, "file0", Reason.THRESHOLD, origin=bed.node),   # duplicate: has headroom
+            Entry(501, "nosuchnode", Reason.THRESHOLD, origin=bed.node),
+            Entry(999, "file0", Reason.THRESHOLD, origin=bed.node),   # VM gone
+        ])
+        wait_for(lambda: bed.entries() == [], 30, "all three handled")
+        assert vg.lv_size(lv) == 256 * MiB  # the duplicate did nothing
+        log = pvestord.log_text()
+        assert "VM 501 has no block node 'nosuchnode': entry dropped" in log
+        assert "VM 999 is not running on this node: entry 999:file0 dropped" in log
+
+
+def test_vm_paused_by_the_user_is_never_resumed(bed: NodeBed, vg: VG) -> None:
+    with daemons(bed), thin_vm(bed, vg, 601) as vm:
+        wait_for(lambda: vm.named_node("file0")["write_threshold"] > 0, 30, "armed")
+        vm.qmp("stop")
+        bed.queue.append([Entry(601, "file0", Reason.NOSPACE, origin=bed.node)])
+        wait_for(lambda: bed.entries() == [], 30, "entry handled")
+        time.sleep(2)
+        assert vm.qmp("query-status")["status"] == "paused"
+
+
+def test_manual_extend_and_drives_commands(bed: NodeBed, vg: VG) -> None:
+    lv = "vm-701-disk-0.qcow2"
+    common = ["--storage-config", str(bed.storage_cfg), "--run-dir", str(bed.run_dir)]
+    with thin_vm(bed, vg, 701) as vm:
+        vm.write_pattern("fmt0", 0, 32 * MiB, 0x0A)
+        out = subprocess.run(
+            ["pvestord", "--queue", str(bed.queue_path), "extend", "701", "file0", *common],
+            capture_output=True, text=True, timeout=120, check=True).stdout
+        assert "extended" in out
+        assert vg.lv_size(lv) == 512 * MiB
+        report = json.loads(subprocess.run(
+            ["pvestord", "--queue", str(bed.queue_path), "drives", "--json", *common],
+            capture_output=True, text=True, timeout=120, check=True).stdout)
+        assert len(report) == 1
+        row = report[0]
+        assert (row["vmid"], row["node_name"], row["lv_size"], row["threshold"],
+                row["storage"], row["state"]) == (
+                    701, "file0", 512 * MiB, 384 * MiB, "thin1", "armed")
+        assert row["allocation"] >= 32 * MiB
+        assert row["maximum"] == measured_maximum(8 * GiB, vg.extent_size())
+        bad = subprocess.run(
+            ["pvestord", "--queue", str(bed.queue_path), "extend", "701", "nosuch", *common],
+            capture_output=True, text=True, timeout=120)
+        assert bad.returncode == 1
+        assert "no block node 'nosuch'" in bad.stderr
+
+
+def test_restarted_daemon_finishes_queued_work(bed: NodeBed, vg: VG) -> None:
+    lv = "vm-801-disk-0.qcow2"
+    with thin_vm(bed, vg, 801) as vm:
+        vm.write_pattern("fmt0", 0, 160 * MiB, 0x0B)
+        bed.queue.append([Entry(801, "file0", Reason.THRESHOLD, origin=bed.node)])
+        pvestord = start_pvestord(bed)
+        try:
+            wait_for(lambda: bed.entries() == [], EXTEND_TIMEOUT, "entry done")
+            assert vg.lv_size(lv) == 512 * MiB
+        finally:
+            assert pvestord.stop() == 0
+        assert "pvestord stopped" in pvestord.log_text()
