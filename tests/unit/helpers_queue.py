@@ -90,7 +90,9 @@ def hold(args: argparse.Namespace) -> None:
     with lock.acquire(timeout=args.timeout):
         print(json.dumps({"held": os.getpid()}), flush=True)
         time.sleep(args.seconds)
-    print(json.dumps({"released": os.getpid()}), flush=True)
+        # CLOCK_MONOTONIC is system-wide: the test compares it with its own.
+        last_held = time.monotonic()
+    print(json.dumps({"last_held": last_held}), flush=True)
 
 
 def main() -> None:
