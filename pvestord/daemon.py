@@ -274,7 +274,7 @@ class Daemon:
         try:
             await self._pass_inner(vm, entries)
         except Exception as err:  # the daemon outlives any bug in one pass
-            log.exception("VM %d: unexpected error in a pass: %s", vm.vmid, err,
+            log.exception("VM %d: unexpected error in a pass: %r", vm.vmid, err,
                           extra=fields(VMID=vm.vmid))
             self._backoff(vm.vmid)
         finally:
@@ -298,7 +298,9 @@ class Daemon:
                     log.info("VM %d stopped: %d entr%s dropped", vm.vmid, len(entries),
                              "y" if len(entries) == 1 else "ies", extra=fields(VMID=vm.vmid))
                 return
-            self._note_error((vm.vmid, ""), str(err))
+            # The pidfile is written before the QMP socket exists: a VM that
+            # is starting up looks like this for a moment.
+            self._note_error((vm.vmid, ""), str(err), level=logging.WARNING)
             self._backoff(vm.vmid)
             return
         except VmBusyError as err:
@@ -340,15 +342,19 @@ class Daemon:
     # -- failures: once per change of state in the log, backoff per VM
 
     def _backoff(self, vmid: int) -> None:
+        # Whatever failed, the VM gets a full pass when its backoff ends: a
+        # failed reconcile has no queue entry to bring it back.
+        self._reconcile_due.add(vmid)
         delay = self._retry.setdefault(vmid, VmRetry()).failed()
         log.debug("VM %d: next attempt in %g s", vmid, delay)
 
-    def _note_error(self, key: tuple[int, str], message: str) -> None:
+    def _note_error(self, key: tuple[int, str], message: str,
+                    level: int = logging.ERROR) -> None:
         if self._errors.get(key) != message:
             self._errors[key] = message
             vmid, node = key
-            log.error("%s (will retry)", message,
-                      extra=fields(VMID=vmid, NODE_NAME=node) if vmid else {})
+            log.log(level, "%s (will retry)", message,
+                    extra=fields(VMID=vmid, NODE_NAME=node) if vmid else {})
         else:
             log.debug("still failing: %s", message)
 

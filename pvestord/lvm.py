@@ -181,3 +181,147 @@ def _report_rows(stdout: str, kind: str) -> list[dict[str, Any]]:
     except (ValueError, KeyError, IndexError, TypeError) as err:
         raise LvmError(f"unreadable LVM report: {stdout[:200]!r}") from err
     return rows
+
+
+# ---------------------------------------------------------------------------
+# Volume life cycle: listing, creating, activating and reducing LVs.
+#
+# Added for ``pvestord volume`` (pvestord/volumes.py); the functions above are
+# the daemon's and are unchanged. Creation and (de)activation run *without*
+# FAST_CONFIG: they create or remove device nodes, which is exactly the work
+# udev synchronisation exists for. A reduce only reloads a table, like an
+# extension, so it keeps FAST_CONFIG.
+
+
+@dataclass(frozen=True)
+class VgInfo:
+    vg: str
+    extent_size: int
+    free: int
+
+
+@dataclass(frozen=True)
+class LvRow:
+    """One LV of a VG as ``lvs`` reports it."""
+
+    vg: str
+    lv: str
+    size: int
+    tags: tuple[str, ...]
+    active: bool
+    open: bool
+    #: ``lv_attr`` first character: ``-`` linear, ``m``/``r``... (Proxmox lists ``-mMrR``).
+    type_char: str
+
+
+def _plain_argv(command: str, *args: str) -> list[str]:
+    return [binary("lvm"), command, *args]
+
+
+async def vg_info(vg: str) -> VgInfo:
+    """Extent size and free bytes of ``vg``."""
+    check_name("VG", vg)
+    argv = _argv("vgs", "--reportformat", "json", "--units", "b", "--nosuffix",
+                 "-o", "vg_name,vg_extent_size,vg_free", vg)
+    try:
+        done = await run_async(argv, timeout=REPORT_TIMEOUT)
+    except CommandError as err:
+        raise _classify(err, f"reading VG {vg}") from err
+    rows = _report_rows(done.stdout, "vg")
+    if not rows:
+        raise LvMissingError(f"reading VG {vg}: no such volume group")
+    row = rows[0]
+    return VgInfo(vg=row["vg_name"], extent_size=int(row["vg_extent_size"]),
+                  free=int(row["vg_free"]))
+
+
+async def list_lvs(vg: str) -> list[LvRow]:
+    """Every LV of ``vg``, by name."""
+    check_name("VG", vg)
+    argv = _argv("lvs", "--reportformat", "json", "--units", "b", "--nosuffix",
+                 "-o", "vg_name,lv_name,lv_size,lv_tags,lv_active,lv_device_open,lv_attr", vg)
+    try:
+        done = await run_async(argv, timeout=REPORT_TIMEOUT)
+    except CommandError as err:
+        raise _classify(err, f"listing LVs of {vg}") from err
+    rows = []
+    for row in _report_rows(done.stdout, "lv"):
+        tags = tuple(t for t in str(row.get("lv_tags", "")).split(",") if t)
+        rows.append(LvRow(
+            vg=row["vg_name"], lv=row["lv_name"], size=int(row["lv_size"]), tags=tags,
+            active=row.get("lv_active", "") == "active",
+            open=row.get("lv_device_open", "") == "open",
+            type_char=str(row.get("lv_attr", "-"))[:1] or "-"))
+    return sorted(rows, key=lambda r: r.lv)
+
+
+async def create(vg: str, lv: str, size: int, tags: tuple[str, ...] = ()) -> None:
+    """``lvcreate`` with the flags of Proxmox's ``PVE::Storage::LVMPlugin::lvcreate``.
+
+    ``-aly`` (active on this node), ``-Wy`` (wipe signatures found at the
+    start of the new LV: a stale qcow2 header there must not survive),
+    ``--yes`` (never prompt), ``--setautoactivation n`` (not activated at
+    boot on every node of a shared VG). Callers hold the storage lock.
+    """
+    check_name("VG", vg)
+    check_name("LV", lv)
+    argv = _plain_argv("lvcreate", "-q", "-aly", "-Wy", "--yes", "--size", f"{size}b",
+                       "--name", lv, "--setautoactivation", "n")
+    for tag in tags:
+        argv += ["--addtag", tag]
+    argv.append(vg)
+    try:
+        await run_async(argv, timeout=CHANGE_TIMEOUT)
+    except CommandError as err:
+        raise _classify(err, f"creating LV {vg}/{lv} of {size} bytes") from err
+
+
+async def remove(vg: str, lv: str) -> None:
+    """``lvremove -f``: only for an LV this process has just created."""
+    check_name("VG", vg)
+    check_name("LV", lv)
+    argv = _plain_argv("lvremove", "-q", "-f", f"{vg}/{lv}")
+    try:
+        await run_async(argv, timeout=CHANGE_TIMEOUT)
+    except CommandError as err:
+        raise _classify(err, f"removing LV {vg}/{lv}") from err
+
+
+async def activate(vg: str, lv: str) -> None:
+    """``lvchange -aey``, as Proxmox's ``activate_volume``."""
+    check_name("VG", vg)
+    check_name("LV", lv)
+    argv = _plain_argv("lvchange", "-q", "-aey", f"{vg}/{lv}")
+    try:
+        await run_async(argv, timeout=CHANGE_TIMEOUT)
+    except CommandError as err:
+        raise _classify(err, f"activating LV {vg}/{lv}") from err
+
+
+async def deactivate(vg: str, lv: str) -> None:
+    """``lvchange -aln``, as Proxmox's ``deactivate_volume``."""
+    check_name("VG", vg)
+    check_name("LV", lv)
+    argv = _plain_argv("lvchange", "-q", "-aln", f"{vg}/{lv}")
+    try:
+        await run_async(argv, timeout=CHANGE_TIMEOUT)
+    except CommandError as err:
+        raise _classify(err, f"deactivating LV {vg}/{lv}") from err
+
+
+async def reduce(vg: str, lv: str, size: int) -> None:
+    """Shrink ``vg/lv`` to exactly ``size`` bytes (extent-aligned by the caller).
+
+    ``-f`` because lvreduce otherwise asks for confirmation (it cannot know
+    what lies past the new end; the caller proved nothing does). Callers
+    hold the storage lock, as for :func:`extend`.
+    """
+    check_name("VG", vg)
+    check_name("LV", lv)
+    argv = _argv("lvreduce", "-q", "-f", "--size", f"{size}b", f"{vg}/{lv}")
+    try:
+        await run_async(argv, timeout=CHANGE_TIMEOUT)
+    except CommandError as err:
+        if "matches existing size" in err.stderr:
+            return
+        raise _classify(err, f"reducing LV {vg}/{lv} to {size} bytes") from err

@@ -132,8 +132,9 @@ class VmMonitor:
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT):
                 await self._client.disconnect()
-        except (TimeoutError, QMPError, OSError) as err:
-            log.debug("%s: disconnect: %s", self.name, err)
+        except Exception as err:  # closing must not fail a finished batch
+            # qemu.qmp re-raises its reader's EOFError here when QEMU went away.
+            log.debug("%s: disconnect: %r", self.name, err)
 
     async def execute(self, command: str, arguments: Mapping[str, object] | None = None) -> Any:
         """Run one command; QEMU's error becomes a :class:`QmpError` with its text."""
@@ -146,8 +147,8 @@ class VmMonitor:
                              f"{CALL_TIMEOUT:g} s") from None
         except ExecuteError as err:
             raise QmpError(f"{self.name}: {command}: {err.error.error.desc}") from err
-        except QMPError as err:
-            raise QmpError(f"{self.name}: {command}: {err}") from err
+        except (QMPError, EOFError, OSError) as err:
+            raise QmpError(f"{self.name}: {command}: {err!r}") from err
 
     async def thin_drives(self) -> tuple[list[ThinDriveView], set[str]]:
         """Every ``host_device`` file node under a writable qcow2 node, with its

@@ -60,8 +60,10 @@ def setup_logging(ident: str, *, verbose: bool = False, journal: bool | None = N
             "%(asctime)s " + ident + " %(levelname)s %(name)s: %(message)s"))
         handler = stream_handler
     root.addHandler(handler)
-    # qemu.qmp logs every message at DEBUG; keep it at INFO unless asked.
-    logging.getLogger("qemu.qmp").setLevel(logging.DEBUG if verbose else logging.WARNING)
+    # qemu.qmp logs every message at DEBUG and each failed connection with a
+    # traceback at ERROR; our own one-line errors say the same, so its own
+    # output is for --verbose only.
+    logging.getLogger("qemu.qmp").setLevel(logging.DEBUG if verbose else logging.CRITICAL)
 
 
 def fields(**values: Any) -> dict[str, str]:

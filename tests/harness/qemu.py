@@ -256,6 +256,10 @@ class QemuVM:
         self.run_dir = Path(run_dir)
         self.pid_path = self.run_dir / f"{vmid}.pid"
         self.qmp_path = self.run_dir / f"{vmid}.qmp"
+        #: The harness's own monitor. ``<vmid>.qmp`` serves one client at a
+        #: time and belongs to the system under test (pvestord connects to it
+        #: per batch, as qemu-server does); the harness never holds it.
+        self.harness_qmp_path = self.run_dir / f"{vmid}.harness.qmp"
         self.log_path = Path(log_path) if log_path else self.run_dir / f"{vmid}.log"
         self.disks = list(disks)
         self.machine = machine
@@ -280,7 +284,8 @@ class QemuVM:
                 "-machine", self.machine, "-nodefaults", "-nographic", "-display", "none",
                 "-accel", "tcg",
                 "-pidfile", str(self.pid_path),
-                "-qmp", f"unix:{self.qmp_path},server=on,wait=off"]
+                "-qmp", f"unix:{self.qmp_path},server=on,wait=off",
+                "-qmp", f"unix:{self.harness_qmp_path},server=on,wait=off"]
         if self.event_socket is not None:
             argv += ["-chardev", f"socket,id=qmp-event,path={self.event_socket},"
                                  f"reconnect={self.reconnect}",
@@ -309,8 +314,9 @@ class QemuVM:
         """
         if self._proc is not None:
             raise QemuError("already launched")
-        with contextlib.suppress(FileNotFoundError):
-            self.qmp_path.unlink()
+        for path in (self.qmp_path, self.harness_qmp_path):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
         argv = self.argv
         log.info("launching: %s", " ".join(argv))
         self._log_file = open(self.log_path, "a", buffering=1)  # noqa: SIM115
@@ -336,9 +342,9 @@ class QemuVM:
                 raise QemuLaunchError(
                     f"no QMP socket after {self.launch_timeout:g} s ({last_err})", argv,
                     self._proc.returncode, self.output)
-            if self.qmp_path.exists():
+            if self.harness_qmp_path.exists() and self.qmp_path.exists():
                 try:
-                    self._qmp = _Qmp(self.qmp_path, QMP_TIMEOUT)
+                    self._qmp = _Qmp(self.harness_qmp_path, QMP_TIMEOUT)
                     return self
                 except (OSError, EOFError, ValueError) as err:
                     last_err = err
@@ -393,8 +399,9 @@ class QemuVM:
         if self._reader is not None:
             self._reader.join(5)
         self._log_file.close()
-        with contextlib.suppress(FileNotFoundError):
-            self.qmp_path.unlink()
+        for path in (self.qmp_path, self.harness_qmp_path):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
         rc = proc.returncode
         if rc is not None and rc < 0 and -rc not in self._signals_sent:
             warnings.warn(f"QEMU {self.vmid} died from signal {-rc} the test did not send;"
