@@ -1,0 +1,149 @@
+"""``pvestord volume create|shrink|list``: thin volumes for Proxmox (see pvestord.volumes)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+from pathlib import Path
+
+from pvestord import paths, volumes
+from pvestord.sizes import format_size, parse_size
+
+
+def _size(text: str) -> int:
+    """argparse type: a Proxmox size; a bad suffix is a usage error (exit 2)."""
+    try:
+        return parse_size(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from err
+
+
+def _vmid(text: str) -> int:
+    try:
+        return volumes.check_vmid(int(text, 10))
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"not a VMID: {text!r}") from err
+    except volumes.VolumeError as err:
+        raise argparse.ArgumentTypeError(str(err)) from err
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--storage-config", type=Path, default=paths.STORAGE_CFG,
+                        metavar="PATH", help="storage.cfg to read (default: %(default)s)")
+    parser.add_argument("--lock-dir", type=Path, default=None, metavar="DIR",
+                        help="force pmxcfs-style lock directories in DIR (default: as "
+                        "Proxmox: /etc/pve/priv/lock for shared storage, else flock)")
+
+
+def _settings(args: argparse.Namespace) -> volumes.VolumeSettings:
+    return volumes.VolumeSettings(
+        storage_config=args.storage_config, lock_dir=args.lock_dir,
+        run_dir=getattr(args, "run_dir", paths.QEMU_SERVER_RUN),
+        cluster_dir=getattr(args, "cluster_dir", volumes.CLUSTER_DIR))
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    volume = sub.add_parser(
+        "volume", help="create thin qcow2 volumes, shrink stopped ones, list them",
+        description="Thin qcow2 volumes on thin-enabled LVM storages, named and tagged as "
+        "Proxmox's LVM plugin does, so Proxmox can attach them.")
+    vsub = volume.add_subparsers(dest="volume_command", metavar="ACTION", required=True)
+
+    create = vsub.add_parser(
+        "create", help="create a thin qcow2 volume at the storage's initial-size",
+        description="Under the storage lock, create the LV vm-VMID-disk-N.qcow2 (first free "
+        "N) at the storage's initial-size (never more than the image can need), tagged "
+        "pve-vm-VMID, and format it as qcow2 of virtual size SIZE without preallocation. "
+        "Prints the volume id.")
+    _common(create)
+    create.add_argument("storage", metavar="STORAGE", help="a thin-enabled lvm storage")
+    create.add_argument("vmid", type=_vmid, metavar="VMID")
+    create.add_argument("size", type=_size, metavar="SIZE",
+                        help="the disk's virtual size, e.g. 32G (K, M, G, T suffixes)")
+    create.add_argument("--name", default=None, metavar="NAME",
+                        help="volume name instead of the next free vm-VMID-disk-N.qcow2")
+    create.set_defaults(func=_create)
+
+    shrink = vsub.add_parser(
+        "shrink", help="reduce a stopped volume's LV to its data plus a chunk",
+        description="For a volume whose VM runs nowhere and whose LV is not active on this "
+        "node: check the image, then reduce the LV to max(initial-size, image end + one "
+        "chunk) in whole extents. Refuses, saying why, when that is not safe.")
+    _common(shrink)
+    shrink.add_argument("volid", metavar="STORAGE:VOLNAME")
+    shrink.add_argument("--dry-run", action="store_true",
+                        help="say what would be done; change nothing")
+    shrink.add_argument("--run-dir", type=Path, default=paths.QEMU_SERVER_RUN,
+                        metavar="DIR", help="where QEMU's <vmid>.pid lives "
+                        "(default: %(default)s)")
+    shrink.add_argument("--cluster-dir", type=Path, default=volumes.CLUSTER_DIR,
+                        metavar="DIR", help="the cluster folder whose .rrd reports which "
+                        "VMs run (default: %(default)s)")
+    shrink.add_argument("--json", action="store_true", help="JSON for scripts")
+    shrink.set_defaults(func=_shrink)
+
+    listing = vsub.add_parser(
+        "list", help="the thin storages' qcow2 volumes and what shrink would give back",
+        description="Every qcow2 LV of every thin-enabled storage: LV size, image end, "
+        "virtual size, maximum, and the space 'shrink' would reclaim. Image figures need "
+        "the LV active here; inactive LVs are not activated.")
+    _common(listing)
+    listing.add_argument("--json", action="store_true", help="JSON for scripts")
+    listing.set_defaults(func=_list)
+
+
+def _create(args: argparse.Namespace) -> int:
+    created = asyncio.run(volumes.create(_settings(args), args.storage, args.vmid, args.size,
+                                         args.name))
+    print(created.volid)
+    return 0
+
+
+def _shrink(args: argparse.Namespace) -> int:
+    volid = volumes.parse_volume_id(args.volid)
+    result = asyncio.run(volumes.shrink(_settings(args), volid, dry_run=args.dry_run))
+    if args.json:
+        print(json.dumps({**dataclasses.asdict(result), "volid": str(result.volid),
+                          "reclaimed": result.reclaimed}, indent=2))
+        return 0
+    if result.target >= result.lv_size_before:
+        print(f"{volid}: nothing to shrink: LV {format_size(result.lv_size_before)}, image "
+              f"end {format_size(result.image_end)}")
+    elif result.dry_run:
+        print(f"{volid}: would shrink LV {format_size(result.lv_size_before)} -> "
+              f"{format_size(result.target)} (image end {format_size(result.image_end)}, "
+              f"gives back {format_size(result.reclaimed)}); dry run, nothing changed")
+    else:
+        print(f"{volid}: shrank LV {format_size(result.lv_size_before)} -> "
+              f"{format_size(result.lv_size_after)} (image end "
+              f"{format_size(result.image_end)}, gave back {format_size(result.reclaimed)}) "
+              f"in {result.seconds:.1f} s")
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    reports = asyncio.run(volumes.list_volumes(_settings(args)))
+    if args.json:
+        print(json.dumps([dataclasses.asdict(r) for r in reports], indent=2))
+        return 0
+
+    def size(value: int | None) -> str:
+        return "-" if value is None else format_size(value)
+
+    header = ("VOLUME", "STATE", "LV SIZE", "IMAGE END", "VIRTUAL", "MAXIMUM", "RECLAIMABLE")
+    rows = [(r.volid, r.state, size(r.lv_size), size(r.image_end), size(r.virtual_size),
+             size(r.maximum), size(r.reclaimable)) for r in reports]
+    widths = [max(len(c) for c in col) for col in zip(header, *rows, strict=True)]
+    for row in (header, *rows):
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    if not rows:
+        print("(no qcow2 volumes on thin storages)")
+    for report in reports:
+        if report.error:
+            print(f"pvestord: {report.volid}: {report.error}")
+    return 0
+
+
+__all__ = ["register"]
