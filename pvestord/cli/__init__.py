@@ -19,7 +19,7 @@ from pvestord.service import setup_logging
 
 #: Modules that each define ``register(subparsers)``; a sub-command sets
 #: ``func(args) -> int`` on its parser.
-COMMAND_MODULES = ("pvestord.cli.queue", "pvestord.cli.engine")
+COMMAND_MODULES = ("pvestord.cli.queue", "pvestord.cli.engine", "pvestord.cli.volume")
 
 Handler = Callable[[argparse.Namespace], int]
 
