@@ -1,0 +1,80 @@
+"""Reading QEMU's replies: thin drives paired from block nodes, run state, fuzzed shapes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pvestord.qmp import run_state_from, thin_drives_from
+
+MiB = 1024 * 1024
+
+
+def node(name: str, drv: str, path: str, *, ro: bool = False, size: int = 256 * MiB,
+         threshold: int = 0) -> dict[str, Any]:
+    return {"node-name": name, "drv": drv, "file": path, "ro": ro, "write_threshold": threshold,
+            "image": {"virtual-size": size, "filename": path, "format": drv}}
+
+
+LV = "/dev/san/vm-101-disk-0.qcow2"
+
+
+def test_pairs_host_device_file_node_with_writable_qcow2_above() -> None:
+    nodes = [node("f0", "qcow2", LV, size=8192 * MiB), node("e0", "host_device", LV,
+                                                             threshold=128 * MiB)]
+    stats = [{"node-name": "e0", "stats": {"wr_highest_offset": 42 * MiB}},
+             {"node-name": "f0", "stats": {"wr_highest_offset": 7}}]
+    (drive,) = thin_drives_from(nodes, stats)
+    assert (drive.file_node, drive.format_node, drive.path) == ("e0", "f0", LV)
+    assert (drive.virtual_size, drive.device_size) == (8192 * MiB, 256 * MiB)
+    assert (drive.allocation, drive.threshold) == (42 * MiB, 128 * MiB)
+
+
+def test_read_only_backing_images_and_plain_files_are_not_thin() -> None:
+    backing = "/dev/san/base-100-disk-0.qcow2"
+    nodes = [node("f1", "qcow2", backing, ro=True), node("e1", "host_device", backing, ro=True),
+             node("f2", "qcow2", "/var/lib/vz/a.qcow2"), node("e2", "file", "/var/lib/vz/a.qcow2"),
+             node("t0", "throttle", "json:{}")]
+    assert thin_drives_from(nodes, []) == []
+
+
+def test_run_state_tells_nospace_from_other_pauses() -> None:
+    block = [{"device": "scsi0", "io-status": "nospace", "inserted": {"file": LV}},
+             {"device": "ide2", "io-status": "ok"}]
+    paused = run_state_from({"running": False, "status": "io-error"}, block)
+    assert paused.paused_on_nospace and paused.nospace_on(LV)
+    assert not paused.nospace_on("/dev/san/vm-102-disk-0.qcow2")
+    user = run_state_from({"running": False, "status": "paused"}, block)
+    assert not user.paused_on_nospace
+    failed = run_state_from({"running": False, "status": "io-error"},
+                            [*block, {"device": "x", "io-status": "failed", "inserted": {}}])
+    assert not failed.paused_on_nospace  # a real I/O error is never ours to resume
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner,
+                                                                  max_size=6),
+    max_leaves=30)
+node_like = st.fixed_dictionaries({}, optional={
+    "node-name": st.text(max_size=5) | json_values, "drv": st.sampled_from(
+        ["qcow2", "host_device", "file"]) | json_values,
+    "file": st.sampled_from([LV, "x"]) | json_values, "ro": st.booleans() | json_values,
+    "write_threshold": st.integers() | json_values,
+    "image": st.fixed_dictionaries({}, optional={"virtual-size": st.integers() | json_values})
+    | json_values})
+
+
+@given(nodes=st.lists(node_like, max_size=6) | json_values,
+       stats=st.lists(json_values, max_size=4) | json_values)
+def test_malformed_block_replies_never_raise(nodes: Any, stats: Any) -> None:
+    for drive in thin_drives_from(nodes, stats):
+        assert isinstance(drive.file_node, str) and isinstance(drive.allocation, int)
+
+
+@given(status=json_values, block=json_values)
+def test_malformed_status_replies_never_raise(status: Any, block: Any) -> None:
+    state = run_state_from(status, block)
+    assert isinstance(state.status, str)
