@@ -16,7 +16,7 @@ from pvestord.vms import local_vm, local_vms
 def fake_qemu(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
     """A stand-in process whose command line carries ``-pidfile <run>/101.pid``, as QEMU's does."""
     pidfile = tmp_path / "101.pid"
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",  # noqa: S603
                              "-pidfile", str(pidfile)])
     pidfile.write_text(f"{proc.pid}\n")
     yield proc
