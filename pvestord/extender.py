@@ -9,15 +9,18 @@ exactly the daemon's path.
 
 Order of work for an extension, and why:
 
-1. observe with QMP only (what QEMU sees is what its writes meet); the LV
-   size is QEMU's device size, the extent size is cached per VG: no LVM
-   command before the lock;
+1. observe with QMP (allocation, threshold, virtual size); the LV size
+   comes from LVM, read on every reconcile pass and otherwise remembered
+   from our last read or extension (QEMU 7.2 does not re-read a
+   ``host_device``'s size when it grows, so its figure cannot be used), and
+   the extent size is cached per VG: the event path runs no LVM command
+   before the lock;
 2. take the VG's gate (extensions in one VG are serialized in this process)
    and the storage lock (serialized across the cluster: two nodes writing one
    VG's metadata lose an extension);
 3. read the LV from LVM under the lock and decide again on that: another node
-   may have grown it (then the device-mapper table is stale here and gets a
-   refresh instead of a second extension);
+   may have grown it (then this node's device-mapper table is smaller than
+   the metadata, and gets a refresh instead of a second extension);
 4. ``lvextend`` to an absolute size (idempotent when retried);
 5. release the lock, then re-arm on a fresh QMP observation, and go round
    again if a fast writer is already past the new threshold.
@@ -61,12 +64,14 @@ class Drive:
     storage: ThinStorage | None
     maximum: int
     extent_size: int
+    #: The LV's size in LVM's metadata, as last read or set by us.
+    lv_size: int
 
     def state(self, *, lv_size: int | None = None, paused_nospace: bool = False,
               reason: Reason = Reason.ARM) -> DriveState:
         storage = self.storage
         return DriveState(
-            lv_size=self.view.device_size if lv_size is None else lv_size,
+            lv_size=self.lv_size if lv_size is None else lv_size,
             allocation=self.view.allocation, threshold=self.view.threshold,
             virtual_size=self.view.virtual_size, maximum=self.maximum,
             extent_size=self.extent_size,
@@ -117,6 +122,7 @@ class Extender:
         self._gates: dict[str, asyncio.Lock] = {}
         self._global_gate = asyncio.Lock()
         self._extent_sizes: dict[str, int] = {}
+        self._lv_sizes: dict[tuple[str, str], int] = {}
         self._maximum_cache: dict[tuple[object, ...], int] = {}
         #: File nodes being extended right now, by (vmid, node): for ``drives``/status.
         self.extending: set[tuple[int, str]] = set()
@@ -137,12 +143,19 @@ class Extender:
 
     # -- observing
 
-    async def _extent_size(self, vg: str, lv: str) -> int:
-        size = self._extent_sizes.get(vg)
-        if size is None:
-            size = (await lvm.lv_info(vg, lv)).extent_size
-            self._extent_sizes[vg] = size
-        return size
+    async def _lv_sizes_of(self, vg: str, lv: str, *, fresh: bool) -> tuple[int, int]:
+        """(LV size, extent size); from LVM when ``fresh`` or not known yet."""
+        size = self._lv_sizes.get((vg, lv))
+        extent = self._extent_sizes.get(vg)
+        if fresh or size is None or extent is None:
+            info = await lvm.lv_info(vg, lv)
+            size, extent = self._remember(info)
+        return size, extent
+
+    def _remember(self, info: lvm.LvInfo) -> tuple[int, int]:
+        self._lv_sizes[(info.vg, info.lv)] = info.size
+        self._extent_sizes[info.vg] = info.extent_size
+        return info.size, info.extent_size
 
     async def _maximum(self, view: ThinDriveView, extent_size: int) -> int:
         info = qemu_img.parse_info(view.image)
@@ -155,7 +168,8 @@ class Extender:
             self._maximum_cache[key] = measured
         return policy.maximum_size(measured, extent_size)
 
-    async def _drives(self, monitor: VmMonitor, outcome: VmOutcome | None = None) -> list[Drive]:
+    async def _drives(self, monitor: VmMonitor, outcome: VmOutcome | None = None, *,
+                      fresh: bool = False) -> list[Drive]:
         config = self._storage_config()
         drives: list[Drive] = []
         views, names = await monitor.thin_drives()
@@ -167,15 +181,15 @@ class Extender:
                 continue  # a qcow2 on a plain file or another kind of device: not ours
             vg, lv = vg_lv
             storage = config.by_vg(vg, self.settings.node)
-            extent = await self._extent_size(vg, lv)
+            size, extent = await self._lv_sizes_of(vg, lv, fresh=fresh)
             drives.append(Drive(view, vg, lv, storage, await self._maximum(view, extent),
-                                extent))
+                                extent, size))
         return drives
 
     async def report(self, vm: LocalVm) -> list[DriveReport]:
         """Every thin-drive candidate of ``vm`` with its LV read from LVM."""
         async with VmMonitor(vm.qmp_socket, f"VM {vm.vmid}") as monitor:
-            drives = await self._drives(monitor)
+            drives = await self._drives(monitor, fresh=True)
             run = await monitor.run_state()
         reports = []
         for drive in drives:
@@ -184,7 +198,7 @@ class Extender:
             reports.append(DriveReport(
                 vm.vmid, drive.view.file_node, drive.view.format_node, drive.view.path,
                 drive.storage.storeid if drive.storage else None, info.size,
-                drive.view.device_size, drive.view.allocation, drive.view.threshold,
+                lvm.device_size(drive.vg, drive.lv), drive.view.allocation, drive.view.threshold,
                 drive.maximum, drive.view.virtual_size,
                 policy.classify(state, extending=(vm.vmid, drive.view.file_node)
                                 in self.extending) if drive.storage else ExtensionState.IDLE))
@@ -217,7 +231,7 @@ class Extender:
             run = await monitor.run_state()
             if run.status in MIGRATION_STATES:
                 raise VmBusyError(f"VM {vm.vmid} is in state {run.status}: later")
-            drives = await self._drives(monitor, outcome)
+            drives = await self._drives(monitor, outcome, fresh=requests is None)
             thin_nodes = {name for d in drives for name in (d.view.file_node, d.view.format_node)}
             planned: list[tuple[Drive, Decision, DriveState]] = []
             for drive in drives:
@@ -252,7 +266,7 @@ class Extender:
         if isinstance(decision, policy.Arm):
             await monitor.set_threshold(node, decision.threshold)
             log.info("VM %d %s: threshold armed at %s (LV %s)", vm.vmid, node,
-                     format_size(decision.threshold), format_size(drive.view.device_size),
+                     format_size(decision.threshold), format_size(drive.lv_size),
                      extra=fields(VMID=vm.vmid, NODE_NAME=node, LV=drive.view.path))
         elif isinstance(decision, policy.AtMaximum) and decision.disarm:
             await monitor.set_threshold(node, 0)
@@ -272,7 +286,8 @@ class Extender:
             async with self._vg_gate(drive.vg), \
                     self._storage_lock(drive.storage).acquire_async(STORAGE_LOCK_TIMEOUT):
                 info = await lvm.lv_info(drive.vg, drive.lv)
-                if info.size > drive.view.device_size:
+                self._remember(info)
+                if info.size > lvm.device_size(drive.vg, drive.lv):
                     # The metadata is ahead of this node's device-mapper table:
                     # another node grew it. Catch up instead of growing again.
                     await lvm.refresh(drive.vg, drive.lv)
@@ -295,6 +310,7 @@ class Extender:
                         vm.vmid, node, drive.view.path, format_size(drive.maximum),
                         extra=fields(VMID=vm.vmid, NODE_NAME=node, LV=drive.view.path))
                 await lvm.extend(drive.vg, drive.lv, decision.target)
+                self._lv_sizes[(drive.vg, drive.lv)] = decision.target
         finally:
             self.extending.discard(key)
         elapsed_ms = round((time.monotonic() - started) * 1000)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -161,6 +162,24 @@ async def extend(vg: str, lv: str, size: int) -> None:
             # A retried extension already happened: the same outcome we wanted.
             return
         raise _classify(err, f"extending LV {vg}/{lv} to {size} bytes") from err
+
+
+def device_size(vg: str, lv: str) -> int:
+    """The size of ``/dev/VG/LV`` as this node's device-mapper table has it.
+
+    It lags the metadata when another node grew the LV (until a refresh);
+    QEMU's own figure for a ``host_device`` node is no help here, as QEMU 7.2
+    does not re-read it after the device grows.
+    """
+    path = f"/dev/{check_name('VG', vg)}/{check_name('LV', lv)}"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as err:
+        raise LvMissingError(f"cannot open {path}: {err.strerror}") from err
+    try:
+        return os.lseek(fd, 0, os.SEEK_END)
+    finally:
+        os.close(fd)
 
 
 async def refresh(vg: str, lv: str) -> None:

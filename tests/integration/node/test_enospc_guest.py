@@ -1,0 +1,379 @@
+"""ENOSPC pause and resume with a real guest device (issue 5).
+
+A guest writes through an IDE disk with ``werror=enospc`` whose qcow2 sits on
+a thin LV that is too small: QEMU pauses the VM with io-status ``nospace``,
+pvestord extends the LV and resumes the VM, and the guest's write completes
+as if nothing happened. No other test has a guest device: everywhere else
+the writer is HMP ``qemu-io``, which fails a write instead of pausing.
+
+The guest is ``tests/harness/guest_writer.asm``, a boot sector that writes
+one pattern with BIOS INT 13h (SeaBIOS -> ATA PIO -> QEMU's ide-hd, so the
+device's error policy applies) and reports on the isa-debugcon port; a Linux
+guest would take minutes to boot inside the emulated node.
+
+How the pause is made deterministic: QEMU starts with ``-S``; the harness
+fills the qcow2 through HMP ``qemu-io`` until the image ends ~1.7 MiB short of
+the LV's end; then ``cont``, and the guest writes 3 MiB just past the filled
+region, so its write must cross the LV's end. The guest's data disk has
+``share-rw=on`` only so that the harness's ``qemu-io`` (a second
+BlockBackend on the node) may write to it while the device is attached.
+
+Two ways pvestord meets the paused VM:
+
+- it is not running when the VM pauses: its start reconcile must find the
+  VM paused on ``nospace`` (no event exists for it) and extend and resume it;
+- it runs, but the guest must outrun it: pvestord is held with SIGSTOP after
+  its reconcile armed the threshold, and released (SIGCONT) once QEMU has
+  paused and qmeventd-py has queued the ``nospace`` entry. Racing a writer
+  against the daemon would make the pause depend on the emulator's speed;
+  SIGSTOP makes it certain, and shows both events going through the queue.
+
+And the negative: a VM paused on ENOSPC on a qcow2 whose LV belongs to no
+thin storage is never resumed.
+
+Figures (the pause as QEMU's STOP and RESUME event timestamps say) are
+written to ``<out_dir>/enospc-figures.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pvestord.queue import Reason
+from tests.harness.daemons import NodeBed, ThinStorageSpec, daemons, wait_for
+from tests.harness.lvmbed import VG, GiB, MiB, loop_vg, qcow2_check, qcow2_create
+from tests.harness.qemu import Disk, QemuVM
+
+ASM = Path(__file__).resolve().parents[2] / "harness" / "guest_writer.asm"
+SECTOR = 512
+#: Sectors per INT 13h call in guest_writer.asm.
+CHUNK_SECTORS = 127
+
+LV_SIZE = 64 * MiB
+VIRTUAL = 1 * GiB
+#: Filled by the harness before the guest runs: the qcow2 then ends ~1.7 MiB
+#: (its metadata is ~320 KiB) short of the LV's end.
+PREFILL = 62 * MiB
+PREFILL_PATTERN = 0x11
+#: The guest's write, just past the filled region: more than the room left.
+GUEST_WRITE = 3 * MiB
+GUEST_PATTERN = 0x5A
+CHUNKSIZE = 256 * MiB
+#: LV 64 MiB + one chunk, in 4 MiB extents.
+EXTENDED = 320 * MiB
+
+#: Boot and PIO writes until the pause, under TCG inside the emulated node.
+PAUSE_TIMEOUT = 300.0
+#: From pvestord's start (or SIGCONT) to the VM's RESUME.
+RESUME_TIMEOUT = 120.0
+#: From the RESUME to the guest's last byte on the debug port.
+FINISH_TIMEOUT = 300.0
+#: qemu-io over tens of MiB under nested TCG.
+IO_TIMEOUT = 180.0
+
+
+# -- the guest -----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class WriterGuest:
+    """guest_writer.asm assembled for one write, and where its output goes."""
+
+    boot_image: Path
+    debugcon: Path
+    bios_log: Path
+    start: int
+    length: int
+    pattern: int
+
+    @property
+    def calls(self) -> int:
+        return -(-self.length // SECTOR // CHUNK_SECTORS)
+
+    @property
+    def success(self) -> str:
+        """What the debug port shows when every INT 13h call succeeded."""
+        return "G" + "." * self.calls + "S"
+
+    def args(self, data_node: str) -> list[str]:
+        """Boot disk on IDE 0:0, the data node on IDE 0:1 with werror=enospc
+        (qemu-server's default for disks), both debug ports to files."""
+        return [
+            "-m", "64",
+            "-blockdev", f"driver=file,filename={self.boot_image},node-name=boot0",
+            "-device", "ide-hd,drive=boot0,bus=ide.0,unit=0,bootindex=0,id=boot",
+            "-device", f"ide-hd,drive={data_node},bus=ide.0,unit=1,id=data0,"
+                       "werror=enospc,rerror=report,share-rw=on",
+            "-chardev", f"file,id=dbg,path={self.debugcon}",
+            "-device", "isa-debugcon,iobase=0xe9,chardev=dbg",
+            # SeaBIOS's own log: which ATA mode, which drives, for a failure.
+            "-chardev", f"file,id=bios,path={self.bios_log}",
+            "-device", "isa-debugcon,iobase=0x402,chardev=bios",
+        ]
+
+    def output(self) -> str:
+        try:
+            return self.debugcon.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def wait_finished(self, timeout: float) -> str:
+        """The debug port's text once the guest wrote its last byte."""
+        deadline = time.monotonic() + timeout
+        while True:
+            out = self.output()
+            if out.endswith("S") or "X" in out or ("F" in out and len(out) >= out.index("F") + 3):
+                return out
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"guest did not finish within {timeout} s; "
+                                   f"debug port so far: {out!r}")
+            time.sleep(0.2)
+
+
+def build_writer(tmp: Path, logs: Path, name: str, *, start: int, length: int,
+                 pattern: int) -> WriterGuest:
+    nasm = shutil.which("nasm")
+    if nasm is None:
+        pytest.fail("nasm not found: scripts/install-deps installs it")
+    assert start % SECTOR == 0 and length % SECTOR == 0
+    boot_bin = tmp / f"{name}.bin"
+    subprocess.run(  # noqa: S603 - argument list
+        [nasm, "-f", "bin", f"-DSTART_LBA={start // SECTOR}",
+         f"-DSECTORS={length // SECTOR}", f"-DPATTERN={pattern:#x}", "-o", str(boot_bin),
+         str(ASM)], check=True, timeout=60, capture_output=True)
+    code = boot_bin.read_bytes()
+    assert len(code) == SECTOR and code[-2:] == b"\x55\xaa"
+    image = tmp / f"{name}.img"
+    with image.open("wb") as f:
+        f.write(code)
+        f.truncate(1 * MiB)  # a disk SeaBIOS sizes like any other
+    return WriterGuest(image, logs / f"{name}.debugcon", logs / f"{name}.seabios.log",
+                       start, length, pattern)
+
+
+def writer_vm(bed: NodeBed, vg: VG, vmid: int, guest: WriterGuest, *,
+              lv_size: int = LV_SIZE) -> tuple[QemuVM, str]:
+    """A VM with the writer guest and a qcow2 on a new LV; started with -S."""
+    lv = f"vm-{vmid}-disk-0.qcow2"
+    path = vg.create_lv(lv, lv_size)
+    qcow2_create(path, VIRTUAL)
+    vm = QemuVM(vmid, bed.run_dir, disks=[Disk(path, "fmt0", "file0")], machine="pc",
+                event_socket=bed.event_socket, log_path=bed.logs / f"qemu-{vmid}.log",
+                extra_args=["-S", *guest.args("fmt0")])
+    return vm, lv
+
+
+# -- observations ----------------------------------------------------------------
+
+def allocation(vm: QemuVM) -> int:
+    """``wr_highest_offset`` of the LV's file node: where the image ends."""
+    for entry in vm.qmp("query-blockstats", query_nodes=True):
+        if entry.get("node-name") == "file0":
+            return int(entry["stats"]["wr_highest_offset"])
+    raise AssertionError("no blockstats for file0")
+
+
+def prefill(vm: QemuVM, length: int, lv_size: int) -> int:
+    """Fill the image from 0; return the room left on the LV."""
+    step = 16 * MiB
+    for offset in range(0, length, step):
+        vm.write_pattern("fmt0", offset, min(step, length - offset), PREFILL_PATTERN,
+                         timeout=IO_TIMEOUT)
+    room = lv_size - allocation(vm)
+    # The scenario's premise: the guest's write cannot fit, and fills what fits first.
+    assert 512 * 1024 <= room <= 2 * MiB, room
+    assert room < GUEST_WRITE
+    return room
+
+
+def device(vm: QemuVM, qdev: str) -> dict[str, Any]:
+    for dev in vm.qmp("query-block"):
+        if dev.get("qdev") == qdev:
+            return dict(dev)
+    raise AssertionError(f"no block device {qdev}")
+
+
+def device_stats(vm: QemuVM, qdev: str) -> dict[str, Any]:
+    for entry in vm.qmp("query-blockstats"):
+        if entry.get("qdev") == qdev:
+            return dict(entry["stats"])
+    raise AssertionError(f"no blockstats for {qdev}")
+
+
+def timestamp(event: dict[str, Any]) -> float:
+    ts = event["timestamp"]
+    return float(ts["seconds"]) + float(ts["microseconds"]) / 1e6
+
+
+def run_guest_until_paused(vm: QemuVM, guest: WriterGuest) -> dict[str, Any]:
+    """``cont`` the -S VM; return the STOP event of its ENOSPC pause."""
+    assert vm.qmp("query-status")["status"] == "prelaunch"
+    vm.qmp("cont")
+    vm.wait_event("RESUME", timeout=30)
+    error = vm.wait_event("BLOCK_IO_ERROR", timeout=PAUSE_TIMEOUT)
+    # A guest device's request (the harness's qemu-io never stops a VM), on the
+    # device's root node, failed with ENOSPC, and the device's werror stopped the VM.
+    assert error["data"]["node-name"] == "fmt0", error
+    assert error["data"]["operation"] == "write", error
+    assert error["data"]["action"] == "stop", error
+    assert error["data"]["nospace"] is True, error
+    stop = vm.wait_event("STOP", timeout=30)
+    status = vm.qmp("query-status")
+    assert (status["status"], status["running"]) == ("io-error", False), status
+    assert device(vm, "data0")["io-status"] == "nospace"
+    assert device(vm, "boot")["io-status"] == "ok"
+    out = guest.output()
+    assert out.startswith("G") and "S" not in out and "F" not in out, out
+    # The guest got part of its write in before the LV was full.
+    assert device_stats(vm, "data0")["wr_bytes"] > 0
+    return stop
+
+
+def assert_resumed_and_written(vm: QemuVM, guest: WriterGuest, *, prefilled: int) -> dict[
+        str, Any]:
+    """Wait for pvestord's ``cont``; check the guest's write completed; return RESUME."""
+    resume = vm.wait_event("RESUME", timeout=RESUME_TIMEOUT)
+    out = guest.wait_finished(FINISH_TIMEOUT)
+    assert out == guest.success, out
+    status = vm.qmp("query-status")
+    assert (status["status"], status["running"]) == ("running", True), status
+    assert device(vm, "data0")["io-status"] == "ok"
+    # Every guest byte went through the IDE device's BlockBackend.
+    assert device_stats(vm, "data0")["wr_bytes"] >= guest.length
+    assert vm.read_verify("fmt0", guest.start, guest.length, guest.pattern, timeout=IO_TIMEOUT)
+    assert vm.read_verify("fmt0", 0, prefilled, PREFILL_PATTERN, timeout=IO_TIMEOUT)
+    return resume
+
+
+def record(out_dir: Path, name: str, figures: dict[str, float]) -> None:
+    path = out_dir.parent / "enospc-figures.json"
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data[name] = {k: round(v, 3) for k, v in figures.items()}
+    path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+# -- fixtures --------------------------------------------------------------------
+
+@pytest.fixture
+def bed(vg: VG, tmp_path: Path, out_dir: Path) -> NodeBed:
+    return NodeBed(tmp_path, [ThinStorageSpec("thin1", vg.name)], logs_dir=out_dir)
+
+
+@pytest.fixture
+def other_vg() -> Iterator[VG]:
+    """A VG that no storage names: its LVs are not thin."""
+    with loop_vg(512 * MiB, prefix="pvn") as unmanaged:
+        yield unmanaged
+
+
+# -- tests -----------------------------------------------------------------------
+
+def test_start_reconcile_resumes_a_vm_paused_on_enospc(
+        bed: NodeBed, vg: VG, tmp_path: Path, out_dir: Path) -> None:
+    guest = build_writer(tmp_path, out_dir, "writer-901", start=PREFILL, length=GUEST_WRITE,
+                         pattern=GUEST_PATTERN)
+    vm, lv = writer_vm(bed, vg, 901, guest)
+    with vm:
+        room = prefill(vm, PREFILL, LV_SIZE)
+        stop = run_guest_until_paused(vm, guest)
+        assert vg.lv_size(lv) == LV_SIZE
+        started = time.time()
+        with daemons(bed) as (_, pvestord):
+            resume = assert_resumed_and_written(vm, guest, prefilled=PREFILL)
+            assert vg.lv_size(lv) == EXTENDED
+            assert vg.device_size(lv) == EXTENDED
+            wait_for(lambda: "resumed after it paused on ENOSPC" in pvestord.log_text(), 30,
+                     "the resume logged")
+            log = pvestord.log_text()
+        assert "VM 901: resumed after it paused on ENOSPC" in log
+        assert "VM 901 file0: LV " + vg.lv_path(lv) + " extended 64 MiB -> 320 MiB" in log
+        assert log.count("resumed after it paused") == 1
+    assert qcow2_check(vg.lv_path(lv))["exit"] == 0
+    record(out_dir, "start_reconcile", {
+        "room_before_pause_mib": room / MiB,
+        "stop_to_resume_s": timestamp(resume) - timestamp(stop),
+        "daemons_start_to_resume_s": timestamp(resume) - started,
+    })
+
+
+def test_running_daemons_resume_a_vm_that_outran_them(
+        vg: VG, tmp_path: Path, out_dir: Path) -> None:
+    # Half a chunk of headroom would have the start reconcile extend a 64 MiB
+    # LV at once; ~1 MiB of headroom arms a threshold above the filled image.
+    spec = ThinStorageSpec("thin1", vg.name, chunk_percentage=0.004)
+    bed = NodeBed(tmp_path, [spec], logs_dir=out_dir)
+    threshold = LV_SIZE - -(-CHUNKSIZE * 4 // 1000)
+    guest = build_writer(tmp_path, out_dir, "writer-902", start=PREFILL, length=GUEST_WRITE,
+                         pattern=GUEST_PATTERN)
+    with daemons(bed) as (qmeventd, pvestord):
+        vm, lv = writer_vm(bed, vg, 902, guest)
+        with vm:
+            qmeventd.wait_log(f"VM 902: QEMU pid {vm.pid} connected")
+            room = prefill(vm, PREFILL, LV_SIZE)
+            assert allocation(vm) < threshold
+            wait_for(lambda: vm.named_node("file0")["write_threshold"] == threshold, 60,
+                     "threshold armed by pvestord's reconcile")
+            pvestord.proc.send_signal(signal.SIGSTOP)
+            try:
+                stop = run_guest_until_paused(vm, guest)
+                vm.wait_event("BLOCK_WRITE_THRESHOLD", timeout=5)  # crossed on the way
+                qmeventd.wait_log("VM 902: queued 902:fmt0 reason=nospace")
+                assert {(e.node_name, e.reason) for e in bed.entries()} == {
+                    ("file0", Reason.THRESHOLD), ("fmt0", Reason.NOSPACE)}
+                assert vg.lv_size(lv) == LV_SIZE
+            finally:
+                released = time.time()
+                pvestord.proc.send_signal(signal.SIGCONT)
+            resume = assert_resumed_and_written(vm, guest, prefilled=PREFILL)
+            assert vg.lv_size(lv) == EXTENDED
+            wait_for(lambda: bed.entries() == [], 60, "queue drained")
+            wait_for(lambda: "resumed after it paused on ENOSPC" in pvestord.log_text(), 30,
+                     "the resume logged")
+            # Re-armed for the bigger LV, above the guest's write.
+            assert vm.named_node("file0")["write_threshold"] == EXTENDED - (LV_SIZE - threshold)
+            log = pvestord.log_text()
+    assert "VM 902 file0: LV " + vg.lv_path(lv) + " extended 64 MiB -> 320 MiB" in log
+    assert log.count("resumed after it paused") == 1
+    assert qcow2_check(vg.lv_path(lv))["exit"] == 0
+    record(out_dir, "running_daemons", {
+        "room_before_pause_mib": room / MiB,
+        "stop_to_resume_s": timestamp(resume) - timestamp(stop),
+        "sigcont_to_resume_s": timestamp(resume) - released,
+    })
+
+
+def test_vm_paused_on_enospc_off_thin_storage_is_not_resumed(
+        bed: NodeBed, other_vg: VG, tmp_path: Path, out_dir: Path) -> None:
+    lv_size = 16 * MiB
+    prefilled = lv_size - 2 * MiB
+    guest = build_writer(tmp_path, out_dir, "writer-903", start=prefilled,
+                         length=GUEST_WRITE, pattern=GUEST_PATTERN)
+    with daemons(bed) as (qmeventd, pvestord):
+        vm, lv = writer_vm(bed, other_vg, 903, guest, lv_size=lv_size)
+        with vm:
+            qmeventd.wait_log(f"VM 903: QEMU pid {vm.pid} connected")
+            prefill(vm, prefilled, lv_size)
+            run_guest_until_paused(vm, guest)
+            qmeventd.wait_log("VM 903: queued 903:fmt0 reason=nospace")
+            # pvestord took the entry and did nothing with it...
+            wait_for(lambda: bed.entries() == [], 60, "the nospace entry handled")
+            time.sleep(3)
+            # ...and the VM stays paused: its disk is on no thin storage.
+            status = vm.qmp("query-status")
+            assert (status["status"], status["running"]) == ("io-error", False), status
+            assert device(vm, "data0")["io-status"] == "nospace"
+            assert other_vg.lv_size(lv) == lv_size
+            assert "S" not in guest.output()
+            assert not [e for e in vm.events() if e.get("event") == "RESUME"]
+            log = pvestord.log_text()
+    assert "resumed" not in log
+    assert "extended" not in log
