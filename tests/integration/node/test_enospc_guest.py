@@ -37,6 +37,7 @@ written to ``<out_dir>/enospc-figures.json``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import signal
@@ -50,7 +51,9 @@ from typing import Any
 import pytest
 
 from pvestord.queue import Reason
-from tests.harness.daemons import NodeBed, ThinStorageSpec, daemons, wait_for
+from pvestord.sizes import align_up, format_size
+from tests.harness import daemons as daemons_module
+from tests.harness.daemons import Daemon, NodeBed, ThinStorageSpec, start_qmeventd, wait_for
 from tests.harness.lvmbed import VG, GiB, MiB, loop_vg, qcow2_check, qcow2_create
 from tests.harness.qemu import Disk, QemuVM
 
@@ -69,8 +72,7 @@ PREFILL_PATTERN = 0x11
 GUEST_WRITE = 3 * MiB
 GUEST_PATTERN = 0x5A
 CHUNKSIZE = 256 * MiB
-#: LV 64 MiB + one chunk, in 4 MiB extents.
-EXTENDED = 320 * MiB
+EXTENT = 4 * MiB
 
 #: Boot and PIO writes until the pause, under TCG inside the emulated node.
 PAUSE_TIMEOUT = 300.0
@@ -80,6 +82,9 @@ RESUME_TIMEOUT = 120.0
 FINISH_TIMEOUT = 300.0
 #: qemu-io over tens of MiB under nested TCG.
 IO_TIMEOUT = 180.0
+#: A daemon's start-up (Python imports over 9p) with other node guests busy on
+#: the same two cores: 30 s was seen to be too short.
+DAEMON_START_TIMEOUT = 180.0
 
 
 # -- the guest -----------------------------------------------------------------
@@ -209,6 +214,13 @@ def device_stats(vm: QemuVM, qdev: str) -> dict[str, Any]:
     raise AssertionError(f"no blockstats for {qdev}")
 
 
+def extended_size(paused_allocation: int) -> int:
+    """One chunk past the LV or the allocation, in whole extents (the policy's
+    target). The allocation may already be past the LV's end: QEMU counts the
+    failed write in ``wr_highest_offset``."""
+    return align_up(max(LV_SIZE, paused_allocation) + CHUNKSIZE, EXTENT)
+
+
 def timestamp(event: dict[str, Any]) -> float:
     ts = event["timestamp"]
     return float(ts["seconds"]) + float(ts["microseconds"]) / 1e6
@@ -263,6 +275,25 @@ def record(out_dir: Path, name: str, figures: dict[str, float]) -> None:
 
 # -- fixtures --------------------------------------------------------------------
 
+@contextlib.contextmanager
+def daemons(bed: NodeBed, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Daemon, Daemon]]:
+    """:func:`tests.harness.daemons.daemons` with a longer start-up budget
+    (:data:`DAEMON_START_TIMEOUT`); both must still stop with exit 0."""
+    monkeypatch.setattr(daemons_module, "START_TIMEOUT", DAEMON_START_TIMEOUT)
+    qmeventd = start_qmeventd(bed)
+    started = [qmeventd]
+    try:
+        pvestord = Daemon("pvestord", bed.pvestord_argv(), bed.logs / "pvestord.log")
+        started.append(pvestord)
+        pvestord.wait_log("pvestord started", timeout=DAEMON_START_TIMEOUT)
+        yield qmeventd, pvestord
+    finally:
+        failures = [f"{d.name} exited {status}:\n{d.log_text()[-4000:]}"
+                    for d in reversed(started) if (status := d.stop()) != 0]
+    if failures:
+        raise RuntimeError("\n".join(failures))
+
+
 @pytest.fixture
 def bed(vg: VG, tmp_path: Path, out_dir: Path) -> NodeBed:
     return NodeBed(tmp_path, [ThinStorageSpec("thin1", vg.name)], logs_dir=out_dir)
@@ -278,7 +309,8 @@ def other_vg() -> Iterator[VG]:
 # -- tests -----------------------------------------------------------------------
 
 def test_start_reconcile_resumes_a_vm_paused_on_enospc(
-        bed: NodeBed, vg: VG, tmp_path: Path, out_dir: Path) -> None:
+        bed: NodeBed, vg: VG, tmp_path: Path, out_dir: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     guest = build_writer(tmp_path, out_dir, "writer-901", start=PREFILL, length=GUEST_WRITE,
                          pattern=GUEST_PATTERN)
     vm, lv = writer_vm(bed, vg, 901, guest)
@@ -286,16 +318,19 @@ def test_start_reconcile_resumes_a_vm_paused_on_enospc(
         room = prefill(vm, PREFILL, LV_SIZE)
         stop = run_guest_until_paused(vm, guest)
         assert vg.lv_size(lv) == LV_SIZE
+        expected = extended_size(allocation(vm))
         started = time.time()
-        with daemons(bed) as (_, pvestord):
+        with daemons(bed, monkeypatch) as (_, pvestord):
             resume = assert_resumed_and_written(vm, guest, prefilled=PREFILL)
-            assert vg.lv_size(lv) == EXTENDED
-            assert vg.device_size(lv) == EXTENDED
+            assert vg.lv_size(lv) == expected
+            assert vg.device_size(lv) == expected
             wait_for(lambda: "resumed after it paused on ENOSPC" in pvestord.log_text(), 30,
                      "the resume logged")
             log = pvestord.log_text()
         assert "VM 901: resumed after it paused on ENOSPC" in log
-        assert "VM 901 file0: LV " + vg.lv_path(lv) + " extended 64 MiB -> 320 MiB" in log
+        assert (f"VM 901 file0: LV {vg.lv_path(lv)} extended 64 MiB -> "
+                f"{format_size(expected)} in") in log
+        assert log.count(" extended ") == 1
         assert log.count("resumed after it paused") == 1
     assert qcow2_check(vg.lv_path(lv))["exit"] == 0
     record(out_dir, "start_reconcile", {
@@ -306,7 +341,7 @@ def test_start_reconcile_resumes_a_vm_paused_on_enospc(
 
 
 def test_running_daemons_resume_a_vm_that_outran_them(
-        vg: VG, tmp_path: Path, out_dir: Path) -> None:
+        vg: VG, tmp_path: Path, out_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Half a chunk of headroom would have the start reconcile extend a 64 MiB
     # LV at once; ~1 MiB of headroom arms a threshold above the filled image.
     spec = ThinStorageSpec("thin1", vg.name, chunk_percentage=0.004)
@@ -314,10 +349,10 @@ def test_running_daemons_resume_a_vm_that_outran_them(
     threshold = LV_SIZE - -(-CHUNKSIZE * 4 // 1000)
     guest = build_writer(tmp_path, out_dir, "writer-902", start=PREFILL, length=GUEST_WRITE,
                          pattern=GUEST_PATTERN)
-    with daemons(bed) as (qmeventd, pvestord):
+    with daemons(bed, monkeypatch) as (qmeventd, pvestord):
         vm, lv = writer_vm(bed, vg, 902, guest)
         with vm:
-            qmeventd.wait_log(f"VM 902: QEMU pid {vm.pid} connected")
+            qmeventd.wait_log(f"VM 902: QEMU pid {vm.pid} connected", timeout=60)
             room = prefill(vm, PREFILL, LV_SIZE)
             assert allocation(vm) < threshold
             wait_for(lambda: vm.named_node("file0")["write_threshold"] == threshold, 60,
@@ -326,22 +361,25 @@ def test_running_daemons_resume_a_vm_that_outran_them(
             try:
                 stop = run_guest_until_paused(vm, guest)
                 vm.wait_event("BLOCK_WRITE_THRESHOLD", timeout=5)  # crossed on the way
-                qmeventd.wait_log("VM 902: queued 902:fmt0 reason=nospace")
+                qmeventd.wait_log("VM 902: queued 902:fmt0 reason=nospace", timeout=60)
                 assert {(e.node_name, e.reason) for e in bed.entries()} == {
                     ("file0", Reason.THRESHOLD), ("fmt0", Reason.NOSPACE)}
                 assert vg.lv_size(lv) == LV_SIZE
+                expected = extended_size(allocation(vm))
             finally:
                 released = time.time()
                 pvestord.proc.send_signal(signal.SIGCONT)
             resume = assert_resumed_and_written(vm, guest, prefilled=PREFILL)
-            assert vg.lv_size(lv) == EXTENDED
+            assert vg.lv_size(lv) == expected
             wait_for(lambda: bed.entries() == [], 60, "queue drained")
             wait_for(lambda: "resumed after it paused on ENOSPC" in pvestord.log_text(), 30,
                      "the resume logged")
             # Re-armed for the bigger LV, above the guest's write.
-            assert vm.named_node("file0")["write_threshold"] == EXTENDED - (LV_SIZE - threshold)
+            assert vm.named_node("file0")["write_threshold"] == expected - (LV_SIZE - threshold)
             log = pvestord.log_text()
-    assert "VM 902 file0: LV " + vg.lv_path(lv) + " extended 64 MiB -> 320 MiB" in log
+    assert (f"VM 902 file0: LV {vg.lv_path(lv)} extended 64 MiB -> "
+            f"{format_size(expected)} in") in log
+    assert log.count(" extended ") == 1
     assert log.count("resumed after it paused") == 1
     assert qcow2_check(vg.lv_path(lv))["exit"] == 0
     record(out_dir, "running_daemons", {
@@ -352,18 +390,19 @@ def test_running_daemons_resume_a_vm_that_outran_them(
 
 
 def test_vm_paused_on_enospc_off_thin_storage_is_not_resumed(
-        bed: NodeBed, other_vg: VG, tmp_path: Path, out_dir: Path) -> None:
+        bed: NodeBed, other_vg: VG, tmp_path: Path, out_dir: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     lv_size = 16 * MiB
     prefilled = lv_size - 2 * MiB
     guest = build_writer(tmp_path, out_dir, "writer-903", start=prefilled,
                          length=GUEST_WRITE, pattern=GUEST_PATTERN)
-    with daemons(bed) as (qmeventd, pvestord):
+    with daemons(bed, monkeypatch) as (qmeventd, pvestord):
         vm, lv = writer_vm(bed, other_vg, 903, guest, lv_size=lv_size)
         with vm:
-            qmeventd.wait_log(f"VM 903: QEMU pid {vm.pid} connected")
+            qmeventd.wait_log(f"VM 903: QEMU pid {vm.pid} connected", timeout=60)
             prefill(vm, prefilled, lv_size)
             run_guest_until_paused(vm, guest)
-            qmeventd.wait_log("VM 903: queued 903:fmt0 reason=nospace")
+            qmeventd.wait_log("VM 903: queued 903:fmt0 reason=nospace", timeout=60)
             # pvestord took the entry and did nothing with it...
             wait_for(lambda: bed.entries() == [], 60, "the nospace entry handled")
             time.sleep(3)
