@@ -7,6 +7,7 @@ while one does.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import struct
@@ -17,12 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.daemons import VENV_BIN, NodeBed, ThinStorageSpec, daemons, wait_for
+from tests.harness.daemons import VENV_BIN, Daemon, NodeBed, ThinStorageSpec, wait_for
 from tests.harness.lvmbed import VG, GiB, MiB, loop_vg, qcow2_check, qcow2_create, sh
 from tests.harness.qemu import Disk, QemuVM
 
 CLI_TIMEOUT = 300.0
-EXTEND_TIMEOUT = 90.0
+EXTEND_TIMEOUT = 180.0
+#: Daemon and QEMU start-up budget: the node guest shares two cores with other
+#: guests, and a Python start-up alone has taken over 30 s there.
+START_TIMEOUT = 180.0
 CHUNK = 256 * MiB
 #: Three 100 MiB regions of the 8 GiB disk, each with its own pattern.
 REGIONS = ((0, 0x11), (4 * GiB, 0x22), (8 * GiB - 100 * MiB, 0x33))
@@ -90,7 +94,26 @@ def bed(vg: VG, tmp_path: Path, out_dir: Path) -> NodeBed:
 
 def vm_on(bed: NodeBed, vmid: int, path: str) -> QemuVM:
     return QemuVM(vmid, bed.run_dir, disks=[Disk(path, "fmt0", "file0")],
-                  event_socket=bed.event_socket, log_path=bed.logs / f"qemu-{vmid}.log")
+                  event_socket=bed.event_socket, log_path=bed.logs / f"qemu-{vmid}.log",
+                  launch_timeout=START_TIMEOUT)
+
+
+@contextlib.contextmanager
+def daemons(bed: NodeBed) -> Iterator[Daemon]:
+    """Both daemons, as tests.harness.daemons.daemons, with START_TIMEOUT to start."""
+    qmeventd = Daemon("qmeventd-py", bed.qmeventd_argv(), bed.logs / "qmeventd.log")
+    try:
+        wait_for(lambda: bed.event_socket.exists() or qmeventd.proc.poll() is not None,
+                 START_TIMEOUT, "qmeventd-py listening")
+        assert qmeventd.proc.poll() is None, qmeventd.log_text()[-4000:]
+        pvestord = Daemon("pvestord", bed.pvestord_argv(), bed.logs / "pvestord.log")
+        try:
+            pvestord.wait_log("pvestord started", START_TIMEOUT)
+            yield pvestord
+        finally:
+            assert pvestord.stop() == 0, pvestord.log_text()[-4000:]
+    finally:
+        assert qmeventd.stop() == 0, qmeventd.log_text()[-4000:]
 
 
 # --- create -------------------------------------------------------------------------------
@@ -137,7 +160,7 @@ def test_created_volume_grows_through_the_daemon(bed: NodeBed, vg: VG) -> None:
     volid = pvestord(bed, "create", "thin1", "110", "8G").stdout.strip()
     lv = volid.split(":")[1]
     with daemons(bed), vm_on(bed, 110, vg.lv_path(lv)) as vm:
-        wait_for(lambda: vm.named_node("file0")["write_threshold"] == 128 * MiB, 60,
+        wait_for(lambda: vm.named_node("file0")["write_threshold"] == 128 * MiB, START_TIMEOUT,
                  "threshold armed by reconcile")
         vm.write_pattern("fmt0", 0, 160 * MiB, 0x44, timeout=120)
         wait_for(lambda: vg.lv_size(lv) >= 512 * MiB, EXTEND_TIMEOUT, "LV grown by a chunk")
@@ -184,7 +207,7 @@ def test_shrink_a_thick_disk_then_grow_it_again(big_vg: VG, tmp_path: Path,
 
     with daemons(bed), vm_on(bed, 120, path) as vm:
         wait_for(lambda: vm.named_node("file0")["write_threshold"] == expected - 128 * MiB,
-                 60, "threshold armed above the data")
+                 START_TIMEOUT, "threshold armed above the data")
         vm.write_pattern("fmt0", 2 * GiB, 200 * MiB, 0x55, timeout=120)
         wait_for(lambda: vg.lv_size(lv) > expected, EXTEND_TIMEOUT, "grown again")
         assert vm.read_verify("fmt0", 2 * GiB, 200 * MiB, 0x55, timeout=120)
