@@ -8,7 +8,7 @@ PYTEST    := $(PY) -m pytest
 OUT       := out
 QUICK     ?=
 
-.PHONY: all deps check lint unit host packaging node demo bench clean
+.PHONY: all deps check lint unit host packaging node cluster demo bench clean
 
 all: check
 
@@ -38,6 +38,11 @@ packaging: deps
 # tests/integration/node inside it against real LVM on loop devices.
 node: deps
 	$(PY) -m tests.harness.nodeguest --out $(OUT)/node -- tests/integration/node
+
+# Two-node tier: two node guests sharing one SAN image, driven from the host
+# (tests/harness/twonode.py); the pair boots once for the whole session.
+cluster: deps
+	$(PYTEST) tests/integration/cluster -q -p no:cacheprovider
 
 demo: deps
 	$(PY) -m tests.harness.nodeguest --out $(OUT)/demo --demo

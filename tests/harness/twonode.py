@@ -1,0 +1,317 @@
+"""The two-node bed: two node guests sharing one SAN disk, driven from the host.
+
+Facts it relies on are in ``shared/TWO-NODES.md``. Each guest is the node
+guest of :mod:`tests.harness.nodeguest` (Debian's kernel under virtme-ng,
+dm-mod, the host's root read-only) with, in addition:
+
+* the SAN: one sparse raw file on the host given to both QEMUs as a
+  virtio-blk disk with ``share-rw=on`` and ``cache.direct=on``;
+* a private link for migration: a dgram unix-socket netdev between the two
+  QEMUs (no host networking), addressed inside the guests;
+* the work folder, shared writable with both (``--rwdir``, 9p without
+  caching). Its ``pve/`` stands in for ``/etc/pve``: the extend queue,
+  ``storage.cfg`` and ``priv/lock`` (pmxcfs-style lock directories: ``mkdir``
+  is atomic across the guests, ``flock`` is not).
+
+Each guest runs :mod:`tests.harness.nodeagent` on ``<work>/<node>/agent``; the
+host talks to it with request files (:meth:`Node.call`, :meth:`Node.run`).
+The pair is booted once per pytest session (``tests/integration/cluster``);
+a pair that does not come up in time is killed and reported with the tail of
+both consoles.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shlex
+import shutil
+import subprocess
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.harness.nodeguest import VENV_BIN, GuestError, vng_argv
+
+REPO = Path(__file__).resolve().parents[2]
+#: Boot of both guests at once under TCG: 19-24 s on an idle machine (TWO-NODES.md);
+#: a busy machine (other guests running) takes several times that.
+BOOT_TIMEOUT = 300.0
+#: A guest that does not power off after ``quit`` is killed after this.
+SHUTDOWN_TIMEOUT = 60.0
+#: Budget for one agent request when the caller gives none.
+CALL_TIMEOUT = 120.0
+SAN_SIZE = 4 * 1024**3
+SCRATCH = "/srv/pvestord-test"
+CONSOLE_TAIL = 40
+
+NODES = {"nodea": ("52:54:00:99:00:01", "10.99.0.1"),
+         "nodeb": ("52:54:00:99:00:02", "10.99.0.2")}
+
+
+class AgentError(Exception):
+    """A request failed in the guest, or got no answer in time."""
+
+
+@dataclass(frozen=True)
+class RunResult:
+    rc: int
+    stdout: str
+    stderr: str
+    duration: float
+
+
+@dataclass
+class Node:
+    """One guest of the pair, seen from the host."""
+
+    name: str
+    addr: str
+    dir: Path
+    proc: subprocess.Popen[str] | None = None
+    tail: deque[str] = field(default_factory=lambda: deque(maxlen=CONSOLE_TAIL))
+
+    @property
+    def agent_dir(self) -> Path:
+        return self.dir / "agent"
+
+    @property
+    def logs(self) -> Path:
+        return self.dir / "logs"
+
+    @property
+    def console_log(self) -> Path:
+        return self.dir / "console.log"
+
+    @property
+    def run_dir(self) -> str:
+        """qemu-server's run folder on this node (the guest's own tmpfs)."""
+        return f"{SCRATCH}/run"
+
+    @property
+    def event_socket(self) -> str:
+        return f"{SCRATCH}/qmeventd.sock"
+
+    def call(self, op: str, *, timeout: float = CALL_TIMEOUT, **fields: Any) -> Any:
+        """One request to this node's agent; its result, or :class:`AgentError`."""
+        rid = f"{time.time_ns()}-{secrets.token_hex(3)}"
+        req_dir = self.agent_dir / "req"
+        tmp = req_dir / f".{rid}.tmp"
+        tmp.write_text(json.dumps({"op": op, **fields}))
+        tmp.rename(req_dir / f"{rid}.json")
+        res = self.agent_dir / "res" / f"{rid}.json"
+        deadline = time.monotonic() + timeout
+        while not res.exists():
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AgentError(f"{self.name} powered off during {op}; console:\n"
+                                 + "\n".join(self.tail))
+            if time.monotonic() > deadline:
+                raise AgentError(f"{self.name}: no answer to {op} {fields} within {timeout:g} s")
+            time.sleep(0.02)
+        reply = json.loads(res.read_text())
+        res.unlink()
+        if "error" in reply:
+            raise AgentError(f"{self.name}: {op} failed: {reply['error']}: {reply['message']}\n"
+                             f"{reply.get('traceback', '')}")
+        return reply["result"]
+
+    def run(self, argv: list[str], *, timeout: float = CALL_TIMEOUT,
+            check: bool = True) -> RunResult:
+        """Run a command in the guest; with ``check`` a failure raises with its stderr."""
+        r = RunResult(**self.call("run", argv=argv, cmd_timeout=timeout, timeout=timeout + 30))
+        if check and r.rc != 0:
+            raise AgentError(f"{self.name}: {shlex.join(argv)} exited {r.rc}: {r.stderr.strip()}")
+        return r
+
+    def sh(self, *argv: str, timeout: float = CALL_TIMEOUT) -> str:
+        return self.run(list(argv), timeout=timeout).stdout
+
+    def vm(self, vmid: int, method: str, *args: Any, timeout: float = CALL_TIMEOUT,
+           **kwargs: Any) -> Any:
+        """Call a :class:`tests.harness.qemu.QemuVM` method on the VM kept by the agent."""
+        return self.call("vm", vmid=vmid, method=method, args=list(args), kwargs=kwargs,
+                         timeout=timeout)
+
+    # -- daemons
+
+    def start_daemons(self, cluster: Cluster, *, poll: float = 1.0) -> None:
+        """qmeventd-py and pvestord on this node, with the cluster's queue and lock dirs."""
+        self.logs.mkdir(parents=True, exist_ok=True)
+        pve = cluster.pve
+        self.call("spawn", name="qmeventd", log=str(self.logs / "qmeventd.log"), argv=[
+            str(VENV_BIN / "qmeventd-py"), "--socket", self.event_socket,
+            "--queue", str(pve / "extend-queue"), "--lock-dir", str(cluster.lock_dir),
+            "--no-cleanup", "-f", "-v", "--node-name", self.name])
+        self.call("spawn", name="pvestord", log=str(self.logs / "pvestord.log"), argv=[
+            str(VENV_BIN / "pvestord"), "--queue", str(pve / "extend-queue"), "-v", "run",
+            "--storage-config", str(pve / "storage.cfg"), "--run-dir", self.run_dir,
+            "--lock-dir", str(cluster.lock_dir), "--node", self.name, "--no-journal",
+            "--poll-interval", str(poll)])
+        self.wait_log("pvestord", "pvestord started")
+
+    def stop_daemons(self) -> dict[str, int | None]:
+        return {name: self.call("stop", name=name)["rc"] for name in ("pvestord", "qmeventd")}
+
+    def log_text(self, daemon: str) -> str:
+        path = self.logs / f"{daemon}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def wait_log(self, daemon: str, needle: str, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while needle not in self.log_text(daemon):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.name} {daemon} did not log {needle!r} within "
+                                   f"{timeout:g} s:\n{self.log_text(daemon)[-3000:]}")
+            time.sleep(0.2)
+
+
+@dataclass
+class Cluster:
+    """Both nodes, the SAN and the shared ``pve`` folder."""
+
+    work: Path
+    a: Node
+    b: Node
+    san: Path
+    vg: str = ""
+    boot_seconds: float = 0.0
+
+    @property
+    def nodes(self) -> tuple[Node, Node]:
+        return (self.a, self.b)
+
+    @property
+    def pve(self) -> Path:
+        return self.work / "pve"
+
+    @property
+    def lock_dir(self) -> Path:
+        return self.pve / "priv" / "lock"
+
+    def write_storage_config(self, text: str) -> None:
+        tmp = self.pve / ".storage.cfg.tmp"
+        tmp.write_text(text)
+        tmp.rename(self.pve / "storage.cfg")
+
+
+def _san_device(node: Node) -> str:
+    """The SAN disk inside ``node``: the virtio disk with serial SAN0."""
+    out = node.sh("sh", "-c", "grep -l '^SAN0$' /sys/block/*/serial")
+    return "/dev/" + out.strip().split("/")[3]
+
+
+def _qemu_opts(work: Path, name: str, san: Path) -> str:
+    mac, _ = NODES[name]
+    other = "nodeb" if name == "nodea" else "nodea"
+    # One string: vng joins its options into a shell command line (TWO-NODES.md:
+    # the '=' form, or its parser takes the value for an option).
+    return " ".join([
+        "-blockdev", f"driver=file,filename={san},node-name=san0,cache.direct=on",
+        "-device", "virtio-blk-pci,drive=san0,share-rw=on,serial=SAN0",
+        "-netdev", f"dgram,id=n1,local.type=unix,local.path={work}/{name}.net,"
+                   f"remote.type=unix,remote.path={work}/{other}.net",
+        "-device", f"virtio-net-pci,netdev=n1,mac={mac}"])
+
+
+def _boot(work: Path, node: Node, san: Path, memory: str) -> None:
+    mac, addr = NODES[node.name]
+    (node.dir / "inguest.started").unlink(missing_ok=True)
+    inner = [str(VENV_BIN / "python"), "-m", "tests.harness.inguest", "--out", str(node.dir),
+             "exec", str(VENV_BIN / "python"), "-m", "tests.harness.nodeagent",
+             "--dir", str(node.agent_dir), "--mac", mac, "--addr", f"{addr}/24"]
+    argv = vng_argv(f"cd {shlex.quote(str(REPO))} && " + shlex.join(inner), work,
+                    memory=memory, cpus=1, name=node.name)
+    argv.append("--qemu-opts=" + _qemu_opts(work, node.name, san))
+    env = dict(os.environ, PATH=f"{VENV_BIN}:{os.environ.get('PATH', '')}")
+    log = node.console_log.open("w")
+    node.proc = subprocess.Popen(  # noqa: S603 - argument list
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        env=env, text=True, errors="replace", start_new_session=True)
+
+    def pump() -> None:
+        # Piped, never a file: NODE-GUEST.md (QEMU's file chardevs garble it).
+        assert node.proc is not None and node.proc.stdout is not None
+        for line in node.proc.stdout:
+            log.write(line)
+            log.flush()
+            node.tail.append(line.rstrip("\n"))
+        log.close()
+
+    threading.Thread(target=pump, daemon=True, name=f"console-{node.name}").start()
+
+
+def _kill(node: Node) -> None:
+    if node.proc is not None and node.proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(node.proc.pid, 9)
+        node.proc.wait(timeout=30)
+
+
+def _consoles(cluster: Cluster) -> str:
+    return "\n".join(f"--- {n.name} (full console {n.console_log}):\n" + "\n".join(n.tail)
+                     for n in cluster.nodes)
+
+
+@contextlib.contextmanager
+def cluster_pair(work: Path, *, boot_timeout: float = BOOT_TIMEOUT,
+                 memory: str = "2G") -> Iterator[Cluster]:
+    """Boot both guests, make the shared VG, yield; power both off at the end."""
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    san = work / "san.img"
+    with san.open("wb") as f:
+        f.truncate(SAN_SIZE)
+    cluster = Cluster(work, *(Node(name, NODES[name][1], work / name) for name in NODES),
+                      san=san)
+    for sub in ("pve/priv/lock",):
+        (work / sub).mkdir(parents=True)
+    (cluster.pve / "extend-queue").write_text("")
+    started = time.monotonic()
+    try:
+        for node in cluster.nodes:
+            node.agent_dir.mkdir(parents=True)
+            _boot(work, node, san, memory)
+        for node in cluster.nodes:
+            while not (node.agent_dir / "ready").exists():
+                if node.proc is not None and node.proc.poll() is not None:
+                    raise GuestError(f"{node.name} exited {node.proc.returncode} before its "
+                                     "agent was ready:\n" + _consoles(cluster))
+                if time.monotonic() - started > boot_timeout:
+                    raise GuestError(f"the pair did not boot within {boot_timeout:g} s:\n"
+                                     + _consoles(cluster))
+                time.sleep(0.2)
+        cluster.boot_seconds = time.monotonic() - started
+        _make_vg(cluster)
+        yield cluster
+    finally:
+        for node in cluster.nodes:
+            if node.proc is not None and node.proc.poll() is None:
+                with contextlib.suppress(AgentError):
+                    node.call("quit", timeout=10)
+        deadline = time.monotonic() + SHUTDOWN_TIMEOUT
+        for node in cluster.nodes:
+            if node.proc is not None:
+                try:
+                    node.proc.wait(timeout=max(deadline - time.monotonic(), 1))
+                except subprocess.TimeoutExpired:
+                    _kill(node)
+        san.unlink(missing_ok=True)
+
+
+def _make_vg(cluster: Cluster) -> None:
+    """The shared VG, created on A and found by B (``pvscan --cache``)."""
+    dev_a = _san_device(cluster.a)
+    cluster.vg = "san" + secrets.token_hex(2)
+    cluster.a.sh("pvcreate", "-q", dev_a)
+    cluster.a.sh("vgcreate", "-q", "-s", "4m", cluster.vg, dev_a)
+    cluster.b.sh("pvscan", "--cache")
+    vgs = cluster.b.sh("vgs", "--noheadings", "-o", "vg_name")
+    if cluster.vg not in vgs.split():
+        raise GuestError(f"nodeb does not see VG {cluster.vg} after pvscan: {vgs!r}")
