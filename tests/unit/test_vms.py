@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +19,11 @@ def fake_qemu(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
     pidfile = tmp_path / "101.pid"
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",  # noqa: S603
                              "-pidfile", str(pidfile)])
+    # Between fork and exec the child still shows our own command line.
+    deadline = time.monotonic() + 30
+    while b"-pidfile" not in Path(f"/proc/{proc.pid}/cmdline").read_bytes():
+        assert time.monotonic() < deadline, "stand-in process did not start"
+        time.sleep(0.01)
     pidfile.write_text(f"{proc.pid}\n")
     yield proc
     proc.kill()
