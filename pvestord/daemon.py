@@ -207,6 +207,7 @@ class Daemon:
             self._wake.clear()
             if self._stop.is_set():
                 break
+            self.config.get()  # a stat; an admin's change is read (or its error logged) now
             self._notice_new_vms()
             try:
                 await self._scan_queue()
