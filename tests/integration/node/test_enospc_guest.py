@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -50,7 +51,7 @@ from typing import Any
 
 import pytest
 
-from pvestord.queue import Reason
+from pvestord.queue import Entry, Reason
 from pvestord.sizes import align_up, format_size
 from tests.harness import daemons as daemons_module
 from tests.harness.daemons import Daemon, NodeBed, ThinStorageSpec, start_qmeventd, wait_for
@@ -85,6 +86,8 @@ IO_TIMEOUT = 180.0
 #: A daemon's start-up (Python imports over 9p) with other node guests busy on
 #: the same two cores: 30 s was seen to be too short.
 DAEMON_START_TIMEOUT = 180.0
+#: QEMU's QMP socket under the same load.
+LAUNCH_TIMEOUT = 120.0
 
 
 # -- the guest -----------------------------------------------------------------
@@ -173,7 +176,7 @@ def writer_vm(bed: NodeBed, vg: VG, vmid: int, guest: WriterGuest, *,
     qcow2_create(path, VIRTUAL)
     vm = QemuVM(vmid, bed.run_dir, disks=[Disk(path, "fmt0", "file0")], machine="pc",
                 event_socket=bed.event_socket, log_path=bed.logs / f"qemu-{vmid}.log",
-                extra_args=["-S", *guest.args("fmt0")])
+                extra_args=["-S", *guest.args("fmt0")], launch_timeout=LAUNCH_TIMEOUT)
     return vm, lv
 
 
@@ -221,6 +224,14 @@ def extended_size(paused_allocation: int) -> int:
     return align_up(max(LV_SIZE, paused_allocation) + CHUNKSIZE, EXTENT)
 
 
+def assert_no_second_extension(bed: NodeBed, vm: QemuVM, vg: VG, lv: str, size: int) -> None:
+    """Once the VM runs again, another pass over the drive must leave it alone
+    (it has a chunk of headroom), whatever io-status QEMU still shows."""
+    bed.queue.append([Entry(vm.vmid, "file0", Reason.THRESHOLD, origin=bed.node)])
+    wait_for(lambda: bed.entries() == [], 120, "the extra entry handled")
+    assert vg.lv_size(lv) == size
+
+
 def timestamp(event: dict[str, Any]) -> float:
     ts = event["timestamp"]
     return float(ts["seconds"]) + float(ts["microseconds"]) / 1e6
@@ -258,7 +269,9 @@ def assert_resumed_and_written(vm: QemuVM, guest: WriterGuest, *, prefilled: int
     assert out == guest.success, out
     status = vm.qmp("query-status")
     assert (status["status"], status["running"]) == ("running", True), status
-    assert device(vm, "data0")["io-status"] == "ok"
+    # Not checked: io-status. QEMU 7.2's ``cont`` resets it only on
+    # monitor-owned (-drive) BlockBackends; a -blockdev device such as
+    # qemu-server's keeps "nospace" while the VM runs again.
     # Every guest byte went through the IDE device's BlockBackend.
     assert device_stats(vm, "data0")["wr_bytes"] >= guest.length
     assert vm.read_verify("fmt0", guest.start, guest.length, guest.pattern, timeout=IO_TIMEOUT)
@@ -326,6 +339,7 @@ def test_start_reconcile_resumes_a_vm_paused_on_enospc(
             assert vg.device_size(lv) == expected
             wait_for(lambda: "resumed after it paused on ENOSPC" in pvestord.log_text(), 30,
                      "the resume logged")
+            assert_no_second_extension(bed, vm, vg, lv, expected)
             log = pvestord.log_text()
         assert "VM 901: resumed after it paused on ENOSPC" in log
         assert (f"VM 901 file0: LV {vg.lv_path(lv)} extended 64 MiB -> "
@@ -376,6 +390,7 @@ def test_running_daemons_resume_a_vm_that_outran_them(
                      "the resume logged")
             # Re-armed for the bigger LV, above the guest's write.
             assert vm.named_node("file0")["write_threshold"] == expected - (LV_SIZE - threshold)
+            assert_no_second_extension(bed, vm, vg, lv, expected)
             log = pvestord.log_text()
     assert (f"VM 902 file0: LV {vg.lv_path(lv)} extended 64 MiB -> "
             f"{format_size(expected)} in") in log
@@ -414,5 +429,5 @@ def test_vm_paused_on_enospc_off_thin_storage_is_not_resumed(
             assert "S" not in guest.output()
             assert not [e for e in vm.events() if e.get("event") == "RESUME"]
             log = pvestord.log_text()
-    assert "resumed" not in log
-    assert "extended" not in log
+    assert "resumed after it paused" not in log
+    assert not re.search(r"LV \S+ extended", log)
