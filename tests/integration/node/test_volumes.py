@@ -72,6 +72,17 @@ def measured_maximum(virtual: int, extent: int) -> int:
     return -(-int(json.loads(out)["fully-allocated"]) // extent) * extent
 
 
+def refresh_links(vg: VG, lv: str) -> None:
+    """``lvchange --refresh``, as Proxmox's activate_volume runs before each use.
+
+    Needed after the daemon grew the LV: its lvextend runs with FAST_CONFIG
+    (udev rules off), after which udev removes ``/dev/VG/LV`` in the node
+    guest (QEMU keeps its open descriptor and does not notice). A refresh
+    with udev rules on brings the link back.
+    """
+    sh("lvchange", "--refresh", f"{vg.name}/{lv}")
+
+
 @pytest.fixture
 def big_vg() -> Iterator[VG]:
     """Room for a thick 8 GiB-virtual disk (the backing file is sparse)."""
@@ -165,6 +176,7 @@ def test_created_volume_grows_through_the_daemon(bed: NodeBed, vg: VG) -> None:
         vm.write_pattern("fmt0", 0, 160 * MiB, 0x44, timeout=120)
         wait_for(lambda: vg.lv_size(lv) >= 512 * MiB, EXTEND_TIMEOUT, "LV grown by a chunk")
         assert vm.read_verify("fmt0", 0, 160 * MiB, 0x44, timeout=120)
+    refresh_links(vg, lv)
     assert qcow2_check(vg.lv_path(lv))["exit"] == 0
 
 
@@ -213,6 +225,7 @@ def test_shrink_a_thick_disk_then_grow_it_again(big_vg: VG, tmp_path: Path,
         assert vm.read_verify("fmt0", 2 * GiB, 200 * MiB, 0x55, timeout=120)
         for offset, pattern in REGIONS:
             assert vm.read_verify("fmt0", offset, 100 * MiB, pattern, timeout=120)
+    refresh_links(vg, lv)
     assert qcow2_check(path)["exit"] == 0
 
 
