@@ -20,7 +20,8 @@ from pvestord.service import setup_logging
 
 #: Modules that each define ``register(subparsers)``; a sub-command sets
 #: ``func(args) -> int`` on its parser.
-COMMAND_MODULES = ("pvestord.cli.queue", "pvestord.cli.engine", "pvestord.cli.volume")
+COMMAND_MODULES = ("pvestord.cli.queue", "pvestord.cli.engine", "pvestord.cli.volume",
+                   "pvestord.cli.migration")
 
 Handler = Callable[[argparse.Namespace], int]
 

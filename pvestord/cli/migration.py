@@ -1,0 +1,51 @@
+"""``pvestord migration begin|end VMID --role incoming|outgoing``: the live-migration hint.
+
+What a storage hook (the ``live-migration`` hint proposed for Proxmox's
+storage API) calls around a live migration; see :mod:`pvestord.migration`.
+Correctness does not depend on it: without it the daemons defer and refresh
+on their own, possibly with a pause.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+
+from pvestord import migration
+from pvestord.cli.engine import _node_options, _settings
+from pvestord.config import load_storage_config
+from pvestord.sizes import format_size
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    mig = sub.add_parser(
+        "migration", help="live-migration hint: begin/end of a VM's migration on this node",
+        description="Tell pvestord a live migration of a VM starts or ends on this node. "
+        "outgoing begin: stop extending the VM's thin LVs here and give each one more chunk "
+        "first; incoming begin: refresh every thin LV of the VM that another node grew. "
+        "Call outgoing begin on the source before incoming begin on the destination.")
+    msub = mig.add_subparsers(dest="phase", metavar="PHASE", required=True)
+    for phase in ("begin", "end"):
+        p = msub.add_parser(phase, help=f"the migration {phase}s")
+        p.add_argument("vmid", type=int, help="the VM's id")
+        p.add_argument("--role", required=True, choices=[r.value for r in migration.Role],
+                       help="this node's side of the migration")
+        p.add_argument("--json", action="store_true", help="JSON for scripts")
+        _node_options(p)
+        p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    config = load_storage_config(settings.storage_config)
+    role = migration.Role(args.role)
+    step = migration.begin if args.phase == "begin" else migration.end
+    actions = asyncio.run(step(settings, config, args.vmid, role))
+    if args.json:
+        print(json.dumps([dataclasses.asdict(a) for a in actions]))
+    else:
+        for a in actions:
+            print(f"{a.vg}/{a.lv}: {a.action} {format_size(a.old)} -> {format_size(a.new)}")
+    return 0

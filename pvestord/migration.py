@@ -1,0 +1,165 @@
+"""Live migration of a VM with thin drives: the rules of DESIGN.md, "Live migration".
+
+During a live migration the VM's LVs are active on two nodes, and an LV grown
+on one is seen by the other only after ``lvchange --refresh`` there. A
+destination QEMU reads past a stale device end as zeros, with no error, and
+it takes the device's size when its block nodes are activated at the
+switchover: a refresh after that comes too late. So:
+
+* **defer on the source**: while the VM migrates, its source node does not
+  extend its drives (a pass sees the migration in ``query-migrate``, or the
+  mark left by :func:`begin` with role ``outgoing``, and leaves the VM alone;
+  a guest that fills its LV meanwhile pauses on ENOSPC, and the destination
+  extends and resumes it);
+* **pre-extend before**: ``begin --role outgoing`` gives every thin drive of
+  the VM one more chunk first, so that a guest writing during the migration
+  rarely needs the deferred extension;
+* **refresh on the destination**: ``begin --role incoming`` refreshes every
+  thin LV of the VM whose device-mapper table is smaller than the metadata,
+  under the storage lock (so an extension in flight on another node finishes
+  first); the daemon does the same for an incoming VM it finds in state
+  ``inmigrate``;
+* **arm on the destination** once the VM runs there: the daemon's reconcile.
+
+The mark is a file beside the VM's pidfile, ``<run_dir>/<vmid>.migrating``
+(node-local, like the QEMU it describes), and holds its role and the time.
+Order for a hook (the proposed ``live-migration`` storage hint): ``begin
+outgoing`` on the source, then ``begin incoming`` on the destination, then
+the migration, then ``end`` on both. Without the hint the daemons still
+defer and refresh, but the destination's refresh races the switchover.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+from pvestord import lvm
+from pvestord.config import DaemonSettings, StorageConfig, ThinStorage
+from pvestord.errors import PvestordError
+from pvestord.locks import storage_lock
+from pvestord.sizes import format_size
+
+log = logging.getLogger(__name__)
+
+#: As the extender's: ``cfs_lock``'s acquire budget.
+STORAGE_LOCK_TIMEOUT = 10.0
+#: A mark older than this is left over from a migration that never ended
+#: (a crashed hook): it no longer defers anything. Proxmox's own migrations
+#: have no such limit, so it is generous.
+MARK_EXPIRY = 3600.0
+
+
+class Role(Enum):
+    INCOMING = "incoming"
+    OUTGOING = "outgoing"
+
+
+class MigrationError(PvestordError):
+    """A migration hint could not be carried out."""
+
+
+def mark_path(run_dir: Path, vmid: int) -> Path:
+    return run_dir / f"{vmid}.migrating"
+
+
+def outgoing_marked(run_dir: Path, vmid: int, now: float | None = None) -> bool:
+    """Whether ``begin --role outgoing`` was called for ``vmid`` and not ended."""
+    try:
+        st = mark_path(run_dir, vmid).stat()
+    except FileNotFoundError:
+        return False
+    return ((time.time() if now is None else now) - st.st_mtime) < MARK_EXPIRY
+
+
+@dataclass(frozen=True)
+class LvAction:
+    vg: str
+    lv: str
+    old: int
+    new: int
+    action: str  # "refreshed", "extended", "unchanged"
+
+
+def vm_lvs(config: StorageConfig, rows: dict[str, list[lvm.LvRow]],
+           vmid: int) -> list[tuple[ThinStorage, lvm.LvRow]]:
+    """The thin LVs of ``vmid``, named as Proxmox names them (``vm-<vmid>-...``)."""
+    prefix = f"vm-{vmid}-"
+    found = []
+    for storage in config.thin_storages.values():
+        for row in rows.get(storage.vgname, []):
+            if row.lv.startswith(prefix) and row.active:
+                found.append((storage, row))
+    return found
+
+
+async def _thin_lvs(settings: DaemonSettings, config: StorageConfig,
+                    vmid: int) -> list[tuple[ThinStorage, lvm.LvRow]]:
+    rows: dict[str, list[lvm.LvRow]] = {}
+    for storage in config.thin_storages.values():
+        if storage.vgname not in rows:
+            rows[storage.vgname] = await lvm.list_lvs(storage.vgname)
+    return vm_lvs(config, rows, vmid)
+
+
+async def catch_up(vg: str, lv: str) -> LvAction:
+    """Refresh ``vg/lv`` if this node's table is smaller than the metadata.
+
+    The caller holds the storage lock: an extension in flight elsewhere has
+    finished, so the metadata read here is the last word.
+    """
+    info = await lvm.lv_info(vg, lv)
+    device = lvm.device_size(vg, lv)
+    if device < info.size:
+        await lvm.refresh(vg, lv)
+        return LvAction(vg, lv, device, info.size, "refreshed")
+    return LvAction(vg, lv, device, device, "unchanged")
+
+
+async def begin(settings: DaemonSettings, config: StorageConfig, vmid: int,
+                role: Role) -> list[LvAction]:
+    """The start of a live migration of ``vmid``, on this node in ``role``."""
+    if role is Role.OUTGOING:
+        # The mark first, then the lock: a pass that extends holds the lock
+        # and re-checks the mark under it, so once we hold the lock no
+        # extension of this VM's drives can start here until :func:`end`.
+        path = mark_path(settings.run_dir, vmid)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(f"{role.value} {time.time():.3f}\n")
+        tmp.rename(path)
+    actions = []
+    for storage, row in await _thin_lvs(settings, config, vmid):
+        lock = storage_lock(storage.storeid, shared=storage.shared, lock_dir=settings.lock_dir)
+        async with lock.acquire_async(STORAGE_LOCK_TIMEOUT):
+            if role is Role.INCOMING:
+                actions.append(await catch_up(row.vg, row.lv))
+                continue
+            info = await lvm.lv_info(row.vg, row.lv)
+            target = -(-(info.size + storage.chunksize) // info.extent_size) * info.extent_size
+            await lvm.extend(row.vg, row.lv, target)
+            actions.append(LvAction(row.vg, row.lv, info.size, target, "extended"))
+    for a in actions:
+        log.info("VM %d migration begin (%s): %s/%s %s %s -> %s", vmid, role.value, a.vg,
+                 a.lv, a.action, format_size(a.old), format_size(a.new))
+    return actions
+
+
+async def end(settings: DaemonSettings, config: StorageConfig, vmid: int,
+              role: Role) -> list[LvAction]:
+    """The end of a live migration: the source stops deferring; the destination
+    refreshes once more (a pre-extension made after its ``begin``)."""
+    if role is Role.OUTGOING:
+        with contextlib.suppress(FileNotFoundError):
+            mark_path(settings.run_dir, vmid).unlink()
+        return []
+    actions = []
+    for storage, row in await _thin_lvs(settings, config, vmid):
+        lock = storage_lock(storage.storeid, shared=storage.shared, lock_dir=settings.lock_dir)
+        async with lock.acquire_async(STORAGE_LOCK_TIMEOUT):
+            actions.append(await catch_up(row.vg, row.lv))
+    return actions
