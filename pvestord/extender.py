@@ -35,7 +35,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 
-from pvestord import lvm, policy, qemu_img
+from pvestord import lvm, migration, policy, qemu_img
 from pvestord.config import DaemonSettings, StorageConfig, ThinStorage
 from pvestord.errors import PvestordError
 from pvestord.locks import Lock, storage_lock
@@ -52,6 +52,11 @@ log = logging.getLogger(__name__)
 MAX_ROUNDS = 4
 #: Budget for waiting on the storage lock: as ``cfs_lock``.
 STORAGE_LOCK_TIMEOUT = 10.0
+#: ``query-migrate`` statuses of a migration in flight (``completed`` leaves
+#: the source in run state ``postmigrate``, already one of MIGRATION_STATES).
+MIGRATING = frozenset({"setup", "active", "postcopy-active", "postcopy-paused",
+                       "postcopy-recover", "pre-switchover", "device", "wait-unplug",
+                       "cancelling"})
 
 
 @dataclass(frozen=True)
@@ -229,8 +234,15 @@ class Extender:
         """Observe, decide, act once. True when another round is needed."""
         async with VmMonitor(vm.qmp_socket, f"VM {vm.vmid}") as monitor:
             run = await monitor.run_state()
+            if run.status == "inmigrate":
+                # The destination of a live migration: its QEMU takes the
+                # devices' sizes at the switchover, so catch up now with
+                # whatever the source grew (DESIGN.md, Live migration).
+                await self._catch_up_incoming(vm, monitor)
             if run.status in MIGRATION_STATES:
                 raise VmBusyError(f"VM {vm.vmid} is in state {run.status}: later")
+            if await self._migrating_away(vm, monitor):
+                raise VmBusyError(f"VM {vm.vmid} is migrating away: extensions deferred")
             drives = await self._drives(monitor, outcome, fresh=requests is None)
             thin_nodes = {name for d in drives for name in (d.view.file_node, d.view.format_node)}
             planned: list[tuple[Drive, Decision, DriveState]] = []
@@ -285,6 +297,11 @@ class Extender:
         try:
             async with self._vg_gate(drive.vg), \
                     self._storage_lock(drive.storage).acquire_async(STORAGE_LOCK_TIMEOUT):
+                # Under the lock, so that a migration's begin (which takes
+                # this lock after marking the VM) is a barrier for us.
+                if await self._migrating_away(vm):
+                    raise VmBusyError(f"VM {vm.vmid} started migrating away: extension of "
+                                      f"{node} deferred")
                 info = await lvm.lv_info(drive.vg, drive.lv)
                 self._remember(info)
                 if info.size > lvm.device_size(drive.vg, drive.lv):
@@ -321,6 +338,32 @@ class Extender:
                      OLD_SIZE=info.size, NEW_SIZE=decision.target, DURATION_MS=elapsed_ms,
                      REASON=state.reason.value))
         return True
+
+    async def _migrating_away(self, vm: LocalVm, monitor: VmMonitor | None = None) -> bool:
+        """Whether ``vm`` is the source of a live migration now: its LVs must not
+        grow here until it ends (the destination could miss the new size)."""
+        if migration.outgoing_marked(self.settings.run_dir, vm.vmid):
+            return True
+        if monitor is None:
+            async with VmMonitor(vm.qmp_socket, f"VM {vm.vmid}") as fresh:
+                status = await fresh.execute("query-migrate")
+        else:
+            status = await monitor.execute("query-migrate")
+        return isinstance(status, dict) and status.get("status") in MIGRATING
+
+    async def _catch_up_incoming(self, vm: LocalVm, monitor: VmMonitor) -> None:
+        """Refresh every thin LV of an incoming VM that another node grew."""
+        for drive in await self._drives(monitor, fresh=True):
+            if drive.storage is None:
+                continue
+            async with self._vg_gate(drive.vg), \
+                    self._storage_lock(drive.storage).acquire_async(STORAGE_LOCK_TIMEOUT):
+                done = await migration.catch_up(drive.vg, drive.lv)
+            if done.action == "refreshed":
+                log.info("VM %d %s: incoming migration: LV %s refreshed %s -> %s", vm.vmid,
+                         drive.view.file_node, drive.view.path, format_size(done.old),
+                         format_size(done.new), extra=fields(
+                             VMID=vm.vmid, NODE_NAME=drive.view.file_node, LV=drive.view.path))
 
     async def _settle(self, vm: LocalVm, outcome: VmOutcome, extended: bool) -> bool:
         """Re-arm every drive and resume a VM paused on ENOSPC that has room again."""
