@@ -31,16 +31,20 @@ REPORT_TIMEOUT = 30.0
 #: holder must give back well inside 60 s (pmxcfs expires locks at 120 s).
 CHANGE_TIMEOUT = 40.0
 
-#: Settings that are safe for reading and growing a linear LV and save most of
-#: a command's start-up (NODE-GUEST.md: median 0.85 s -> 0.74 s per lvextend):
-#: - no udev synchronisation or rules: a resize creates no device node, so
-#:   there is nothing for udev to do that LVM must wait for;
+#: Settings that are safe for the linear LVs we read, create and resize, and
+#: skip work those commands do not need:
 #: - scan /dev directly instead of asking udev for the device list;
 #: - no dmeventd monitoring and no lvmpolld: both serve mirror, snapshot, thin
-#:   pool and pvmove LVs, never a linear LV being grown.
-#: ``--nolocking`` gained nothing and would drop LVM's own local lock: not used.
+#:   pool and pvmove LVs, never a linear LV.
+#: Not used, although NODE-GUEST.md measured them faster:
+#: - ``udev_rules = 0`` / ``udev_sync = 0``: where udev runs (every Proxmox
+#:   node), the table reload of a resize sends udev a change event flagged
+#:   "rules disabled", and udev then drops ``/dev/VG/LV``: seen in the node
+#:   guest after an ``lvextend`` and an ``lvreduce``. QEMU keeps its open
+#:   descriptor, but the next ``qm start`` or backup finds no device.
+#: - ``--nolocking``: gained nothing and would drop LVM's own local lock.
 FAST_CONFIG = (
-    "activation { udev_sync = 0 udev_rules = 0 monitoring = 0 } "
+    "activation { monitoring = 0 } "
     "devices { obtain_device_list_from_udev = 0 } "
     "global { use_lvmpolld = 0 }"
 )
@@ -205,10 +209,9 @@ def _report_rows(stdout: str, kind: str) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------------------
 # Volume life cycle: listing, creating, activating and reducing LVs.
 #
-# Added for ``pvestord volume`` (pvestord/volumes.py); the functions above are
-# the daemon's and are unchanged. Creation and (de)activation run *without*
-# FAST_CONFIG: they create or remove device nodes, which is exactly the work
-# udev synchronisation exists for; so does a reduce (see :func:`reduce`).
+# Added for ``pvestord volume`` (pvestord/volumes.py). They use the same
+# FAST_CONFIG as the daemon's commands: it leaves udev synchronisation on,
+# which creating, activating and resizing LVs need.
 
 
 @dataclass(frozen=True)
@@ -230,10 +233,6 @@ class LvRow:
     open: bool
     #: ``lv_attr`` first character: ``-`` linear, ``m``/``r``... (Proxmox lists ``-mMrR``).
     type_char: str
-
-
-def _plain_argv(command: str, *args: str) -> list[str]:
-    return [binary("lvm"), command, *args]
 
 
 async def vg_info(vg: str) -> VgInfo:
@@ -283,7 +282,7 @@ async def create(vg: str, lv: str, size: int, tags: tuple[str, ...] = ()) -> Non
     """
     check_name("VG", vg)
     check_name("LV", lv)
-    argv = _plain_argv("lvcreate", "-q", "-aly", "-Wy", "--yes", "--size", f"{size}b",
+    argv = _argv("lvcreate", "-q", "-aly", "-Wy", "--yes", "--size", f"{size}b",
                        "--name", lv, "--setautoactivation", "n")
     for tag in tags:
         argv += ["--addtag", tag]
@@ -298,7 +297,7 @@ async def remove(vg: str, lv: str) -> None:
     """``lvremove -f``: only for an LV this process has just created."""
     check_name("VG", vg)
     check_name("LV", lv)
-    argv = _plain_argv("lvremove", "-q", "-f", f"{vg}/{lv}")
+    argv = _argv("lvremove", "-q", "-f", f"{vg}/{lv}")
     try:
         await run_async(argv, timeout=CHANGE_TIMEOUT)
     except CommandError as err:
@@ -309,7 +308,7 @@ async def activate(vg: str, lv: str) -> None:
     """``lvchange -aey``, as Proxmox's ``activate_volume``."""
     check_name("VG", vg)
     check_name("LV", lv)
-    argv = _plain_argv("lvchange", "-q", "-aey", f"{vg}/{lv}")
+    argv = _argv("lvchange", "-q", "-aey", f"{vg}/{lv}")
     try:
         await run_async(argv, timeout=CHANGE_TIMEOUT)
     except CommandError as err:
@@ -320,7 +319,7 @@ async def deactivate(vg: str, lv: str) -> None:
     """``lvchange -aln``, as Proxmox's ``deactivate_volume``."""
     check_name("VG", vg)
     check_name("LV", lv)
-    argv = _plain_argv("lvchange", "-q", "-aln", f"{vg}/{lv}")
+    argv = _argv("lvchange", "-q", "-aln", f"{vg}/{lv}")
     try:
         await run_async(argv, timeout=CHANGE_TIMEOUT)
     except CommandError as err:
@@ -333,14 +332,10 @@ async def reduce(vg: str, lv: str, size: int) -> None:
     ``-f`` because lvreduce otherwise asks for confirmation (it cannot know
     what lies past the new end; the caller proved nothing does). Callers
     hold the storage lock, as for :func:`extend`.
-
-    Not FAST_CONFIG: where udev runs, a resize with ``udev_rules = 0`` makes
-    udev drop ``/dev/VG/LV`` on the change event that follows (seen in the
-    node guest: the check after the reduce found no such file).
     """
     check_name("VG", vg)
     check_name("LV", lv)
-    argv = _plain_argv("lvreduce", "-q", "-f", "--size", f"{size}b", f"{vg}/{lv}")
+    argv = _argv("lvreduce", "-q", "-f", "--size", f"{size}b", f"{vg}/{lv}")
     try:
         await run_async(argv, timeout=CHANGE_TIMEOUT)
     except CommandError as err:

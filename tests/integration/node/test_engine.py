@@ -89,6 +89,8 @@ def test_thin_disk_grows_chunk_by_chunk_under_a_writer(bed: NodeBed, vg: VG) -> 
             assert vm.read_verify("fmt0", offset, 128 * MiB, 0x5A), offset
         steps = lv_sizes_logged(pvestord.log_text())
         assert len(steps) >= 4
+        # The node's device link survives the extensions (udev did not drop it).
+        assert Path(vg.lv_path(lv)).is_block_device()
     assert qcow2_check(vg.lv_path(lv))["exit"] == 0
 
 
