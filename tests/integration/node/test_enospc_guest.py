@@ -335,6 +335,11 @@ def test_start_reconcile_resumes_a_vm_paused_on_enospc(
         started = time.time()
         with daemons(bed, monkeypatch) as (_, pvestord):
             resume = assert_resumed_and_written(vm, guest, prefilled=PREFILL)
+            record(out_dir, "start_reconcile", {
+                "room_before_pause_mib": room / MiB,
+                "stop_to_resume_s": timestamp(resume) - timestamp(stop),
+                "daemons_start_to_resume_s": timestamp(resume) - started,
+            })
             assert vg.lv_size(lv) == expected
             assert vg.device_size(lv) == expected
             wait_for(lambda: "resumed after it paused on ENOSPC" in pvestord.log_text(), 30,
@@ -347,11 +352,6 @@ def test_start_reconcile_resumes_a_vm_paused_on_enospc(
         assert log.count(" extended ") == 1
         assert log.count("resumed after it paused") == 1
     assert qcow2_check(vg.lv_path(lv))["exit"] == 0
-    record(out_dir, "start_reconcile", {
-        "room_before_pause_mib": room / MiB,
-        "stop_to_resume_s": timestamp(resume) - timestamp(stop),
-        "daemons_start_to_resume_s": timestamp(resume) - started,
-    })
 
 
 def test_running_daemons_resume_a_vm_that_outran_them(
@@ -384,6 +384,11 @@ def test_running_daemons_resume_a_vm_that_outran_them(
                 released = time.time()
                 pvestord.proc.send_signal(signal.SIGCONT)
             resume = assert_resumed_and_written(vm, guest, prefilled=PREFILL)
+            record(out_dir, "running_daemons", {
+                "room_before_pause_mib": room / MiB,
+                "stop_to_resume_s": timestamp(resume) - timestamp(stop),
+                "sigcont_to_resume_s": timestamp(resume) - released,
+            })
             assert vg.lv_size(lv) == expected
             wait_for(lambda: bed.entries() == [], 60, "queue drained")
             wait_for(lambda: "resumed after it paused on ENOSPC" in pvestord.log_text(), 30,
@@ -397,11 +402,6 @@ def test_running_daemons_resume_a_vm_that_outran_them(
     assert log.count(" extended ") == 1
     assert log.count("resumed after it paused") == 1
     assert qcow2_check(vg.lv_path(lv))["exit"] == 0
-    record(out_dir, "running_daemons", {
-        "room_before_pause_mib": room / MiB,
-        "stop_to_resume_s": timestamp(resume) - timestamp(stop),
-        "sigcont_to_resume_s": timestamp(resume) - released,
-    })
 
 
 def test_vm_paused_on_enospc_off_thin_storage_is_not_resumed(
