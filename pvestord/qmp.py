@@ -88,8 +88,13 @@ class RunState:
     failed_devices: tuple[str, ...]
 
     def nospace_on(self, path: str) -> bool:
-        """Whether a device paused on ENOSPC sits on ``path`` (its filename names the LV)."""
-        return any(path in label for label in self.nospace_devices)
+        """Whether the VM is paused on ENOSPC on a device that sits on ``path``.
+
+        Only while it is paused: QEMU 7.2 keeps a ``-blockdev`` device's
+        io-status at ``nospace`` after ``cont``, so a running VM would look
+        paused forever (and be extended on every pass).
+        """
+        return self.paused_on_nospace and any(path in label for label in self.nospace_devices)
 
     @property
     def paused_on_nospace(self) -> bool:

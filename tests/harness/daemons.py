@@ -22,7 +22,9 @@ from pathlib import Path
 from pvestord.queue import Entry, ExtendQueue
 
 VENV_BIN = Path(sys.executable).parent
-START_TIMEOUT = 30.0
+#: Python start-up plus the first config read; generous because a loaded
+#: 2-core machine running several emulated guests needed over 30 s.
+START_TIMEOUT = 180.0
 STOP_TIMEOUT = 60.0
 
 
@@ -114,8 +116,8 @@ class Daemon:
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def wait_log(self, needle: str, timeout: float = START_TIMEOUT) -> None:
-        deadline = time.monotonic() + timeout
+    def wait_log(self, needle: str, timeout: float | None = None) -> None:
+        deadline = time.monotonic() + (START_TIMEOUT if timeout is None else timeout)
         while needle not in self.log_text():
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.name} exited {self.proc.returncode} before logging "
