@@ -7,7 +7,6 @@ while one does.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import struct
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.daemons import VENV_BIN, Daemon, NodeBed, ThinStorageSpec, wait_for
+from tests.harness.daemons import VENV_BIN, NodeBed, ThinStorageSpec, daemons, wait_for
 from tests.harness.lvmbed import VG, GiB, MiB, loop_vg, qcow2_check, qcow2_create, sh
 from tests.harness.qemu import Disk, QemuVM
 
@@ -72,17 +71,6 @@ def measured_maximum(virtual: int, extent: int) -> int:
     return -(-int(json.loads(out)["fully-allocated"]) // extent) * extent
 
 
-def refresh_links(vg: VG, lv: str) -> None:
-    """``lvchange --refresh``, as Proxmox's activate_volume runs before each use.
-
-    Needed after the daemon grew the LV: its lvextend runs with FAST_CONFIG
-    (udev rules off), after which udev removes ``/dev/VG/LV`` in the node
-    guest (QEMU keeps its open descriptor and does not notice). A refresh
-    with udev rules on brings the link back.
-    """
-    sh("lvchange", "--refresh", f"{vg.name}/{lv}")
-
-
 @pytest.fixture
 def big_vg() -> Iterator[VG]:
     """Room for a thick 8 GiB-virtual disk (the backing file is sparse)."""
@@ -107,24 +95,6 @@ def vm_on(bed: NodeBed, vmid: int, path: str) -> QemuVM:
     return QemuVM(vmid, bed.run_dir, disks=[Disk(path, "fmt0", "file0")],
                   event_socket=bed.event_socket, log_path=bed.logs / f"qemu-{vmid}.log",
                   launch_timeout=START_TIMEOUT)
-
-
-@contextlib.contextmanager
-def daemons(bed: NodeBed) -> Iterator[Daemon]:
-    """Both daemons, as tests.harness.daemons.daemons, with START_TIMEOUT to start."""
-    qmeventd = Daemon("qmeventd-py", bed.qmeventd_argv(), bed.logs / "qmeventd.log")
-    try:
-        wait_for(lambda: bed.event_socket.exists() or qmeventd.proc.poll() is not None,
-                 START_TIMEOUT, "qmeventd-py listening")
-        assert qmeventd.proc.poll() is None, qmeventd.log_text()[-4000:]
-        pvestord = Daemon("pvestord", bed.pvestord_argv(), bed.logs / "pvestord.log")
-        try:
-            pvestord.wait_log("pvestord started", START_TIMEOUT)
-            yield pvestord
-        finally:
-            assert pvestord.stop() == 0, pvestord.log_text()[-4000:]
-    finally:
-        assert qmeventd.stop() == 0, qmeventd.log_text()[-4000:]
 
 
 # --- create -------------------------------------------------------------------------------
@@ -176,7 +146,7 @@ def test_created_volume_grows_through_the_daemon(bed: NodeBed, vg: VG) -> None:
         vm.write_pattern("fmt0", 0, 160 * MiB, 0x44, timeout=120)
         wait_for(lambda: vg.lv_size(lv) >= 512 * MiB, EXTEND_TIMEOUT, "LV grown by a chunk")
         assert vm.read_verify("fmt0", 0, 160 * MiB, 0x44, timeout=120)
-    refresh_links(vg, lv)
+    # No lvchange --refresh: the daemon's lvextend must leave /dev/VG/LV in place.
     assert qcow2_check(vg.lv_path(lv))["exit"] == 0
 
 
@@ -225,7 +195,7 @@ def test_shrink_a_thick_disk_then_grow_it_again(big_vg: VG, tmp_path: Path,
         assert vm.read_verify("fmt0", 2 * GiB, 200 * MiB, 0x55, timeout=120)
         for offset, pattern in REGIONS:
             assert vm.read_verify("fmt0", offset, 100 * MiB, pattern, timeout=120)
-    refresh_links(vg, lv)
+    # No lvchange --refresh: the daemon's lvextend must leave /dev/VG/LV in place.
     assert qcow2_check(path)["exit"] == 0
 
 
