@@ -22,7 +22,7 @@ import pytest
 
 from pvestord.queue import Entry, Reason
 from tests.harness.daemons import NodeBed, ThinStorageSpec, daemons, start_pvestord, wait_for
-from tests.harness.lvmbed import GiB, MiB, VG, loop_vg, qcow2_check, qcow2_create, sh
+from tests.harness.lvmbed import VG, GiB, MiB, loop_vg, qcow2_check, qcow2_create, sh
 from tests.harness.qemu import Disk, QemuVM
 
 WRITE = 4 * MiB
@@ -212,12 +212,12 @@ def test_manual_extend_and_drives_commands(bed: NodeBed, vg: VG) -> None:
     common = ["--storage-config", str(bed.storage_cfg), "--run-dir", str(bed.run_dir)]
     with thin_vm(bed, vg, 701) as vm:
         vm.write_pattern("fmt0", 0, 32 * MiB, 0x0A)
-        out = subprocess.run(
+        out = subprocess.run(  # noqa: S603 - argument list
             ["pvestord", "--queue", str(bed.queue_path), "extend", "701", "file0", *common],
             capture_output=True, text=True, timeout=120, check=True).stdout
         assert "extended" in out
         assert vg.lv_size(lv) == 512 * MiB
-        report = json.loads(subprocess.run(
+        report = json.loads(subprocess.run(  # noqa: S603
             ["pvestord", "--queue", str(bed.queue_path), "drives", "--json", *common],
             capture_output=True, text=True, timeout=120, check=True).stdout)
         assert len(report) == 1
@@ -227,7 +227,7 @@ def test_manual_extend_and_drives_commands(bed: NodeBed, vg: VG) -> None:
                     701, "file0", 512 * MiB, 384 * MiB, "thin1", "armed")
         assert row["allocation"] >= 32 * MiB
         assert row["maximum"] == measured_maximum(8 * GiB, vg.extent_size())
-        bad = subprocess.run(
+        bad = subprocess.run(  # noqa: S603
             ["pvestord", "--queue", str(bed.queue_path), "extend", "701", "nosuch", *common],
             capture_output=True, text=True, timeout=120)
         assert bad.returncode == 1

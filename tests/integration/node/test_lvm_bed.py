@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.harness.lvmbed import MiB, VG
+from tests.harness.lvmbed import VG, MiB
 
 
 def test_lv_grows_and_device_mapper_follows(vg: VG) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.harness.lvmbed import MiB, VG, qcow2_check, qcow2_create, sh
+from tests.harness.lvmbed import VG, MiB, qcow2_check, qcow2_create, sh
 from tests.harness.qemu import Disk, QemuVM
 
 VMID = 4242
