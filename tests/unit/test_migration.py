@@ -55,7 +55,7 @@ def test_outgoing_mark_defers_until_removed_or_expired(tmp_path: Path) -> None:
 
 def test_cli_rejects_a_bad_role() -> None:
     pvestord = Path(sys.executable).parent / "pvestord"
-    proc = subprocess.run(
+    proc = subprocess.run(  # noqa: S603 - argument list
         [str(pvestord), "migration", "begin", "5", "--role", "sideways"],
         capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 2
