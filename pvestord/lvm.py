@@ -150,22 +150,31 @@ async def lv_info(vg: str, lv: str) -> LvInfo:
     )
 
 
+async def _change(vg: str, lv: str, what: str, command: str, *args: str,
+                  done_if: str | None = None) -> None:
+    """Run one metadata-changing ``command`` on ``vg/lv``; map its failure to a typed error.
+
+    ``done_if``: a message that means a retried command already had its effect
+    (an absolute size the LV already has), which is success.
+    """
+    check_name("VG", vg)
+    check_name("LV", lv)
+    try:
+        await run_async(_argv(command, "-q", *args, f"{vg}/{lv}"), timeout=CHANGE_TIMEOUT)
+    except CommandError as err:
+        if done_if is not None and done_if in err.stderr:
+            return
+        raise _classify(err, what) from err
+
+
 async def extend(vg: str, lv: str, size: int) -> None:
     """Grow ``vg/lv`` to exactly ``size`` bytes (extent-aligned by the caller).
 
     Callers hold the storage lock: LVM's own lock is per node, and two nodes
     writing one VG's metadata at once lose an extension (TWO-NODES.md).
     """
-    check_name("VG", vg)
-    check_name("LV", lv)
-    argv = _argv("lvextend", "-q", "--size", f"{size}b", f"{vg}/{lv}")
-    try:
-        await run_async(argv, timeout=CHANGE_TIMEOUT)
-    except CommandError as err:
-        if "matches existing size" in err.stderr:
-            # A retried extension already happened: the same outcome we wanted.
-            return
-        raise _classify(err, f"extending LV {vg}/{lv} to {size} bytes") from err
+    await _change(vg, lv, f"extending LV {vg}/{lv} to {size} bytes", "lvextend",
+                  "--size", f"{size}b", done_if="matches existing size")
 
 
 def device_size(vg: str, lv: str) -> int:
@@ -188,13 +197,7 @@ def device_size(vg: str, lv: str) -> int:
 
 async def refresh(vg: str, lv: str) -> None:
     """Reload ``vg/lv``'s device-mapper table from the metadata (another node grew it)."""
-    check_name("VG", vg)
-    check_name("LV", lv)
-    argv = _argv("lvchange", "-q", "--refresh", f"{vg}/{lv}")
-    try:
-        await run_async(argv, timeout=CHANGE_TIMEOUT)
-    except CommandError as err:
-        raise _classify(err, f"refreshing LV {vg}/{lv}") from err
+    await _change(vg, lv, f"refreshing LV {vg}/{lv}", "lvchange", "--refresh")
 
 
 def _report_rows(stdout: str, kind: str) -> list[dict[str, Any]]:
@@ -295,35 +298,17 @@ async def create(vg: str, lv: str, size: int, tags: tuple[str, ...] = ()) -> Non
 
 async def remove(vg: str, lv: str) -> None:
     """``lvremove -f``: only for an LV this process has just created."""
-    check_name("VG", vg)
-    check_name("LV", lv)
-    argv = _argv("lvremove", "-q", "-f", f"{vg}/{lv}")
-    try:
-        await run_async(argv, timeout=CHANGE_TIMEOUT)
-    except CommandError as err:
-        raise _classify(err, f"removing LV {vg}/{lv}") from err
+    await _change(vg, lv, f"removing LV {vg}/{lv}", "lvremove", "-f")
 
 
 async def activate(vg: str, lv: str) -> None:
     """``lvchange -aey``, as Proxmox's ``activate_volume``."""
-    check_name("VG", vg)
-    check_name("LV", lv)
-    argv = _argv("lvchange", "-q", "-aey", f"{vg}/{lv}")
-    try:
-        await run_async(argv, timeout=CHANGE_TIMEOUT)
-    except CommandError as err:
-        raise _classify(err, f"activating LV {vg}/{lv}") from err
+    await _change(vg, lv, f"activating LV {vg}/{lv}", "lvchange", "-aey")
 
 
 async def deactivate(vg: str, lv: str) -> None:
     """``lvchange -aln``, as Proxmox's ``deactivate_volume``."""
-    check_name("VG", vg)
-    check_name("LV", lv)
-    argv = _argv("lvchange", "-q", "-aln", f"{vg}/{lv}")
-    try:
-        await run_async(argv, timeout=CHANGE_TIMEOUT)
-    except CommandError as err:
-        raise _classify(err, f"deactivating LV {vg}/{lv}") from err
+    await _change(vg, lv, f"deactivating LV {vg}/{lv}", "lvchange", "-aln")
 
 
 async def reduce(vg: str, lv: str, size: int) -> None:
@@ -333,12 +318,5 @@ async def reduce(vg: str, lv: str, size: int) -> None:
     what lies past the new end; the caller proved nothing does). Callers
     hold the storage lock, as for :func:`extend`.
     """
-    check_name("VG", vg)
-    check_name("LV", lv)
-    argv = _argv("lvreduce", "-q", "-f", "--size", f"{size}b", f"{vg}/{lv}")
-    try:
-        await run_async(argv, timeout=CHANGE_TIMEOUT)
-    except CommandError as err:
-        if "matches existing size" in err.stderr:
-            return
-        raise _classify(err, f"reducing LV {vg}/{lv} to {size} bytes") from err
+    await _change(vg, lv, f"reducing LV {vg}/{lv} to {size} bytes", "lvreduce", "-f",
+                  "--size", f"{size}b", done_if="matches existing size")
