@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pvestord.lvm import FAST_CONFIG
 from tests.harness.nodeguest import VENV_BIN, GuestError, vng_argv
 
 REPO = Path(__file__).resolve().parents[2]
@@ -67,7 +68,7 @@ class RunResult:
     duration: float
 
 
-@dataclass
+@dataclass(eq=False)
 class Node:
     """One guest of the pair, seen from the host."""
 
@@ -140,7 +141,8 @@ class Node:
 
     # -- daemons
 
-    def start_daemons(self, cluster: Cluster, *, poll: float = 1.0) -> None:
+    def start_daemons(self, cluster: Cluster, *, poll: float = 1.0,
+                      timeout: float = 300.0) -> None:
         """qmeventd-py and pvestord on this node, with the cluster's queue and lock dirs."""
         self.logs.mkdir(parents=True, exist_ok=True)
         pve = cluster.pve
@@ -153,7 +155,7 @@ class Node:
             "--storage-config", str(pve / "storage.cfg"), "--run-dir", self.run_dir,
             "--lock-dir", str(cluster.lock_dir), "--node", self.name, "--no-journal",
             "--poll-interval", str(poll)])
-        self.wait_log("pvestord", "pvestord started")
+        self.wait_log("pvestord", "pvestord started", timeout=timeout)
 
     def stop_daemons(self) -> dict[str, int | None]:
         return {name: self.call("stop", name=name)["rc"] for name in ("pvestord", "qmeventd")}
@@ -165,6 +167,9 @@ class Node:
     def wait_log(self, daemon: str, needle: str, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
         while needle not in self.log_text(daemon):
+            if not self.call("alive", name=daemon):
+                raise RuntimeError(f"{self.name} {daemon} exited before logging {needle!r}:\n"
+                                   f"{self.log_text(daemon)[-3000:]}")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{self.name} {daemon} did not log {needle!r} within "
                                    f"{timeout:g} s:\n{self.log_text(daemon)[-3000:]}")
@@ -289,6 +294,8 @@ def cluster_pair(work: Path, *, boot_timeout: float = BOOT_TIMEOUT,
                 time.sleep(0.2)
         cluster.boot_seconds = time.monotonic() - started
         _make_vg(cluster)
+        (work / "bed.json").write_text(json.dumps({"vg": cluster.vg,
+                                                   "boot_seconds": cluster.boot_seconds}))
         yield cluster
     finally:
         for node in cluster.nodes:
@@ -305,6 +312,34 @@ def cluster_pair(work: Path, *, boot_timeout: float = BOOT_TIMEOUT,
         san.unlink(missing_ok=True)
 
 
+def attach(work: Path) -> Cluster:
+    """A pair already booted by ``python -m tests.harness.twonode --keep`` (for
+    working on the tests without a boot per run)."""
+    info = json.loads((work / "bed.json").read_text())
+    cluster = Cluster(work, *(Node(name, NODES[name][1], work / name) for name in NODES),
+                      san=work / "san.img", vg=info["vg"], boot_seconds=info["boot_seconds"])
+    for node in cluster.nodes:
+        node.call("ping", timeout=10)
+    return cluster
+
+
+def main() -> int:
+    """Boot the pair and keep it until SIGTERM/SIGINT: ``PVESTORD_CLUSTER_ATTACH=1
+    make cluster`` then runs the tests against it."""
+    import signal
+
+    work = REPO / "out" / "cluster"
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    with cluster_pair(work) as cluster:
+        print(f"two-node bed up in {cluster.boot_seconds:.1f} s: VG {cluster.vg}; "
+              f"{work}/bed.json", flush=True)
+        stop.wait()
+    (work / "bed.json").unlink(missing_ok=True)
+    return 0
+
+
 def _make_vg(cluster: Cluster) -> None:
     """The shared VG, created on A and found by B (``pvscan --cache``)."""
     dev_a = _san_device(cluster.a)
@@ -315,3 +350,87 @@ def _make_vg(cluster: Cluster) -> None:
     vgs = cluster.b.sh("vgs", "--noheadings", "-o", "vg_name")
     if cluster.vg not in vgs.split():
         raise GuestError(f"nodeb does not see VG {cluster.vg} after pvscan: {vgs!r}")
+
+
+# -- thin volumes and VMs on the bed
+
+MiB = 1024**2
+GiB = 1024**3
+
+
+def storage_section(cluster: Cluster, *, storeid: str = "san", chunksize: str = "32M",
+                    initial: str = "64M") -> str:
+    return (f"lvm: {storeid}\n\tvgname {cluster.vg}\n\tcontent images\n\tshared 1\n"
+            f"\tchunksize {chunksize}\n\tchunk-percentage 0.5\n\tinitial-size {initial}\n")
+
+
+def lvm(node: Node, command: str, *args: str) -> str:
+    """An LVM command on ``node`` with pvestord's own ``--config``.
+
+    Workaround: pvestord runs lvextend/refresh with udev rules off
+    (``pvestord.lvm.FAST_CONFIG``), and on a node where udevd runs that makes
+    udev drop the ``/dev/VG/LV`` and ``/dev/mapper`` links of an LV that was
+    created or activated with the rules on (seen here: the link is gone
+    seconds after the first extension, and pvestord's next pass fails). LVs
+    made and activated with the same config keep LVM's own links.
+    """
+    return node.sh("lvm", command, "--config", FAST_CONFIG, *args)
+
+
+def create_thin_volume(node: Node, vg: str, vmid: int, *, size: int = 64 * MiB,
+                       virtual: int = 8 * GiB) -> str:
+    """A thin qcow2 LV as pvestord's volumes are, made and active on ``node``."""
+    lv = f"vm-{vmid}-disk-0.qcow2"
+    lvm(node, "lvcreate", "-q", "-y", "--wipesignatures", "y", "-L", f"{size}b", "-n", lv, vg)
+    path = f"/dev/{vg}/{lv}"
+    node.sh("qemu-img", "create", "-q", "-f", "qcow2", path, str(virtual))
+    return path
+
+
+def launch_vm(node: Node, vmid: int, path: str, *, incoming: str | None = None,
+              extra: list[str] | None = None) -> None:
+    """A QEMU with Proxmox's layout on ``node``: qcow2 ``fmt0`` over ``file0`` on ``path``.
+
+    ``incoming`` starts it as a migration target (``-incoming``).
+    """
+    args = list(extra or [])
+    if incoming is not None:
+        args += ["-incoming", incoming]
+    node.logs.mkdir(parents=True, exist_ok=True)
+    node.call("vm_launch", vmid=vmid, run_dir=node.run_dir, event_socket=node.event_socket,
+              log_path=str(node.logs / f"qemu-{vmid}.log"), extra_args=args,
+              disks=[{"path": path, "node_name": "fmt0", "file_node_name": "file0"}])
+
+
+def lv_size(node: Node, vg: str, lv: str) -> int:
+    """The LV's size in LVM's metadata, read from ``node``."""
+    out = node.sh("lvs", "--reportformat", "json", "--units", "b", "--nosuffix", "-o",
+                  "lv_size", f"{vg}/{lv}")
+    return int(json.loads(out)["report"][0]["lv"][0]["lv_size"])
+
+
+def device_size(node: Node, vg: str, lv: str) -> int:
+    """The size ``node``'s device-mapper gives the LV (what its QEMU sees)."""
+    return int(node.sh("blockdev", "--getsize64", f"/dev/{vg}/{lv}").strip())
+
+
+def wait_until(predicate: Any, timeout: float, what: str, interval: float = 0.3) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
+
+
+def pvestord_cli(cluster: Cluster, node: Node, *args: str, timeout: float = 120.0) -> str:
+    """``pvestord ARGS`` on ``node`` with the bed's queue, storage.cfg, run and lock dirs."""
+    argv = [str(VENV_BIN / "pvestord"), "--queue", str(cluster.pve / "extend-queue"), *args,
+            "--storage-config", str(cluster.pve / "storage.cfg"), "--run-dir", node.run_dir,
+            "--lock-dir", str(cluster.lock_dir), "--node", node.name]
+    return node.sh(*argv, timeout=timeout)
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

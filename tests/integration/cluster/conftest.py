@@ -1,7 +1,9 @@
 """The two-node tier: two node guests on one SAN, driven from the host.
 
-The pair boots once per session (``make cluster``); its consoles and every
-daemon's and QEMU's log stay in ``out/cluster`` for reading after a failure.
+The pair boots once per session (``make cluster``), and both nodes' daemons
+run for the whole session against the shared ``pve`` folder; consoles and
+every daemon's and QEMU's log stay in ``out/cluster`` for reading after a
+failure.
 """
 
 from __future__ import annotations
@@ -12,12 +14,27 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.twonode import REPO, Cluster, cluster_pair
+from tests.harness.twonode import REPO, Cluster, attach, cluster_pair, storage_section
 
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
     work = Path(os.environ.get("PVESTORD_CLUSTER_OUT", REPO / "out" / "cluster"))
+    if os.environ.get("PVESTORD_CLUSTER_ATTACH"):
+        yield attach(work)  # a pair kept up by `python -m tests.harness.twonode`
+        return
     with cluster_pair(work) as pair:
         print(f"\ntwo-node bed: both guests ready in {pair.boot_seconds:.1f} s")
         yield pair
+
+
+@pytest.fixture(scope="session")
+def daemons(cluster: Cluster) -> Iterator[Cluster]:
+    """qmeventd-py and pvestord on both nodes; both must stop cleanly at the end."""
+    cluster.write_storage_config(
+        "dir: local\n\tpath /var/lib/vz\n\tcontent iso\n\n" + storage_section(cluster))
+    for node in cluster.nodes:
+        node.start_daemons(cluster)
+    yield cluster
+    codes = {node.name: node.stop_daemons() for node in cluster.nodes}
+    assert all(rc == 0 for c in codes.values() for rc in c.values()), codes
