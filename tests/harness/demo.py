@@ -20,7 +20,11 @@ from tests.harness.lvmbed import GiB, MiB, loop_vg, qcow2_check, qcow2_create
 from tests.harness.qemu import Disk, QemuVM
 
 VMID = 100
-WRITE = 16 * MiB
+#: Small writes: an HMP qemu-io holds QEMU's main loop (and pvestord's QMP
+#: session with it) for as long as it runs, which a guest's own writes never do.
+WRITE = 4 * MiB
+#: Per write and per verify; generous, the node guest is emulated.
+IO_TIMEOUT = 180.0
 TOTAL = 2 * GiB
 #: The emulated node writes ~150 MiB/s through QEMU; the demo paces the writer
 #: so each chunk's extension has time to land (see bench/ for the limits).
@@ -54,7 +58,8 @@ def main() -> int:
             failed = 0
             began = time.monotonic()
             for offset in range(0, TOTAL, WRITE):
-                if not vm.write_pattern("drive-scsi0", offset, WRITE, 0xC5, check=False).ok:
+                if not vm.write_pattern("drive-scsi0", offset, WRITE, 0xC5, check=False,
+                                        timeout=IO_TIMEOUT).ok:
                     failed += 1
                 for m in EXTENDED.finditer(pvestord.log_text()[seen:]):
                     say(f"  extended {m.group(2):>10} -> {m.group(3):>10}  in {m.group(4)} ms"
@@ -69,8 +74,8 @@ def main() -> int:
             say(f"wrote {TOTAL // MiB} MiB in {time.monotonic() - began:.1f} s, "
                 f"{failed} failed writes")
             say("verifying every byte ...")
-            good = all(vm.read_verify("drive-scsi0", o, 256 * MiB, 0xC5)
-                       for o in range(0, TOTAL, 256 * MiB))
+            good = all(vm.read_verify("drive-scsi0", o, 64 * MiB, 0xC5, timeout=IO_TIMEOUT)
+                       for o in range(0, TOTAL, 64 * MiB))
             say(f"LV is now {vg.lv_size(lv) // MiB} MiB; threshold at "
                 f"{vm.named_node('file-scsi0')['write_threshold'] // MiB} MiB; data "
                 + ("verified" if good else "MISMATCH"))
