@@ -38,6 +38,8 @@ def say(text: str) -> None:
 
 def main() -> int:
     out = Path(os.environ.get("PVESTORD_TEST_OUT", tempfile.mkdtemp()))
+    for old in ("pvestord.log", "qmeventd.log", "qemu.log"):
+        (out / old).unlink(missing_ok=True)  # daemons append; show this run's lines only
     with loop_vg(4 * GiB, prefix="demo") as vg, tempfile.TemporaryDirectory() as tmp:
         bed = NodeBed(Path(tmp), [ThinStorageSpec("san", vg.name, chunksize="256M",
                                                   chunk_percentage=0.5)], logs_dir=out)
