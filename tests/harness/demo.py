@@ -63,15 +63,16 @@ def main() -> int:
                 if not vm.write_pattern("drive-scsi0", offset, WRITE, 0xC5, check=False,
                                         timeout=IO_TIMEOUT).ok:
                     failed += 1
-                for m in EXTENDED.finditer(pvestord.log_text()[seen:]):
+                text = pvestord.log_text()
+                for m in EXTENDED.finditer(text, seen):
                     say(f"  extended {m.group(2):>10} -> {m.group(3):>10}  in {m.group(4)} ms"
                         f"   (guest has written {(offset + WRITE) // MiB} MiB)")
-                seen = len(pvestord.log_text())
+                seen = len(text)
                 ahead = (offset + WRITE) / PACE - (time.monotonic() - began)
                 if ahead > 0:
                     time.sleep(ahead)
             wait_for(lambda: bed.entries() == [], 60, "the queue to drain")
-            for m in EXTENDED.finditer(pvestord.log_text()[seen:]):
+            for m in EXTENDED.finditer(pvestord.log_text(), seen):
                 say(f"  extended {m.group(2):>10} -> {m.group(3):>10}  in {m.group(4)} ms")
             say(f"wrote {TOTAL // MiB} MiB in {time.monotonic() - began:.1f} s, "
                 f"{failed} failed writes")
