@@ -133,11 +133,15 @@ class Node:
     def sh(self, *argv: str, timeout: float = CALL_TIMEOUT) -> str:
         return self.run(list(argv), timeout=timeout).stdout
 
-    def vm(self, vmid: int, method: str, *args: Any, timeout: float = CALL_TIMEOUT,
-           **kwargs: Any) -> Any:
-        """Call a :class:`tests.harness.qemu.QemuVM` method on the VM kept by the agent."""
+    def vm(self, vmid: int, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Call a :class:`tests.harness.qemu.QemuVM` method on the VM kept by the agent.
+
+        A ``timeout`` keyword goes to the method; the request's own budget is that
+        plus :data:`CALL_TIMEOUT`.
+        """
+        budget = float(kwargs.get("timeout", 0)) + CALL_TIMEOUT
         return self.call("vm", vmid=vmid, method=method, args=list(args), kwargs=kwargs,
-                         timeout=timeout)
+                         timeout=budget)
 
     # -- daemons
 
@@ -409,9 +413,26 @@ def lv_size(node: Node, vg: str, lv: str) -> int:
     return int(json.loads(out)["report"][0]["lv"][0]["lv_size"])
 
 
+_DM_SIZE = """
+import pathlib, sys
+want = sys.argv[1]
+for dm in pathlib.Path("/sys/block").glob("dm-*"):
+    if (dm / "dm" / "name").read_text().strip() == want:
+        print(int((dm / "size").read_text()) * 512)
+        break
+else:
+    sys.exit(f"no device-mapper device {want}")
+"""
+
+
 def device_size(node: Node, vg: str, lv: str) -> int:
-    """The size ``node``'s device-mapper gives the LV (what its QEMU sees)."""
-    return int(node.sh("blockdev", "--getsize64", f"/dev/{vg}/{lv}").strip())
+    """The size ``node``'s device-mapper gives the LV (what its QEMU sees).
+
+    Read from sysfs by the dm name, not through ``/dev/VG/LV``: that link may
+    be gone (see :func:`lvm`).
+    """
+    name = f"{vg.replace('-', '--')}-{lv.replace('-', '--')}"
+    return int(node.sh("python3", "-c", _DM_SIZE, name).strip())
 
 
 def wait_until(predicate: Any, timeout: float, what: str, interval: float = 0.3) -> None:

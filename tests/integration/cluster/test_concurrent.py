@@ -80,10 +80,11 @@ def test_extensions_from_both_nodes_at_once_are_all_kept(daemons: Cluster) -> No
             assert node.vm(vmid, "read_verify", "fmt0", 0, written, vmid % 256, timeout=300)
             assert node.log_text("pvestord").count(" extended ") >= ROUNDS
     finally:
+        checks = {}
         for node, vmid in vms.items():
             node.call("vm_shutdown", vmid=vmid)
-    for node, path in paths.items():
-        node.run(["vgmknodes", cluster.vg], check=False)  # see twonode.lvm
-        check = node.run(["qemu-img", "check", path], check=False)
-        node.run(["lvremove", "-q", "-f", path], check=False)
-        assert check.rc == 0, check.stdout + check.stderr
+            node.run(["vgmknodes", cluster.vg], check=False)  # see twonode.lvm
+            checks[node.name] = node.run(["qemu-img", "check", paths[node]], check=False)
+            node.run(["lvremove", "-q", "-f", paths[node]], check=False)
+    for name, check in checks.items():
+        assert check.rc == 0, (name, check.stdout + check.stderr)
