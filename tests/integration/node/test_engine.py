@@ -11,6 +11,7 @@ writes never do.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import re
 import subprocess
@@ -122,9 +123,14 @@ def test_two_vgs_extend_concurrently(bed: NodeBed, vg: VG, second_vg: VG) -> Non
             thin_vm(bed, second_vg, 202) as b:
         for vm in (a, b):
             wait_for(lambda vm=vm: vm.named_node("file0")["write_threshold"] > 0, 30, "armed")
-        # Both cross their thresholds at once.
-        a.write_pattern("fmt0", 0, 144 * MiB, 0x01)
-        b.write_pattern("fmt0", 0, 144 * MiB, 0x02)
+        # Fill both to just below their 128 MiB thresholds, then cross both at
+        # the same moment (each VM is its own QEMU: one thread each).
+        a.write_pattern("fmt0", 0, 112 * MiB, 0x01, timeout=120)
+        b.write_pattern("fmt0", 0, 112 * MiB, 0x02, timeout=120)
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            crossings = [pool.submit(vm.write_pattern, "fmt0", 112 * MiB, 32 * MiB, pattern)
+                         for vm, pattern in ((a, 0x01), (b, 0x02))]
+            assert all(f.result(timeout=120).ok for f in crossings)
         wait_for(lambda: vg.lv_size("vm-201-disk-0.qcow2") > 256 * MiB
                  and second_vg.lv_size("vm-202-disk-0.qcow2") > 256 * MiB,
                  EXTEND_TIMEOUT, "both extended")
@@ -149,10 +155,11 @@ def extension_spans(log: str) -> dict[str, tuple[float, float]]:
     return spans
 
 
-def test_full_vg_keeps_the_entry_then_extends_when_space_is_added(tmp_path: Path) -> None:
+def test_full_vg_keeps_the_entry_then_extends_when_space_is_added(
+        tmp_path: Path, out_dir: Path) -> None:
     # A VG with room for the LV and less than one chunk more.
     with loop_vg(320 * MiB) as small:
-        bed = NodeBed(tmp_path, [ThinStorageSpec("thin1", small.name)])  # logs in tmp
+        bed = NodeBed(tmp_path, [ThinStorageSpec("thin1", small.name)], logs_dir=out_dir)
         with daemons(bed) as (_, pvestord), thin_vm(bed, small, 301) as vm:
             wait_for(lambda: vm.named_node("file0")["write_threshold"] > 0, 30, "armed")
             vm.write_pattern("fmt0", 0, 144 * MiB, 0x07)
@@ -160,7 +167,10 @@ def test_full_vg_keeps_the_entry_then_extends_when_space_is_added(tmp_path: Path
                      "VG full logged")
             assert [e.node_name for e in bed.entries()] == ["file0"]
             time.sleep(5)  # retries happen meanwhile...
-            assert pvestord.log_text().count("volume group is full") == 1  # ...logged once
+            # ...logged once at ERROR (with -v, DEBUG lines note each retry).
+            errors = [line for line in pvestord.log_text().splitlines()
+                      if " ERROR " in line and "volume group is full" in line]
+            assert len(errors) == 1, errors
             small.add_pv(1 * GiB)
             wait_for(lambda: small.lv_size("vm-301-disk-0.qcow2") > 256 * MiB, 120,
                      "extended after vgextend")
