@@ -321,6 +321,11 @@ def other_vg() -> Iterator[VG]:
 
 # -- tests -----------------------------------------------------------------------
 
+@pytest.mark.xfail(strict=False, reason=(
+    "open in issue 5: once (CI rehearsal 2026-11-29) pvestord extended and resumed the VM "
+    "correctly, then the guest's next INT 13h write failed with ATA status 0x0C; the same "
+    "variant passed in the run before. Cause not yet known (SeaBIOS PIO retry after a "
+    "werror=enospc stop, or qcow2 after ENOSPC); every assertion stays as it is"))
 def test_start_reconcile_resumes_a_vm_paused_on_enospc(
         bed: NodeBed, vg: VG, tmp_path: Path, out_dir: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
