@@ -19,7 +19,6 @@ from pvestord.vms import local_vm, local_vms
 
 
 def _node_options(parser: argparse.ArgumentParser) -> None:
-    defaults = DaemonSettings.__dataclass_fields__
     parser.add_argument("--storage-config", type=Path, default=paths.STORAGE_CFG,
                         metavar="PATH", help="storage.cfg to read thin options from "
                         "(default: %(default)s)")
@@ -31,7 +30,6 @@ def _node_options(parser: argparse.ArgumentParser) -> None:
                         "where the queue lives)")
     parser.add_argument("--node", default=None, metavar="NAME",
                         help="this node's name in the cluster (default: short host name)")
-    del defaults
 
 
 def _settings(args: argparse.Namespace, **overrides: object) -> DaemonSettings:
