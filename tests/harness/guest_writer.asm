@@ -4,9 +4,11 @@
 ; under emulation (TCG inside TCG); booting a kernel there takes minutes.
 ; This 512-byte real-mode program is booted by SeaBIOS from IDE disk 0 and
 ; writes through the BIOS: INT 13h AH=43h (EDD extended write) on drive 81h,
-; which SeaBIOS turns into ATA PIO commands to QEMU's ide-hd device. So the
-; writes reach the block layer through a real guest device, with that
-; device's werror policy: the path a Proxmox VM's writes take on ENOSPC.
+; which SeaBIOS turns into virtio-blk requests (the test puts the data disk on
+; virtio-blk-pci). So the writes reach the block layer through a real guest
+; device, with that device's werror policy: the path a Proxmox VM's writes
+; take on ENOSPC. SeaBIOS polls the virtqueue without a timeout, so a request
+; held across an ENOSPC pause simply completes after the resume.
 ;
 ; Assembled at test time (nasm -f bin) with the run's parameters:
 ;   -DSTART_LBA=n   first sector to write on drive 81h
