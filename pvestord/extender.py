@@ -142,6 +142,9 @@ class Extender:
         async with gate:
             yield
 
+    def _monitor(self, vm: LocalVm) -> VmMonitor:
+        return VmMonitor(vm.qmp_socket, f"VM {vm.vmid}", timeout=self.settings.qmp_timeout)
+
     def _storage_lock(self, storage: ThinStorage) -> Lock:
         return storage_lock(storage.storeid, shared=storage.shared,
                             lock_dir=self.settings.lock_dir)
@@ -153,7 +156,7 @@ class Extender:
         size = self._lv_sizes.get((vg, lv))
         extent = self._extent_sizes.get(vg)
         if fresh or size is None or extent is None:
-            info = await lvm.lv_info(vg, lv)
+            info = await lvm.lv_info(vg, lv, timeout=self.settings.lvm_timeout)
             size, extent = self._remember(info)
         return size, extent
 
@@ -193,12 +196,12 @@ class Extender:
 
     async def report(self, vm: LocalVm) -> list[DriveReport]:
         """Every thin-drive candidate of ``vm`` with its LV read from LVM."""
-        async with VmMonitor(vm.qmp_socket, f"VM {vm.vmid}") as monitor:
+        async with self._monitor(vm) as monitor:
             drives = await self._drives(monitor, fresh=True)
             run = await monitor.run_state()
         reports = []
         for drive in drives:
-            info = await lvm.lv_info(drive.vg, drive.lv)
+            info = await lvm.lv_info(drive.vg, drive.lv, timeout=self.settings.lvm_timeout)
             state = drive.state(lv_size=info.size, paused_nospace=run.nospace_on(drive.view.path))
             reports.append(DriveReport(
                 vm.vmid, drive.view.file_node, drive.view.format_node, drive.view.path,
@@ -232,7 +235,7 @@ class Extender:
     async def _round(self, vm: LocalVm, requests: dict[str, Reason] | None,
                      outcome: VmOutcome) -> bool:
         """Observe, decide, act once. True when another round is needed."""
-        async with VmMonitor(vm.qmp_socket, f"VM {vm.vmid}") as monitor:
+        async with self._monitor(vm) as monitor:
             run = await monitor.run_state()
             if run.status == "inmigrate":
                 # The destination of a live migration: its QEMU takes the
@@ -302,12 +305,12 @@ class Extender:
                 if await self._migrating_away(vm):
                     raise VmBusyError(f"VM {vm.vmid} started migrating away: extension of "
                                       f"{node} deferred")
-                info = await lvm.lv_info(drive.vg, drive.lv)
+                info = await lvm.lv_info(drive.vg, drive.lv, timeout=self.settings.lvm_timeout)
                 self._remember(info)
                 if info.size > lvm.device_size(drive.vg, drive.lv):
                     # The metadata is ahead of this node's device-mapper table:
                     # another node grew it. Catch up instead of growing again.
-                    await lvm.refresh(drive.vg, drive.lv)
+                    await lvm.refresh(drive.vg, drive.lv, timeout=self.settings.lvm_timeout)
                     log.info("VM %d %s: LV %s was grown elsewhere to %s: refreshed", vm.vmid,
                              node, drive.view.path, format_size(info.size),
                              extra=fields(VMID=vm.vmid, NODE_NAME=node, LV=drive.view.path))
@@ -326,7 +329,8 @@ class Extender:
                         " bug 6543): growing one more chunk so the VM can run",
                         vm.vmid, node, drive.view.path, format_size(drive.maximum),
                         extra=fields(VMID=vm.vmid, NODE_NAME=node, LV=drive.view.path))
-                await lvm.extend(drive.vg, drive.lv, decision.target)
+                await lvm.extend(drive.vg, drive.lv, decision.target,
+                                 timeout=self.settings.lvm_timeout)
                 self._lv_sizes[(drive.vg, drive.lv)] = decision.target
         finally:
             self.extending.discard(key)
@@ -345,7 +349,7 @@ class Extender:
         if migration.outgoing_marked(self.settings.run_dir, vm.vmid):
             return True
         if monitor is None:
-            async with VmMonitor(vm.qmp_socket, f"VM {vm.vmid}") as fresh:
+            async with self._monitor(vm) as fresh:
                 status = await fresh.execute("query-migrate")
         else:
             status = await monitor.execute("query-migrate")
@@ -367,7 +371,7 @@ class Extender:
 
     async def _settle(self, vm: LocalVm, outcome: VmOutcome, extended: bool) -> bool:
         """Re-arm every drive and resume a VM paused on ENOSPC that has room again."""
-        async with VmMonitor(vm.qmp_socket, f"VM {vm.vmid}") as monitor:
+        async with self._monitor(vm) as monitor:
             drives = await self._drives(monitor)
             run = await monitor.run_state()
             need_more = False

@@ -127,7 +127,7 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else "(no message)"
 
 
-async def lv_info(vg: str, lv: str) -> LvInfo:
+async def lv_info(vg: str, lv: str, *, timeout: float = REPORT_TIMEOUT) -> LvInfo:  # noqa: ASYNC109
     """Sizes and state of one LV, as this node's LVM metadata says."""
     check_name("VG", vg)
     check_name("LV", lv)
@@ -135,7 +135,7 @@ async def lv_info(vg: str, lv: str) -> LvInfo:
                  "-o", "vg_name,lv_name,lv_size,vg_extent_size,vg_free,lv_active,lv_device_open",
                  f"{vg}/{lv}")
     try:
-        done = await run_async(argv, timeout=REPORT_TIMEOUT)
+        done = await run_async(argv, timeout=timeout)
     except CommandError as err:
         raise _classify(err, f"reading LV {vg}/{lv}") from err
     rows = _report_rows(done.stdout, "lv")
@@ -151,7 +151,8 @@ async def lv_info(vg: str, lv: str) -> LvInfo:
 
 
 async def _change(vg: str, lv: str, what: str, command: str, *args: str,
-                  done_if: str | None = None) -> None:
+                  done_if: str | None = None,
+                  timeout: float = CHANGE_TIMEOUT) -> None:  # noqa: ASYNC109
     """Run one metadata-changing ``command`` on ``vg/lv``; map its failure to a typed error.
 
     ``done_if``: a message that means a retried command already had its effect
@@ -160,21 +161,21 @@ async def _change(vg: str, lv: str, what: str, command: str, *args: str,
     check_name("VG", vg)
     check_name("LV", lv)
     try:
-        await run_async(_argv(command, "-q", *args, f"{vg}/{lv}"), timeout=CHANGE_TIMEOUT)
+        await run_async(_argv(command, "-q", *args, f"{vg}/{lv}"), timeout=timeout)
     except CommandError as err:
         if done_if is not None and done_if in err.stderr:
             return
         raise _classify(err, what) from err
 
 
-async def extend(vg: str, lv: str, size: int) -> None:
+async def extend(vg: str, lv: str, size: int, *, timeout: float = CHANGE_TIMEOUT) -> None:  # noqa: ASYNC109
     """Grow ``vg/lv`` to exactly ``size`` bytes (extent-aligned by the caller).
 
     Callers hold the storage lock: LVM's own lock is per node, and two nodes
     writing one VG's metadata at once lose an extension (TWO-NODES.md).
     """
     await _change(vg, lv, f"extending LV {vg}/{lv} to {size} bytes", "lvextend",
-                  "--size", f"{size}b", done_if="matches existing size")
+                  "--size", f"{size}b", done_if="matches existing size", timeout=timeout)
 
 
 def device_size(vg: str, lv: str) -> int:
@@ -195,9 +196,9 @@ def device_size(vg: str, lv: str) -> int:
         os.close(fd)
 
 
-async def refresh(vg: str, lv: str) -> None:
+async def refresh(vg: str, lv: str, *, timeout: float = CHANGE_TIMEOUT) -> None:  # noqa: ASYNC109
     """Reload ``vg/lv``'s device-mapper table from the metadata (another node grew it)."""
-    await _change(vg, lv, f"refreshing LV {vg}/{lv}", "lvchange", "--refresh")
+    await _change(vg, lv, f"refreshing LV {vg}/{lv}", "lvchange", "--refresh", timeout=timeout)
 
 
 def _report_rows(stdout: str, kind: str) -> list[dict[str, Any]]:

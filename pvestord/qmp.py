@@ -33,7 +33,8 @@ from pvestord.errors import PvestordError
 
 log = logging.getLogger(__name__)
 
-#: Budget for connecting (greeting + capabilities) and for each command.
+#: Default budget for connecting (greeting + capabilities) and for each
+#: command; the daemon passes its own (``--qmp-timeout``).
 #: ``query-named-block-nodes`` takes ~40 ms under emulation; a QEMU busy with a
 #: long HMP command on another monitor delays ours (one main loop serves all).
 CONNECT_TIMEOUT = 10.0
@@ -105,22 +106,25 @@ class RunState:
 class VmMonitor:
     """One connection to a VM's QMP socket; use as ``async with VmMonitor(path, name):``."""
 
-    def __init__(self, socket_path: Path, name: str) -> None:
+    def __init__(self, socket_path: Path, name: str, *, timeout: float = CALL_TIMEOUT) -> None:
         self.socket_path = socket_path
         self.name = name
+        #: Budget for the greeting and for each command (a QEMU that accepts
+        #: and never answers must not hold a pass, or the storage lock, for long).
+        self.timeout = timeout
         self._client = QMPClient(name)
 
     async def __aenter__(self) -> Self:
         if not self.socket_path.exists():
             raise VmGoneError(f"{self.name}: no QMP socket at {self.socket_path}")
         try:
-            async with asyncio.timeout(CONNECT_TIMEOUT):
+            async with asyncio.timeout(self.timeout):
                 await self._client.connect(str(self.socket_path))
         except TimeoutError:
             await self._disconnect()
             raise QmpTimeout(
                 f"{self.name}: QMP socket {self.socket_path} did not greet within "
-                f"{CONNECT_TIMEOUT:g} s") from None
+                f"{self.timeout:g} s") from None
         except (QMPError, OSError) as err:
             await self._disconnect()
             cause = getattr(err, "exc", err)
@@ -144,12 +148,12 @@ class VmMonitor:
     async def execute(self, command: str, arguments: Mapping[str, object] | None = None) -> Any:
         """Run one command; QEMU's error becomes a :class:`QmpError` with its text."""
         try:
-            async with asyncio.timeout(CALL_TIMEOUT):
+            async with asyncio.timeout(self.timeout):
                 return await self._client.execute(
                     command, dict(arguments) if arguments else None)
         except TimeoutError:
             raise QmpTimeout(f"{self.name}: {command} got no answer within "
-                             f"{CALL_TIMEOUT:g} s") from None
+                             f"{self.timeout:g} s") from None
         except ExecuteError as err:
             raise QmpError(f"{self.name}: {command}: {err.error.error.desc}") from err
         except (QMPError, EOFError, OSError) as err:

@@ -56,6 +56,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                      "(default: %(default)s)")
     run.add_argument("--reconcile-interval", type=float, default=30.0, metavar="SECONDS",
                      help="check every thin drive this often (default: %(default)s)")
+    run.add_argument("--lvm-timeout", type=float, default=30.0, metavar="SECONDS",
+                     help="budget of one LVM command; one that overruns it is killed and "
+                     "retried later (default: %(default)s)")
+    run.add_argument("--qmp-timeout", type=float, default=10.0, metavar="SECONDS",
+                     help="budget of a QMP greeting and of each QMP command, for a QEMU that "
+                     "accepts and never answers (default: %(default)s)")
     run.add_argument("--global-worker", action="store_true",
                      help="one extension at a time for all VGs, as the original proposal "
                      "(for comparison; default: one per VG)")
@@ -88,6 +94,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def _run(args: argparse.Namespace) -> int:
     settings = _settings(args, poll_interval=args.poll_interval,
                          reconcile_interval=args.reconcile_interval,
+                         lvm_timeout=args.lvm_timeout, qmp_timeout=args.qmp_timeout,
                          global_worker=args.global_worker, inotify=not args.no_inotify)
     return daemon.run(settings, verbose=args.verbose, journal=args.journal)
 
