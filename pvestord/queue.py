@@ -79,6 +79,9 @@ MAX_REJECTED_LINE = 4096
 MAX_READ = 64 * MAX_BYTES
 #: Proxmox's VMID range (PVE::JSONSchema pve_verify_vmid: ``^[1-9][0-9]{2,8}$``).
 VMID_MIN, VMID_MAX = 100, 999_999_999
+#: Largest ``n`` (and ``ts``) a line can hold: a signed 64-bit integer, as
+#: Proxmox's Perl tools would read it.
+N_MAX = 2**63 - 1
 #: How many rejected lines are logged one by one before a summary.
 _LOG_REJECTED_LINES = 20
 
@@ -168,9 +171,9 @@ class Entry:
             raise InvalidEntryError(f"invalid reason {self.reason!r}")
         if self.origin is not None and not _ORIGIN.fullmatch(self.origin):
             raise InvalidEntryError(f"invalid origin {self.origin[:70]!r}: not a node name")
-        if self.ts is not None and (isinstance(self.ts, bool) or not 0 <= self.ts < 2**63):
+        if self.ts is not None and (isinstance(self.ts, bool) or not 0 <= self.ts <= N_MAX):
             raise InvalidEntryError(f"invalid ts {self.ts!r}: not a unix time")
-        if isinstance(self.n, bool) or not 1 <= self.n < 2**63:
+        if isinstance(self.n, bool) or not 1 <= self.n <= N_MAX:
             raise InvalidEntryError(f"invalid n {self.n!r}: must be a positive count")
         if self.id is not None and not _ID.fullmatch(self.id):
             raise InvalidEntryError(f"invalid id {self.id[:40]!r}: hexadecimal only")
@@ -233,7 +236,7 @@ class Entry:
         Commutative and associative in every field but ``id`` and ``extra``,
         where this line's values win: the strongest reason, its origin (ties
         broken by the node name, a known one first), the oldest known ts, and
-        the sum of the counts.
+        the sum of the counts (at most :data:`N_MAX`).
         """
         if other.key != self.key:
             raise InvalidEntryError(f"cannot merge {other.key} into {self.key}")
@@ -246,7 +249,8 @@ class Entry:
             reason=winner.reason,
             origin=winner.origin,
             ts=min(known_ts) if known_ts else None,
-            n=self.n + other.n,
+            # Saturated: two hostile counts must not make the file unreadable.
+            n=min(N_MAX, self.n + other.n),
             id=self.id if self.id is not None else other.id,
             extra=self.extra + tuple((k, v) for k, v in other.extra if k not in have),
         )
@@ -298,8 +302,9 @@ class RejectedLine:
             raw = base64.b64decode(obj["line_b64"], validate=True)
             return cls(raw, str(obj["error"]), int(obj["ts"]), int(obj["length"]),
                        str(obj["sha256"]))
-        except (ValueError, KeyError, TypeError):
-            # Someone edited the rejected file: show the record itself.
+        except (ValueError, KeyError, TypeError, OverflowError, RecursionError):
+            # Someone edited the rejected file: show the record itself. (A ts of
+            # 1e999 overflows int(); deep nesting exhausts the JSON decoder.)
             return cls(record, "unreadable record in the rejected file", 0, len(record),
                        hashlib.sha256(record).hexdigest())
 
