@@ -40,7 +40,14 @@ from pvestord.config import DaemonSettings, StorageConfig, ThinStorage
 from pvestord.errors import PvestordError
 from pvestord.locks import Lock, storage_lock
 from pvestord.policy import Decision, DriveState, ExtensionState, Reason
-from pvestord.qmp import MIGRATION_STATES, RunState, ThinDriveView, VmBusyError, VmMonitor
+from pvestord.qmp import (
+    MIGRATION_STATES,
+    RunState,
+    ThinDriveView,
+    VmBusyError,
+    VmMonitor,
+    migration_status_from,
+)
 from pvestord.service import fields
 from pvestord.sizes import format_size
 from pvestord.vms import LocalVm
@@ -353,7 +360,7 @@ class Extender:
                 status = await fresh.execute("query-migrate")
         else:
             status = await monitor.execute("query-migrate")
-        return isinstance(status, dict) and status.get("status") in MIGRATING
+        return migration_status_from(status) in MIGRATING
 
     async def _catch_up_incoming(self, vm: LocalVm, monitor: VmMonitor) -> None:
         """Refresh every thin LV of an incoming VM that another node grew."""

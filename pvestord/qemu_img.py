@@ -224,14 +224,15 @@ def bitmaps_size(virtual_size: int, cluster_size: int, bitmaps: Iterable[Bitmap]
 def parse_info(data: Mapping[str, Any]) -> ImageInfo:
     """An :class:`ImageInfo` from ``qemu-img info --output=json``'s object.
 
-    :raises QemuImgError: a documented field is missing or has the wrong type.
+    :raises QemuImgError: a documented field is missing, has the wrong type,
+        or a size the maximum cannot be computed from.
     """
     try:
         specific = data.get("format-specific", {}).get("data", {})
         bitmaps = tuple(
             Bitmap(str(b["name"]), int(b["granularity"]), tuple(b.get("flags", ())))
             for b in specific.get("bitmaps", ()))
-        return ImageInfo(
+        info = ImageInfo(
             filename=str(data["filename"]),
             format=str(data["format"]),
             virtual_size=int(data["virtual-size"]),
@@ -245,8 +246,14 @@ def parse_info(data: Mapping[str, Any]) -> ImageInfo:
             dirty=bool(data.get("dirty-flag", False)),
             corrupt=bool(specific.get("corrupt", False)),
         )
-    except (KeyError, TypeError, ValueError, AttributeError) as err:
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as err:
         raise QemuImgError(f"unexpected qemu-img info output ({err!r}): {data}") from err
+    # The maximum's arithmetic divides by these (bitmaps_size, align_up).
+    if (info.virtual_size < 0 or (info.cluster_size is not None and info.cluster_size <= 0)
+            or any(b.granularity <= 0 for b in info.bitmaps)):
+        raise QemuImgError(f"unexpected qemu-img info output (a negative size, or a cluster"
+                           f" size or bitmap granularity that is not positive): {data}")
+    return info
 
 
 def parse_measure(data: Mapping[str, Any]) -> Measure:
@@ -257,7 +264,7 @@ def parse_measure(data: Mapping[str, Any]) -> Measure:
     try:
         return Measure(int(data["required"]), int(data["fully-allocated"]),
                        _optional_int(data, "bitmaps"))
-    except (KeyError, TypeError, ValueError) as err:
+    except (KeyError, TypeError, ValueError, OverflowError) as err:
         raise QemuImgError(f"unexpected qemu-img measure output ({err!r}): {data}") from err
 
 
@@ -280,7 +287,7 @@ def parse_check(data: Mapping[str, Any], status: CheckStatus, messages: str = ""
             check_errors=int(data.get("check-errors", 0)),
             messages=messages.strip(),
         )
-    except (TypeError, ValueError) as err:
+    except (TypeError, ValueError, AttributeError, OverflowError) as err:
         raise QemuImgError(f"unexpected qemu-img check output ({err!r}): {data}") from err
 
 

@@ -196,7 +196,7 @@ def thin_drives_from(nodes: object, stats: object) -> list[ThinDriveView]:
             if not isinstance(entry, dict):
                 continue
             name = entry.get("node-name")
-            offset = _get_int(entry.get("stats"), "wr_highest_offset")
+            offset = _get_size(entry.get("stats"), "wr_highest_offset")
             if isinstance(name, str) and offset is not None:
                 allocation[name] = offset
     files: dict[str, dict[str, Any]] = {}
@@ -214,15 +214,15 @@ def thin_drives_from(nodes: object, stats: object) -> list[ThinDriveView]:
         child = files.get(path) if isinstance(path, str) else None
         if child is None or child.get("ro") is not False:
             continue
-        virtual_size = _get_int(fmt.get("image"), "virtual-size")
-        device_size = _get_int(child.get("image"), "virtual-size")
+        virtual_size = _get_size(fmt.get("image"), "virtual-size")
+        device_size = _get_size(child.get("image"), "virtual-size")
         if virtual_size is None or device_size is None or not isinstance(path, str):
             continue
-        threshold = child.get("write_threshold", 0)
+        threshold = _get_size(child, "write_threshold")
         drives.append(ThinDriveView(
             file_node=child["node-name"], format_node=fmt["node-name"], path=path,
             virtual_size=virtual_size, allocation=allocation.get(child["node-name"], 0),
-            threshold=threshold if isinstance(threshold, int) else 0,
+            threshold=0 if threshold is None else threshold,
             device_size=device_size, image=fmt["image"],
         ))
     return drives
@@ -249,8 +249,17 @@ def run_state_from(status: object, block: object) -> RunState:
                     tuple(nospace), tuple(failed))
 
 
-def _get_int(mapping: object, key: str) -> int | None:
+def migration_status_from(reply: object) -> str | None:
+    """The ``status`` of a ``query-migrate`` reply; None before any migration or
+    when the reply has no usable one (a list there must not reach a set lookup)."""
+    status = reply.get("status") if isinstance(reply, dict) else None
+    return status if isinstance(status, str) else None
+
+
+def _get_size(mapping: object, key: str) -> int | None:
+    # QEMU's sizes and offsets are unsigned: a negative one (or a bool, which
+    # is an int to Python) is junk, and the policy refuses negative figures.
     if not isinstance(mapping, dict):
         return None
     value = mapping.get(key)
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    return value if type(value) is int and value >= 0 else None

@@ -476,7 +476,9 @@ async def read_hello(conn: socket.socket) -> tuple[object, str]:
             raise PeerError(f"sent garbage: {buf[:60]!r}")
         try:
             message, end = decoder.raw_decode(text)
-        except ValueError:
+        except (ValueError, RecursionError):
+            # RecursionError: nesting deeper than the decoder's stack (found by
+            # fuzzing); as invalid as any other JSON we cannot read.
             if b"\n" in buf:
                 raise PeerError(f"sent invalid JSON: {buf[:60]!r}") from None
             if len(buf) >= HELLO_LIMIT:
