@@ -111,6 +111,21 @@ class DriveReport:
 
 
 @dataclass
+class RoundTimings:
+    """Where one round's time went, logged with each extension it made.
+
+    The benchmarks split an extension's latency with these (bench/latency.py):
+    the queue wait ends when the round starts; QMP, the lock wait and LVM
+    follow. Wall-clock for the start, so it compares with QEMU's event timestamp.
+    """
+
+    started_wall: float = field(default_factory=time.time)
+    started: float = field(default_factory=time.monotonic)
+    #: The round's QMP observation before its extensions.
+    observe_ms: int = 0
+
+
+@dataclass
 class VmOutcome:
     """What one pass over a VM did, for the caller's bookkeeping."""
 
@@ -242,6 +257,7 @@ class Extender:
     async def _round(self, vm: LocalVm, requests: dict[str, Reason] | None,
                      outcome: VmOutcome) -> bool:
         """Observe, decide, act once. True when another round is needed."""
+        timings = RoundTimings()
         async with self._monitor(vm) as monitor:
             run = await monitor.run_state()
             if run.status == "inmigrate":
@@ -267,11 +283,12 @@ class Extender:
             # Cheap actions first, inside this QMP session.
             for drive, decision, _ in planned:
                 await self._arm_or_disarm(monitor, vm, drive, decision)
+        timings.observe_ms = _ms_since(timings.started)
         extended = False
         for drive, decision, state in planned:
             if isinstance(decision, policy.Extend | policy.ExtendPastMaximum):
                 try:
-                    extended |= await self._extend(vm, drive, decision, state)
+                    extended |= await self._extend(vm, drive, decision, state, timings)
                 except PvestordError as err:
                     outcome.errors[drive.view.file_node] = err
         if extended:
@@ -297,7 +314,8 @@ class Extender:
                      extra=fields(VMID=vm.vmid, NODE_NAME=node, LV=drive.view.path))
 
     async def _extend(self, vm: LocalVm, drive: Drive, decision: policy.Extend
-                      | policy.ExtendPastMaximum, state: DriveState) -> bool:
+                      | policy.ExtendPastMaximum, state: DriveState,
+                      timings: RoundTimings) -> bool:
         """Grow the LV under the VG gate and the storage lock. True if it grew."""
         assert drive.storage is not None  # the policy never extends a drive that is not thin
         node = drive.view.file_node
@@ -307,11 +325,13 @@ class Extender:
         try:
             async with self._vg_gate(drive.vg), \
                     self._storage_lock(drive.storage).acquire_async(STORAGE_LOCK_TIMEOUT):
+                locked = time.monotonic()
                 # Under the lock, so that a migration's begin (which takes
                 # this lock after marking the VM) is a barrier for us.
                 if await self._migrating_away(vm):
                     raise VmBusyError(f"VM {vm.vmid} started migrating away: extension of "
                                       f"{node} deferred")
+                checked = time.monotonic()
                 info = await lvm.lv_info(drive.vg, drive.lv, timeout=self.settings.lvm_timeout)
                 self._remember(info)
                 if info.size > lvm.device_size(drive.vg, drive.lv):
@@ -341,13 +361,15 @@ class Extender:
                 self._lv_sizes[(drive.vg, drive.lv)] = decision.target
         finally:
             self.extending.discard(key)
-        elapsed_ms = round((time.monotonic() - started) * 1000)
+        elapsed_ms = _ms_since(started)
         log.info("VM %d %s: LV %s extended %s -> %s in %d ms", vm.vmid, node,
                  drive.view.path, format_size(info.size), format_size(decision.target),
                  elapsed_ms, extra=fields(
                      VMID=vm.vmid, NODE_NAME=node, LV=drive.view.path, VG=drive.vg,
                      OLD_SIZE=info.size, NEW_SIZE=decision.target, DURATION_MS=elapsed_ms,
-                     REASON=state.reason.value))
+                     REASON=state.reason.value, ROUND_STARTED=f"{timings.started_wall:.6f}",
+                     QMP_MS=timings.observe_ms + round((checked - locked) * 1000),
+                     LOCK_WAIT_MS=round((locked - started) * 1000), LVM_MS=_ms_since(checked)))
         return True
 
     async def _migrating_away(self, vm: LocalVm, monitor: VmMonitor | None = None) -> bool:
@@ -395,6 +417,10 @@ class Extender:
                 log.warning("VM %d: resumed after it paused on ENOSPC", vm.vmid,
                             extra=fields(VMID=vm.vmid))
         return need_more or (run.paused_on_nospace and not outcome.resumed and extended)
+
+
+def _ms_since(start: float) -> int:
+    return round((time.monotonic() - start) * 1000)
 
 
 def _reason_for(drive: Drive, requests: dict[str, Reason] | None,
