@@ -52,6 +52,9 @@ class NodeBed:
     #: Where daemon and QEMU logs go (default: ``root/logs``); the node tier
     #: points it at the shared results folder so a failure can be read.
     logs_dir: Path | None = None
+    #: Debug logging (every QMP message); the benchmarks turn it off, as it
+    #: costs the daemons time and CPU they would not spend in production.
+    verbose: bool = True
 
     def __post_init__(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -91,14 +94,15 @@ class NodeBed:
         self.storage_cfg.write_text(text)
 
     def pvestord_argv(self, *extra: str) -> list[str]:
-        return [str(VENV_BIN / "pvestord"), "--queue", str(self.queue_path), "-v", "run",
+        return [str(VENV_BIN / "pvestord"), "--queue", str(self.queue_path),
+                *(["-v"] if self.verbose else []), "run",
                 "--storage-config", str(self.storage_cfg), "--run-dir", str(self.run_dir),
                 "--node", self.node, "--no-journal", *extra]
 
     def qmeventd_argv(self, *extra: str) -> list[str]:
         return [str(VENV_BIN / "qmeventd-py"), "--socket", str(self.event_socket),
-                "--queue", str(self.queue_path), "--no-cleanup", "-f", "-v",
-                "--node-name", self.node, *extra]
+                "--queue", str(self.queue_path), "--no-cleanup", "-f",
+                *(["-v"] if self.verbose else []), "--node-name", self.node, *extra]
 
 
 class Daemon:

@@ -9,12 +9,12 @@ the end every byte is read back and ``qemu-img check`` runs.
 from __future__ import annotations
 
 import os
-import re
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from tests.harness.daemonlog import EXTENDED
 from tests.harness.daemons import NodeBed, ThinStorageSpec, daemons, wait_for
 from tests.harness.lvmbed import GiB, MiB, loop_vg, qcow2_check, qcow2_create
 from tests.harness.qemu import Disk, QemuVM
@@ -29,7 +29,6 @@ TOTAL = 2 * GiB
 #: The emulated node writes ~150 MiB/s through QEMU; the demo paces the writer
 #: so each chunk's extension has time to land (see bench/ for the limits).
 PACE = 48 * MiB
-EXTENDED = re.compile(r"LV (\S+) extended (\S+ \S+) -> (\S+ \S+) in (\d+) ms")
 
 
 def say(text: str) -> None:
