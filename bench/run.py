@@ -1,0 +1,184 @@
+"""``make bench``: every benchmark scenario of issue 7, in the node guest, one report.
+
+Run by ``python -m tests.harness.nodeguest --out out/bench --bench [--quick]``,
+which starts ``python -m bench.run --out DIR [--quick]`` inside the guest (real
+device-mapper and LVM). Every figure that matters is a ratio of two things
+measured side by side in this run: absolute times on an emulated node mean
+little. Scenarios run in the issue's order; one that fails is reported as
+not done, with its error, and the others still run. Prints a table
+(scenario, figure, target, met/missed) and writes ``DIR/bench.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench import fleet, latency, lvm_shell, pausefree
+from bench.report import Figure, build_report, ratio, table
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much each scenario measures."""
+
+    extensions: int
+    shell_rounds: int
+    idle_seconds: float
+    pause_free_total: int
+
+
+MiB = 1024 * 1024
+FULL = Sizes(extensions=30, shell_rounds=30, idle_seconds=60, pause_free_total=2048 * MiB)
+QUICK = Sizes(extensions=10, shell_rounds=10, idle_seconds=20, pause_free_total=512 * MiB)
+
+
+def _p50(result: dict[str, Any] | None, part: str = "total") -> float | None:
+    if result is None:
+        return None
+    value = result["summary"].get(part, {}).get("p50")
+    return None if value is None else float(value)
+
+
+def figures_for(results: dict[str, Any]) -> list[Figure]:
+    """The table's rows from the scenarios' raw results (absent scenario: not measured)."""
+    ours = results.get("latency")
+    floor = results.get("floor")
+    original = results.get("original")
+    shell = results.get("lvm_shell")
+    rows: list[Figure] = []
+    if ours is not None:
+        total = ours["summary"]["total"]
+        rows += [Figure("1 latency", f"event to re-armed p{p}", total.get(f"p{p}"), "s")
+                 for p in (50, 90, 99)]
+        rows += [Figure("1 latency", f"p50 {part}", _p50(ours, part), "s")
+                 for part in ("queue_wait", "qmp", "lock_wait", "lvm", "other")]
+        rows.append(Figure("1 latency", "extensions measured", float(total["n"])))
+    rows.append(Figure("2 floor", "floor p50", _p50(floor), "s"))
+    rows.append(Figure("2 floor", "daemon/floor p50", ratio(_p50(ours), _p50(floor)),
+                       target=("<=", 1.15)))
+    rows.append(Figure("3 original", "original p50", _p50(original), "s"))
+    rows.append(Figure("3 original", "original/ours p50", ratio(_p50(original), _p50(ours)),
+                       target=(">=", 1.5)))
+    # The two daemons run one after the other: a load change on the machine
+    # moves their LVM times apart. This one leaves LVM out (no target).
+    rows.append(Figure("3 original", "original/ours p50 of total minus LVM",
+                       ratio(_p50(original, "total_without_lvm"),
+                             _p50(ours, "total_without_lvm"))))
+    rows.append(Figure("4 lvm shell", "shell/plain lvextend p50",
+                       ratio(_p50(shell, "shell_lvextend"), _p50(shell, "plain_lvextend")),
+                       target=("<=", 0.6)))
+    rows.append(Figure("4 lvm shell", "shell/plain lvs+lvextend p50",
+                       ratio(_p50(shell, "shell_lvs_lvextend"),
+                             _p50(shell, "plain_lvs_lvextend"))))
+    rows += _pause_free_figures(results.get("pause_free"), ours)
+    rows += _fleet_figures(results.get("fleet"))
+    return rows
+
+
+def _pause_free_figures(result: dict[str, Any] | None,
+                        ours: dict[str, Any] | None) -> list[Figure]:
+    rate = result["rate"] if result else None
+    p99 = ours["summary"]["total"].get("p99") if ours else None
+    needed = None if rate is None or p99 is None else rate * p99
+    clean = result["smallest_clean_headroom"] if result else None
+    rows = [Figure("5 pause-free", "writer rate", None if rate is None else rate / MiB, "MiB/s"),
+            Figure("5 pause-free", "rate x p99 latency",
+                   None if needed is None else needed / MiB, "MiB")]
+    if result is not None and clean is None:
+        tried = ", ".join(f"{s['headroom'] // MiB} MiB: {s['failed_writes']} failed"
+                          for s in result["settings"])
+        rows.append(Figure("5 pause-free", "zero-failure headroom / (rate x p99)", None,
+                           target=("<=", 1.5), missed_without_value=True,
+                           note=f"no setting without failed writes ({tried})"))
+    else:
+        rows += [Figure("5 pause-free", "smallest zero-failure headroom",
+                        None if clean is None else clean / MiB, "MiB"),
+                 Figure("5 pause-free", "zero-failure headroom / (rate x p99)",
+                        ratio(clean, needed), target=("<=", 1.5))]
+    return rows
+
+
+def _fleet_figures(result: dict[str, Any] | None) -> list[Figure]:
+    one = result["burst_one_vg"]["seconds"] if result else None
+    two = result["burst_two_vgs"]["seconds"] if result else None
+    rows = [Figure("6 burst", "16 drives, one VG", one, "s"),
+            Figure("6 burst", "8+8 drives, two VGs", two, "s"),
+            Figure("6 burst", "two-VG/one-VG", ratio(two, one), target=("<=", 0.6))]
+    idle = result["idle"] if result else {}
+    for daemon in ("pvestord", "qmeventd-py"):
+        figures = idle.get(daemon, {})
+        rss = figures.get("rss_bytes")
+        rows += [
+            Figure("7 idle", f"{daemon} CPU % of a core", figures.get("cpu_percent"), "%",
+                   target=("<", 0.5)),
+            Figure("7 idle", f"{daemon} CPU % with its LVM children",
+                   figures.get("cpu_percent_with_children"), "%", target=("<", 0.5)),
+            Figure("7 idle", f"{daemon} RSS", None if rss is None else rss / MiB, "MiB",
+                   target=("<", 60))]
+    return rows
+
+
+def environment(quick: bool) -> dict[str, Any]:
+    return {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": platform.node(),
+            "kernel": platform.release(), "cpus": os.cpu_count(),
+            "python": platform.python_version(), "quick": quick,
+            "in_node_guest": os.environ.get("PVESTORD_IN_NODE_GUEST") == "1"}
+
+
+def scenarios(out: Path, sizes: Sizes) -> list[tuple[str, Callable[[], dict[str, Any]]]]:
+    return [
+        ("latency", lambda: latency.daemon_latency(out, "latency", sizes.extensions)),
+        ("floor", lambda: latency.floor(out, sizes.extensions)),
+        ("original", lambda: latency.daemon_latency(out, "original", sizes.extensions,
+                                                    latency.ORIGINAL_ARGS)),
+        ("lvm_shell", lambda: lvm_shell.compare(sizes.shell_rounds)),
+        ("pause_free", lambda: pausefree.run(out, sizes.pause_free_total)),
+        ("fleet", lambda: fleet.run(out, sizes.idle_seconds)),
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench.run", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True, help="folder for the report and logs")
+    parser.add_argument("--quick", action="store_true", help="fewer samples (< 10 minutes)")
+    args = parser.parse_args(argv)
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    sizes = QUICK if args.quick else FULL
+    results: dict[str, Any] = {}
+    not_done: dict[str, str] = {}
+    for name, run in scenarios(out, sizes):
+        print(f"bench: {name} ...", flush=True)
+        began = time.monotonic()
+        try:
+            results[name] = run()
+        except Exception as err:  # one failed scenario must not hide the others' figures
+            not_done[name] = f"failed: {err!r}"
+            print(f"bench: {name} failed:\n{traceback.format_exc()}", flush=True)
+            continue
+        results[name]["seconds"] = time.monotonic() - began
+        print(f"bench: {name} done in {results[name]['seconds']:.0f} s", flush=True)
+    figures = figures_for(results)
+    report = build_report(quick=args.quick, scenarios=results, figures=figures,
+                          not_done=not_done, environment=environment(args.quick))
+    path = out / "bench.json"
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print(table(figures))
+    for name, why in not_done.items():
+        print(f"not done: {name}: {why}")
+    print(f"bench: report {path}", flush=True)
+    return 1 if not_done else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

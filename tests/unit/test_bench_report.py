@@ -1,0 +1,155 @@
+"""The benchmark's report builder on synthetic numbers: no guest, no LVM, no QEMU.
+
+Imports bench.run so that a broken bench module fails ``make check`` without
+booting a node guest.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import run
+from bench.latency import Sample, split_summary
+from bench.report import Figure, build_report, percentile, ratio, summary, table
+
+MiB = 1024 * 1024
+
+
+def test_percentile_interpolates_between_ranks() -> None:
+    values = [4.0, 1.0, 3.0, 2.0]  # unsorted on purpose
+    assert percentile(values, 0) == 1.0
+    assert percentile(values, 100) == 4.0
+    assert percentile(values, 50) == pytest.approx(2.5)
+    assert percentile(list(map(float, range(1, 101))), 99) == pytest.approx(99.01)
+
+
+def test_percentile_of_one_value_is_that_value() -> None:
+    assert percentile([0.7], 99) == 0.7
+
+
+@pytest.mark.parametrize("values, p", [([], 50), ([1.0], -1), ([1.0], 101)])
+def test_percentile_refuses_nonsense(values: list[float], p: float) -> None:
+    with pytest.raises(ValueError):
+        percentile(values, p)
+
+
+def test_summary_of_no_values_has_only_the_count() -> None:
+    assert summary([]) == {"n": 0}
+    assert summary([2.0, 1.0])["p50"] == pytest.approx(1.5)
+
+
+def test_ratio_is_unknown_without_both_sides() -> None:
+    assert ratio(3.0, 2.0) == 1.5
+    assert ratio(None, 2.0) is None
+    assert ratio(1.0, None) is None
+    assert ratio(1.0, 0.0) is None
+
+
+@pytest.mark.parametrize("value, target, status", [
+    (1.0, ("<=", 1.15), "met"), (1.2, ("<=", 1.15), "missed"), (1.5, (">=", 1.5), "met"),
+    (0.5, ("<", 0.5), "missed"), (None, ("<", 0.5), "not measured"), (3.0, None, "-")])
+def test_figure_status_follows_its_target(value: float | None, target: tuple[str, float] | None,
+                                          status: str) -> None:
+    assert Figure("s", "f", value, target=target).status == status
+
+
+def test_sample_split_adds_up_to_the_total() -> None:
+    sample = Sample(event=100.0, round_started=100.2, extended=101.0, armed=101.1,
+                    qmp_in_round=0.05, lock_wait=0.01, lvm=0.6)
+    split = sample.split()
+    assert split["total"] == pytest.approx(1.1)
+    assert split["queue_wait"] == pytest.approx(0.2)
+    assert split["qmp"] == pytest.approx(0.15)  # round's QMP + the re-arm session
+    assert split["total_without_lvm"] == pytest.approx(0.5)
+    parts = sum(v for k, v in split.items() if k not in ("total", "total_without_lvm"))
+    assert parts == pytest.approx(split["total"])
+
+
+def synthetic_results() -> dict[str, object]:
+    def latency(totals: list[float]) -> dict[str, object]:
+        return {"summary": split_summary([
+            {"total": t, "queue_wait": 0.1, "qmp": 0.1, "lock_wait": 0.0, "lvm": t - 0.3,
+             "other": 0.1, "total_without_lvm": 0.3} for t in totals])}
+
+    return {
+        "latency": latency([1.0, 1.2, 1.1]),
+        "floor": {"summary": {"total": summary([1.0, 0.9, 1.0])}},
+        "original": latency([2.0, 1.5, 1.6]),
+        "lvm_shell": {"summary": {k: summary(v) for k, v in {
+            "plain_lvextend": [0.8, 0.8], "shell_lvextend": [0.4, 0.4],
+            "plain_lvs_lvextend": [1.2], "shell_lvs_lvextend": [0.6]}.items()}},
+        "pause_free": {"rate": 100 * MiB, "smallest_clean_headroom": 600 * MiB,
+                       "settings": []},
+        "fleet": {"burst_one_vg": {"seconds": 20.0}, "burst_two_vgs": {"seconds": 13.0},
+                  "idle": {"pvestord": {"cpu_percent": 0.2, "cpu_percent_with_children": 0.9,
+                                        "rss_bytes": 40 * 1024 * 1024},
+                           "qmeventd-py": {"cpu_percent": 0.1,
+                                           "cpu_percent_with_children": 0.1,
+                                           "rss_bytes": 70 * 1024 * 1024}}},
+    }
+
+
+def by_name(figures: list[Figure]) -> dict[str, Figure]:
+    return {f.name: f for f in figures}
+
+
+def test_figures_compute_the_issue_ratios_and_judge_them() -> None:
+    figures = by_name(run.figures_for(synthetic_results()))
+    assert figures["daemon/floor p50"].value == pytest.approx(1.1 / 1.0)
+    assert figures["daemon/floor p50"].status == "met"
+    assert figures["original/ours p50"].value == pytest.approx(1.6 / 1.1)
+    assert figures["original/ours p50"].status == "missed"
+    assert figures["shell/plain lvextend p50"].value == pytest.approx(0.5)
+    assert figures["shell/plain lvextend p50"].status == "met"
+    assert figures["two-VG/one-VG"].value == pytest.approx(0.65)
+    assert figures["two-VG/one-VG"].status == "missed"
+    assert figures["pvestord CPU % with its LVM children"].status == "missed"
+    assert figures["qmeventd-py RSS"].value == pytest.approx(70)
+    assert figures["qmeventd-py RSS"].status == "missed"
+    # p99 of the latency samples is ~1.198 s: 600 MiB / (100 MiB/s x 1.198 s) > 1.5.
+    assert figures["rate x p99 latency"].value == pytest.approx(100 * 1.198, rel=1e-3)
+    assert figures["zero-failure headroom / (rate x p99)"].status == "missed"
+
+
+def test_no_clean_pause_free_setting_is_a_miss_not_a_gap() -> None:
+    results = synthetic_results()
+    results["pause_free"] = {"rate": 100 * MiB, "smallest_clean_headroom": None, "settings": [
+        {"headroom": 230 * MiB, "failed_writes": 3}]}
+    figure = by_name(run.figures_for(results))["zero-failure headroom / (rate x p99)"]
+    assert figure.value is None
+    assert figure.status == "missed"
+    assert "230 MiB: 3 failed" in figure.note
+
+
+def test_a_missing_scenario_is_not_measured_never_met() -> None:
+    results = synthetic_results()
+    del results["floor"], results["fleet"], results["pause_free"]
+    figures = by_name(run.figures_for(results))
+    assert figures["zero-failure headroom / (rate x p99)"].status == "not measured"
+    assert figures["daemon/floor p50"].status == "not measured"
+    assert figures["two-VG/one-VG"].status == "not measured"
+    assert figures["original/ours p50"].value is not None
+
+
+def test_report_is_json_with_counts_and_what_was_not_done() -> None:
+    figures = run.figures_for(synthetic_results())
+    report = build_report(quick=True, scenarios=synthetic_results(), figures=figures,
+                          not_done={"pause_free": "not built"}, environment={"cpus": 2})
+    decoded = json.loads(json.dumps(report))
+    assert decoded["not_done"] == {"pause_free": "not built"}
+    statuses = [f["status"] for f in decoded["figures"]]
+    assert decoded["targets"] == {"met": statuses.count("met"),
+                                  "missed": statuses.count("missed")}
+    assert decoded["targets"]["missed"] > 0
+
+
+def test_table_has_a_row_per_figure_with_its_status() -> None:
+    figures = [Figure("2 floor", "daemon/floor p50", 1.3, target=("<=", 1.15)),
+               Figure("1 latency", "p50", None, "s", note="guest crashed")]
+    lines = table(figures).splitlines()
+    assert lines[0].split() == ["SCENARIO", "FIGURE", "VALUE", "TARGET", "STATUS"]
+    assert lines[1].endswith("missed") and "<= 1.15" in lines[1]
+    assert lines[2].endswith("not measured")
+    assert "guest crashed" in lines[-1]
