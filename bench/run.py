@@ -151,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for the report and logs")
     parser.add_argument("--quick", action="store_true", help="fewer samples (< 10 minutes)")
+    parser.add_argument("--only", action="append", default=None, metavar="SCENARIO",
+                        help="run only this scenario (repeatable): latency, floor, original, "
+                        "lvm_shell, pause_free, fleet")
     args = parser.parse_args(argv)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -158,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {}
     not_done: dict[str, str] = {}
     for name, run in scenarios(out, sizes):
+        if args.only and name not in args.only:
+            continue
         print(f"bench: {name} ...", flush=True)
         began = time.monotonic()
         try:
