@@ -112,6 +112,13 @@ def qcow2_create(path: str, virtual_size: int, *, options: str = "") -> None:
     sh(*argv, path, str(virtual_size))
 
 
+def measured_maximum(virtual: int, extent: int) -> int:
+    """What pvestord lets a qcow2 of ``virtual`` bytes grow to: ``qemu-img
+    measure``'s fully-allocated size in whole extents."""
+    out = sh("qemu-img", "measure", "--output=json", "-O", "qcow2", "--size", str(virtual))
+    return -(-int(json.loads(out)["fully-allocated"]) // extent) * extent
+
+
 def qcow2_check(path: str) -> dict[str, object]:
     """``qemu-img check`` as JSON; exit 3 (leaks only) is not an error here."""
     proc = subprocess.run(  # noqa: S603

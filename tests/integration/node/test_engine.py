@@ -23,19 +23,21 @@ import pytest
 
 from pvestord.queue import Entry, Reason
 from tests.harness.daemons import NodeBed, ThinStorageSpec, daemons, start_pvestord, wait_for
-from tests.harness.lvmbed import VG, GiB, MiB, loop_vg, qcow2_check, qcow2_create, sh
+from tests.harness.lvmbed import (
+    VG,
+    GiB,
+    MiB,
+    loop_vg,
+    measured_maximum,
+    qcow2_check,
+    qcow2_create,
+)
 from tests.harness.qemu import Disk, QemuVM
 
 WRITE = 4 * MiB
 #: Bytes per second the paced writer aims at (see the module docstring).
 PACE = 48 * MiB
 EXTEND_TIMEOUT = 60.0
-
-
-def measured_maximum(virtual: int, extent: int) -> int:
-    out = sh("qemu-img", "measure", "--output=json", "-O", "qcow2", "--size", str(virtual))
-    fully = int(json.loads(out)["fully-allocated"])
-    return -(-fully // extent) * extent
 
 
 @pytest.fixture

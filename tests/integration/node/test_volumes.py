@@ -18,7 +18,16 @@ from pathlib import Path
 import pytest
 
 from tests.harness.daemons import VENV_BIN, NodeBed, ThinStorageSpec, daemons, wait_for
-from tests.harness.lvmbed import VG, GiB, MiB, loop_vg, qcow2_check, qcow2_create, sh
+from tests.harness.lvmbed import (
+    VG,
+    GiB,
+    MiB,
+    loop_vg,
+    measured_maximum,
+    qcow2_check,
+    qcow2_create,
+    sh,
+)
 from tests.harness.qemu import Disk, QemuVM
 
 CLI_TIMEOUT = 300.0
@@ -64,11 +73,6 @@ def lvs(vg: VG, lv: str) -> dict[str, str]:
 def vg_seqno(vg: VG) -> int:
     out = sh("vgs", "--reportformat", "json", "-o", "vg_seqno", vg.name)
     return int(json.loads(out)["report"][0]["vg"][0]["vg_seqno"])
-
-
-def measured_maximum(virtual: int, extent: int) -> int:
-    out = sh("qemu-img", "measure", "--output=json", "-O", "qcow2", "--size", str(virtual))
-    return -(-int(json.loads(out)["fully-allocated"]) // extent) * extent
 
 
 @pytest.fixture
