@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,6 @@ from tests.harness.qemu import Disk, QemuVM
 
 WRITE = 16 * MiB
 CHUNK = 256 * MiB
-PERCENTAGES = (0.9, 0.7, 0.5, 0.3)
 DRAIN_TIMEOUT = 180.0
 
 
@@ -69,8 +69,9 @@ def one_setting(out: Path, percentage: float, total: int) -> dict[str, Any]:
             "final_lv_size": final_size}
 
 
-def run(out: Path, total: int) -> dict[str, Any]:
-    settings = [one_setting(out, p, total) for p in PERCENTAGES]
+def run(out: Path, total: int, percentages: Sequence[float]) -> dict[str, Any]:
+    """One setting per chunk-percentage, from large to small."""
+    settings = [one_setting(out, p, total) for p in sorted(percentages, reverse=True)]
     clean = [s["headroom"] for s in settings if s["failed_writes"] == 0]
     return {"total": total, "write": WRITE, "settings": settings,
             "smallest_clean_headroom": min(clean) if clean else None,

@@ -35,11 +35,15 @@ class Sizes:
     shell_rounds: int
     idle_seconds: float
     pause_free_total: int
+    pause_free_percentages: tuple[float, ...]
 
 
 MiB = 1024 * 1024
-FULL = Sizes(extensions=30, shell_rounds=30, idle_seconds=60, pause_free_total=2048 * MiB)
-QUICK = Sizes(extensions=10, shell_rounds=10, idle_seconds=20, pause_free_total=512 * MiB)
+FULL = Sizes(extensions=30, shell_rounds=30, idle_seconds=60, pause_free_total=2048 * MiB,
+             pause_free_percentages=(0.9, 0.7, 0.5, 0.3))
+#: Each pause-free setting costs ~50 s in the node guest: two in quick mode.
+QUICK = Sizes(extensions=10, shell_rounds=10, idle_seconds=20, pause_free_total=512 * MiB,
+              pause_free_percentages=(0.9, 0.5))
 
 
 def _p50(result: dict[str, Any] | None, part: str = "total") -> float | None:
@@ -142,7 +146,8 @@ def scenarios(out: Path, sizes: Sizes) -> list[tuple[str, Callable[[], dict[str,
         ("original", lambda: latency.daemon_latency(out, "original", sizes.extensions,
                                                     latency.ORIGINAL_ARGS)),
         ("lvm_shell", lambda: lvm_shell.compare(sizes.shell_rounds)),
-        ("pause_free", lambda: pausefree.run(out, sizes.pause_free_total)),
+        ("pause_free", lambda: pausefree.run(out, sizes.pause_free_total,
+                                             sizes.pause_free_percentages)),
         ("fleet", lambda: fleet.run(out, sizes.idle_seconds)),
     ]
 
