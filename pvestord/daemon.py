@@ -210,11 +210,19 @@ class Daemon:
             self.config.get()  # a stat; an admin's change is read (or its error logged) now
             self._notice_new_vms()
             try:
-                await self._scan_queue()
+                entries = await self.queue.list_async()
             except PvestordError as err:
-                self._note_error((0, "queue"), f"cannot read the extend queue: {err}")
+                # Reconciles must not depend on the queue: they are what
+                # catches the drives whose entries it cannot give us.
+                self._note_error((0, "queue"), f"cannot read the extend queue: {err}; "
+                                 "reconciling local VMs without it")
+                entries = []
             else:
                 self._clear_error((0, "queue"), "extend queue readable again")
+            try:
+                await self._dispatch(entries)
+            except PvestordError as err:
+                self._note_error((0, "queue"), f"cannot update the extend queue: {err}")
             service.notify(f"STATUS=queue depth {self._queue_depth}, "
                            f"{len(self._known_vms)} local VM(s), {len(self._passes)} busy")
 
@@ -236,8 +244,9 @@ class Daemon:
             self._reconcile_due.discard(vmid)
         self._known_vms = current
 
-    async def _scan_queue(self) -> None:
-        entries = await self.queue.list_async()
+    async def _dispatch(self, entries: Sequence[Entry]) -> None:
+        """Start a pass for every local VM with entries or a reconcile due;
+        drop this node's entries for VMs that do not run here."""
         self._queue_depth = len(entries)
         by_vm: dict[int, list[Entry]] = {}
         for entry in entries:
