@@ -8,7 +8,7 @@ PYTEST    := $(PY) -m pytest
 OUT       := out
 QUICK     ?=
 
-.PHONY: all deps check lint unit host packaging node cluster demo bench clean
+.PHONY: all deps check lint unit host packaging node cluster faults demo bench clean
 
 all: check
 
@@ -38,6 +38,14 @@ packaging: deps
 # tests/integration/node inside it against real LVM on loop devices.
 node: deps
 	$(PY) -m tests.harness.nodeguest --out $(OUT)/node -- tests/integration/node
+
+# The fault suite with every kill moment (the node tier runs its quick set),
+# then docs/reliability.md rendered from what it measured.
+faults: deps
+	rm -f $(OUT)/faults/faults.jsonl
+	$(PY) -m tests.harness.nodeguest --out $(OUT)/faults -- \
+		tests/integration/node/test_faults.py --faults=full
+	$(PY) -m tests.harness.reliability $(OUT)/faults/faults.jsonl
 
 # Two-node tier: two node guests sharing one SAN image, driven from the host
 # (tests/harness/twonode.py); the pair boots once for the whole session.

@@ -16,6 +16,12 @@ import pytest
 from tests.harness.lvmbed import VG, loop_vg
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--faults", choices=("quick", "full"), default="quick",
+                     help="fault suite: the quick set (make check) or every kill moment "
+                     "(make faults)")
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     if not Path("/dev/mapper/control").exists():
         raise pytest.UsageError(

@@ -1,0 +1,577 @@
+"""The fault suite (issue 9): real daemons, real QEMU, real LVM, faults from outside.
+
+Every test runs a writing workload (HMP ``qemu-io`` on the qcow2 node, each
+write with its own pattern, every region read back at the end), injects one
+fault, lets the system recover the way production would (a crashed daemon is
+started again, as systemd's ``Restart=on-failure`` does), then checks the
+invariants of :func:`settled` and :meth:`Workload.verify`:
+
+- every byte the workload wrote reads back, and no write failed;
+- the VM runs (nothing paused it, nothing left it paused);
+- the LV grew exactly the chunks its writes asked for (never twice for one
+  crossing) and stays within the measured maximum;
+- the threshold is armed for the new size; the queue parses and holds no
+  entry for work already done;
+- ``qemu-img check`` is clean; the daemon runs and said what happened once.
+
+The workload never writes past the headroom the daemon must restore: with
+``qemu-io`` a write past the LV's end fails instead of pausing the VM (the
+pause is test_enospc_guest.py's subject), so "no write failed" here means
+the daemon recovered before the guest needed it.
+
+Each fault tried appends a record (fault, injection, outcome, recovery time)
+to ``<results>/faults.jsonl``; ``python -m tests.harness.reliability`` turns
+them into ``docs/reliability.md``. Recovery times are recorded, never
+asserted (speed belongs to bench/).
+
+``make check`` runs the quick set; ``make faults`` (``--faults=full``) adds
+every timed kill moment, 20 in all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from pvestord.locks import storage_lock
+from pvestord.queue import Entry
+from tests.harness.daemons import Daemon, NodeBed, ThinStorageSpec, start_qmeventd, wait_for
+from tests.harness.faults import (
+    FaultLog,
+    FaultRecord,
+    LvmFaults,
+    Stopwatch,
+    alive,
+    kill_unit,
+)
+from tests.harness.lvmbed import VG, GiB, MiB, measured_maximum, qcow2_check, qcow2_create
+from tests.harness.qemu import Disk, QemuVM
+
+CHUNK = 32 * MiB
+#: chunk-percentage 0.5: the threshold sits this far below the LV's end.
+HEADROOM = 16 * MiB
+LV0 = 64 * MiB
+WRITE = 4 * MiB
+#: Reconcile often, so a fault that loses an event recovers within a test.
+RECONCILE = 5.0
+#: Everything that waits for recovery: a restarted daemon's Python start-up
+#: over 9p plus an extension, under TCG.
+SETTLE_TIMEOUT = 180.0
+
+
+# -- the bed ---------------------------------------------------------------------
+
+class Node:
+    """qmeventd-py and pvestord on one bed, restartable, with LVM going through
+    ``lvm_faulty``; every pvestord incarnation logs to its own file."""
+
+    def __init__(self, bed: NodeBed, faults: LvmFaults, *pvestord_args: str) -> None:
+        self.bed = bed
+        self.faults = faults
+        self.pvestord_args = ["--reconcile-interval", str(RECONCILE), *pvestord_args]
+        self.incarnations = 0
+        self.qmeventd = start_qmeventd(bed)
+        self.pvestord = self.start_pvestord()
+
+    def start_pvestord(self) -> Daemon:
+        self.incarnations += 1
+        daemon = Daemon("pvestord", self.bed.pvestord_argv(*self.pvestord_args),
+                        self.bed.logs / f"pvestord-{self.incarnations}.log")
+        daemon.wait_log("pvestord started")
+        self.pvestord = daemon
+        return daemon
+
+    def restart_qmeventd(self) -> Daemon:
+        self.qmeventd = start_qmeventd(self.bed)
+        return self.qmeventd
+
+    def stop(self) -> list[str]:
+        failures = []
+        for daemon in (self.pvestord, self.qmeventd):
+            status = daemon.stop()
+            if status != 0:
+                failures.append(f"{daemon.name} exited {status}:\n{daemon.log_text()[-3000:]}")
+        return failures
+
+
+@pytest.fixture
+def faults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> LvmFaults:
+    lvm_faults = LvmFaults(tmp_path / "lvm-faults")
+    for name, value in lvm_faults.environment().items():
+        monkeypatch.setenv(name, value)
+    return lvm_faults
+
+
+@pytest.fixture
+def fault_log(tmp_path: Path) -> FaultLog:
+    return FaultLog(Path(os.environ.get("PVESTORD_TEST_OUT", str(tmp_path))))
+
+
+@pytest.fixture
+def bed(vg: VG, tmp_path: Path, out_dir: Path) -> NodeBed:
+    spec = ThinStorageSpec("thin1", vg.name, chunksize="32M", chunk_percentage=0.5,
+                           initial_size="64M")
+    return NodeBed(tmp_path, [spec], logs_dir=out_dir)
+
+
+
+@contextlib.contextmanager
+def node(bed: NodeBed, faults: LvmFaults, *pvestord_args: str) -> Iterator[Node]:
+    """Both daemons; at the end both must stop cleanly (exit 0)."""
+    running = Node(bed, faults, *pvestord_args)
+    try:
+        yield running
+    finally:
+        failures = running.stop()
+    if failures:
+        raise RuntimeError("\n".join(failures))
+
+
+def thin_vm(bed: NodeBed, vg: VG, vmid: int) -> tuple[QemuVM, str]:
+    lv = f"vm-{vmid}-disk-0.qcow2"
+    qcow2_create(vg.create_lv(lv, LV0), 8 * GiB)
+    vm = QemuVM(vmid, bed.run_dir, disks=[Disk(vg.lv_path(lv), "fmt0", "file0")],
+                event_socket=bed.event_socket, log_path=bed.logs / f"qemu-{vmid}.log")
+    return vm, lv
+
+
+# -- the workload and the invariants ----------------------------------------------
+
+def allocation(vm: QemuVM) -> int:
+    for entry in vm.qmp("query-blockstats", query_nodes=True):
+        if entry.get("node-name") == "file0":
+            return int(entry["stats"]["wr_highest_offset"])
+    raise AssertionError("no blockstats for file0")
+
+
+def threshold(vm: QemuVM) -> int:
+    return int(vm.named_node("file0")["write_threshold"])
+
+
+class Workload:
+    """Sequential 4 MiB writes, each with its own pattern; every one must succeed."""
+
+    def __init__(self, vm: QemuVM) -> None:
+        self.vm = vm
+        self.cursor = 0
+        self.written: list[tuple[int, int]] = []  # (offset, pattern)
+
+    def _pattern(self) -> int:
+        return len(self.written) % 251 + 1
+
+    def write_one(self) -> None:
+        pattern = self._pattern()
+        result = self.vm.write_pattern("fmt0", self.cursor, WRITE, pattern, check=False)
+        assert result.ok, f"write at {self.cursor} failed: {result.error}"
+        self.written.append((self.cursor, pattern))
+        self.cursor += WRITE
+
+    def cross_threshold(self) -> tuple[int, int]:
+        """Write until the image crosses the armed threshold (inside the headroom:
+        no write can fail). Returns (threshold crossed, allocation after)."""
+        armed = threshold(self.vm)
+        assert armed > 0, "no threshold armed"
+        while allocation(self.vm) <= armed:
+            self.write_one()
+        return armed, allocation(self.vm)
+
+    def verify(self) -> None:
+        bad = [offset for offset, pattern in self.written
+               if not self.vm.read_verify("fmt0", offset, WRITE, pattern, timeout=120)]
+        assert not bad, f"regions that do not read back: {bad}"
+
+
+def entries_of(bed: NodeBed, vmid: int) -> list[Entry]:
+    return [e for e in bed.entries() if e.vmid == vmid]
+
+
+def is_settled(bed: NodeBed, vm: QemuVM, vg: VG, lv: str, lv_size: int) -> bool:
+    return (vg.lv_size(lv) == lv_size and threshold(vm) == lv_size - HEADROOM
+            and not entries_of(bed, vm.vmid))
+
+
+def settled(bed: NodeBed, vm: QemuVM, vg: VG, lv: str, lv_size: int, *,
+            timeout: float = SETTLE_TIMEOUT) -> None:
+    """Wait until the drive is as it must be after a recovery, then check it."""
+    wait_for(lambda: is_settled(bed, vm, vg, lv, lv_size), timeout,
+             f"LV {lv} at {lv_size // MiB} MiB, threshold re-armed, queue clear "
+             f"(LV now {vg.lv_size(lv) // MiB} MiB, threshold {threshold(vm)})")
+    assert vg.device_size(lv) == lv_size
+    assert lv_size <= measured_maximum(8 * GiB, vg.extent_size())
+    status = vm.qmp("query-status")
+    assert (status["status"], status["running"]) == ("running", True), status
+    bed.queue.list()  # parses
+
+
+def final_checks(vm: QemuVM, vg: VG, lv: str, workload: Workload) -> None:
+    workload.verify()
+    vm.shutdown()
+    assert qcow2_check(vg.lv_path(lv))["exit"] == 0
+
+
+# -- kill -9 of pvestord at many moments -------------------------------------------
+
+@dataclass(frozen=True)
+class Moment:
+    """When pvestord is killed, relative to one extension."""
+
+    name: str
+    #: ``lvm_faulty`` rule that holds the extension at the moment, and the
+    #: marker that says it is there; or None for a moment in time after the
+    #: queue entry appeared.
+    subcommand: str | None = None
+    rule: str = ""
+    marker: str = "started"
+    delay: float = 0.0
+    #: Kill the LVM command in flight too (OOM or cgroup kill), not just the daemon.
+    with_children: bool = True
+
+    @property
+    def injection(self) -> str:
+        who = "pvestord and its LVM command" if self.with_children else "pvestord alone"
+        if self.subcommand is None:
+            return f"SIGKILL to {who} {self.delay:.2f} s after the entry was queued"
+        if self.subcommand == "lock":
+            return "SIGKILL to pvestord while it waits for the storage lock; then released"
+        return f"SIGKILL to {who} ({self.subcommand} held by `{self.rule}`)"
+
+
+HOOKED = [
+    Moment(f"{where}, {who}", sub, rule, marker, with_children=children)
+    for where, sub, rule, marker in [
+        ("inside lvextend, before LVM ran", "lvextend", "before sleep 4", "started"),
+        ("after lvextend, before the re-arm", "lvextend", "after sleep 4", "finished"),
+    ]
+    for who, children in [("with its LVM command", True), ("alone", False)]
+] + [Moment("waiting for the storage lock, which another process holds", "lock")]
+TIMED = [Moment(f"{quarter / 4:.2f} s after the entry was queued", delay=quarter / 4)
+         for quarter in range(15)]
+
+
+def moments(config: pytest.Config) -> list[Moment]:
+    """Every moment for ``--faults=full`` (make faults); a spread of the timed
+    ones for the quick set."""
+    return HOOKED + (TIMED if config.getoption("--faults") == "full" else TIMED[::5])
+
+
+def test_pvestord_killed_at_every_moment_of_an_extension(
+        bed: NodeBed, vg: VG, faults: LvmFaults, fault_log: FaultLog,
+        request: pytest.FixtureRequest) -> None:
+    vm, lv = thin_vm(bed, vg, 911)
+    lv_size = LV0
+    with vm, node(bed, faults) as running:
+        workload = Workload(vm)
+        settled(bed, vm, vg, lv, lv_size)
+        for moment in moments(request.config):
+            faults.forget_calls()
+            with contextlib.ExitStack() as held:
+                if moment.subcommand == "lock":
+                    held.enter_context(storage_lock("thin1", shared=False).acquire(30))
+                elif moment.subcommand:
+                    faults.rule(moment.subcommand, moment.rule)
+                workload.cross_threshold()
+                if moment.subcommand in (None, "lock"):
+                    wait_for(lambda: entries_of(bed, vm.vmid), 60, "the entry queued")
+                    time.sleep(1.0 if moment.subcommand == "lock" else moment.delay)
+                else:
+                    wait_for(lambda m=moment: getattr(faults, m.marker)(m.subcommand), 60,
+                             f"{moment.subcommand} {moment.marker}")
+                kill_unit(running.pvestord, faults if moment.with_children else None)
+                faults.clear()
+            before = vg.lv_size(lv)
+            clock = Stopwatch()
+            restarted = running.start_pvestord()
+            lv_size += CHUNK
+            settled(bed, vm, vg, lv, lv_size)
+            recovery = clock()
+            assert restarted.proc.poll() is None
+            who = ("the restarted daemon" if " extended " in restarted.log_text()
+                   else "the killed daemon's LVM command, before the kill" if before == lv_size
+                   else "the killed daemon's orphaned LVM command, after the restart")
+            fault_log.record(FaultRecord(
+                "kill -9 pvestord during an extension", f"{moment.name}: {moment.injection}",
+                f"one chunk ({(lv_size - CHUNK) // MiB} -> {lv_size // MiB} MiB) by {who}; "
+                "threshold re-armed, queue clear, no write failed", recovery,
+                "test_pvestord_killed_at_every_moment_of_an_extension"))
+        final_checks(vm, vg, lv, workload)
+
+
+# -- qmeventd-py killed -------------------------------------------------------------
+
+def test_qmeventd_killed_while_a_threshold_is_crossed(
+        bed: NodeBed, vg: VG, faults: LvmFaults, fault_log: FaultLog) -> None:
+    vm, lv = thin_vm(bed, vg, 912)
+    with vm, node(bed, faults) as running:
+        workload = Workload(vm)
+        settled(bed, vm, vg, lv, LV0)
+        kill_unit(running.qmeventd)
+        workload.cross_threshold()  # QEMU's event has no listener: lost
+        clock = Stopwatch()
+        restarted = running.restart_qmeventd()
+        restarted.wait_log(f"VM 912: QEMU pid {vm.pid} connected", timeout=60)
+        settled(bed, vm, vg, lv, LV0 + CHUNK)  # pvestord's reconcile found it
+        recovery = clock()
+        # The event path works again: the next crossing goes through the queue.
+        workload.cross_threshold()
+        restarted.wait_log("VM 912: queued 912:file0 reason=threshold", timeout=60)
+        settled(bed, vm, vg, lv, LV0 + 2 * CHUNK)
+        fault_log.record(FaultRecord(
+            "kill -9 qmeventd-py", "SIGKILL to qmeventd-py, then a threshold crossed with "
+            "no listener, then a restart (QEMU reconnects: its event chardev has reconnect=1)",
+            "the lost event's extension made by pvestord's reconcile; the next crossing "
+            "queued by the restarted qmeventd-py; no write failed", recovery,
+            "test_qmeventd_killed_while_a_threshold_is_crossed"))
+        final_checks(vm, vg, lv, workload)
+
+
+# -- QEMU killed, LVM misbehaving -----------------------------------------------------
+
+def test_qemu_killed_in_the_middle_of_an_extension(
+        bed: NodeBed, vg: VG, faults: LvmFaults, fault_log: FaultLog) -> None:
+    doomed, doomed_lv = thin_vm(bed, vg, 913)
+    other, other_lv = thin_vm(bed, vg, 914)
+    with doomed, other, node(bed, faults) as running:
+        settled(bed, doomed, vg, doomed_lv, LV0)
+        settled(bed, other, vg, other_lv, LV0)
+        faults.rule("lvextend", "before sleep 4")
+        Workload(doomed).cross_threshold()
+        wait_for(lambda: faults.started("lvextend"), 60, "lvextend started")
+        doomed.send_signal(signal.SIGKILL)
+        doomed.wait(timeout=30)
+        faults.clear()
+        clock = Stopwatch()
+        wait_for(lambda: not entries_of(bed, 913) and not faults.running("lvextend"),
+                 SETTLE_TIMEOUT,
+                 "the dead VM's entry gone and its lvextend finished")
+        recovery = clock()
+        size = vg.lv_size(doomed_lv)
+        assert size in (LV0, LV0 + CHUNK)
+        assert running.pvestord.proc.poll() is None
+        # The daemon carries on for the VMs still running.
+        workload = Workload(other)
+        workload.cross_threshold()
+        settled(bed, other, vg, other_lv, LV0 + CHUNK)
+        fault_log.record(FaultRecord(
+            "QEMU killed in the middle of an extension",
+            "SIGKILL to QEMU while its lvextend ran (held 4 s by lvm_faulty)",
+            f"the extension finished ({LV0 // MiB} -> {size // MiB} MiB), the re-arm found no "
+            "VM, the entry was dropped; another VM's extension went through afterwards",
+            recovery, "test_qemu_killed_in_the_middle_of_an_extension"))
+        final_checks(other, vg, other_lv, workload)
+
+
+def error_lines(daemon: Daemon, needle: str) -> list[str]:
+    return [line for line in daemon.log_text().splitlines()
+            if " ERROR " in line and needle in line]
+
+
+def test_lvm_failing_hanging_and_slow(
+        bed: NodeBed, vg: VG, faults: LvmFaults, fault_log: FaultLog) -> None:
+    vm, lv = thin_vm(bed, vg, 915)
+    with vm, node(bed, faults, "--lvm-timeout", "5") as running:
+        workload = Workload(vm)
+        settled(bed, vm, vg, lv, LV0)
+        test = "test_lvm_failing_hanging_and_slow"
+
+        faults.rule("lvextend", "before fail 5")
+        workload.cross_threshold()
+        wait_for(lambda: len(faults.started("lvextend")) >= 2, 120, "lvextend tried again")
+        assert len(error_lines(running.pvestord, "injected failure of lvextend")) == 1
+        assert entries_of(bed, 915), "the entry must stay queued while LVM fails"
+        assert vg.lv_size(lv) == LV0
+        faults.clear()
+        clock = Stopwatch()
+        settled(bed, vm, vg, lv, LV0 + CHUNK)
+        fault_log.record(FaultRecord(
+            "LVM command fails", "lvextend exits 5 with an error message, every time, until "
+            "the rule is removed", "error logged once, entry kept and retried with backoff, "
+            "extended once LVM worked again; no write failed", clock(), test))
+
+        faults.forget_calls()
+        faults.rule("lvextend", "before hang")
+        workload.cross_threshold()
+        wait_for(lambda: faults.started("lvextend") and not faults.running("lvextend"), 60,
+                 "the hung lvextend killed by its timeout")
+        hung = faults.started("lvextend")
+        assert entries_of(bed, 915)
+        faults.clear()
+        clock = Stopwatch()
+        settled(bed, vm, vg, lv, LV0 + 2 * CHUNK)
+        assert not [pid for pid in hung if alive(pid)]
+        fault_log.record(FaultRecord(
+            "LVM command hangs", "lvextend never returns (pvestord run --lvm-timeout 5)",
+            "the command's process group killed at the timeout, the error logged, the entry "
+            "retried; extended once LVM answered; no process left behind", clock(), test))
+
+        faults.rule("lvextend", "before sleep 3")
+        workload.cross_threshold()
+        clock = Stopwatch()
+        settled(bed, vm, vg, lv, LV0 + 3 * CHUNK)
+        faults.clear()
+        fault_log.record(FaultRecord(
+            "LVM command slow", "every lvextend takes 3 s longer",
+            "extended once, within the headroom: no write failed", clock(), test))
+        final_checks(vm, vg, lv, workload)
+
+
+# -- the queue file mistreated ------------------------------------------------------
+
+def test_queue_file_garbage_deleted_truncated_and_symlinked(
+        bed: NodeBed, vg: VG, tmp_path: Path, faults: LvmFaults, fault_log: FaultLog) -> None:
+    vm, lv = thin_vm(bed, vg, 916)
+    test = "test_queue_file_garbage_deleted_truncated_and_symlinked"
+    with vm, node(bed, faults) as running:
+        workload = Workload(vm)
+        settled(bed, vm, vg, lv, LV0)
+        size = LV0
+
+        with bed.queue_path.open("ab") as queue:
+            queue.write(b"\x00\xffgarbage\n916\nnot:an:entry reason=???\n" + b"x" * 5000 + b"\n")
+        workload.cross_threshold()
+        clock = Stopwatch()
+        size += CHUNK
+        settled(bed, vm, vg, lv, size)
+        rejected = bed.queue.rejected()
+        assert len(rejected) == 4, rejected
+        fault_log.record(FaultRecord(
+            "queue file holds garbage", "binary junk, a bare VMID, a malformed entry and a "
+            "5000-byte line appended to the queue", "the 4 bad lines moved to "
+            "extend-queue.rejected with their reasons, the real entry handled", clock(), test))
+
+        bed.queue_path.unlink()
+        workload.cross_threshold()
+        clock = Stopwatch()
+        size += CHUNK
+        settled(bed, vm, vg, lv, size)
+        fault_log.record(FaultRecord(
+            "queue file deleted", "extend-queue removed while both daemons run",
+            "the next entry created it again and was handled", clock(), test))
+
+        running.pvestord.proc.send_signal(signal.SIGSTOP)
+        try:
+            workload.cross_threshold()
+            wait_for(lambda: entries_of(bed, 916), 60, "the entry queued")
+            bed.queue_path.write_bytes(b"")
+        finally:
+            running.pvestord.proc.send_signal(signal.SIGCONT)
+        clock = Stopwatch()
+        size += CHUNK
+        settled(bed, vm, vg, lv, size)
+        fault_log.record(FaultRecord(
+            "queue file truncated", "emptied after qmeventd-py queued an entry and before "
+            "pvestord (held by SIGSTOP) took it", "the entry lost with the truncation; "
+            "pvestord's reconcile extended the drive anyway", clock(), test))
+
+        decoy = tmp_path / "decoy"
+        decoy.write_text("root's file\n")
+        bed.queue_path.unlink(missing_ok=True)
+        bed.queue_path.symlink_to(decoy)
+        try:
+            workload.cross_threshold()
+            clock = Stopwatch()
+            size += CHUNK
+            wait_for(lambda: vg.lv_size(lv) == size and threshold(vm) == size - HEADROOM,
+                     SETTLE_TIMEOUT, "extended by the reconcile while the queue is a symlink")
+            recovery = clock()
+            wait_for(lambda: "LOST queue entry 916:file0" in running.qmeventd.log_text(), 60,
+                     "qmeventd-py gave up on the entry, loudly")
+            assert decoy.read_text() == "root's file\n"
+            assert running.pvestord.proc.poll() is None
+            assert running.qmeventd.proc.poll() is None
+        finally:
+            bed.queue_path.unlink()
+        workload.cross_threshold()
+        size += CHUNK
+        settled(bed, vm, vg, lv, size)
+        fault_log.record(FaultRecord(
+            "queue file replaced by a symlink", "extend-queue made a symlink to another file "
+            "while both daemons run", "nothing read or written through it (the target is "
+            "unchanged); qmeventd-py retried and logged the entry as lost; pvestord's "
+            "reconcile extended the drive; both kept running and worked normally once the "
+            "link was gone", recovery, test))
+        final_checks(vm, vg, lv, workload)
+
+
+# -- a lock holder killed; a QEMU that accepts and never answers ---------------------------
+
+def test_storage_lock_holder_killed(
+        bed: NodeBed, vg: VG, tmp_path: Path, faults: LvmFaults, fault_log: FaultLog) -> None:
+    lock_dir = tmp_path / "pve-locks"
+    lock_dir.mkdir()
+    vm, lv = thin_vm(bed, vg, 917)
+    with vm, node(bed, faults, "--lock-dir", str(lock_dir)) as running:
+        workload = Workload(vm)
+        settled(bed, vm, vg, lv, LV0)
+        holder = subprocess.Popen(  # noqa: S603 - argument list
+            [sys.executable, "-c", HOLDER, str(lock_dir)], stdout=subprocess.PIPE, text=True)
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "held"
+        holder.kill()
+        holder.wait(timeout=30)
+        lock = lock_dir / "storage-thin1"
+        assert lock.is_dir(), "a killed holder leaves its lock directory behind"
+        # As if it died 110 s ago: pmxcfs expires a lock 120 s after its last touch.
+        past = time.time() - 110
+        os.utime(lock, (past, past))
+        workload.cross_threshold()
+        clock = Stopwatch()
+        settled(bed, vm, vg, lv, LV0 + CHUNK)
+        recovery = clock()
+        assert running.pvestord.proc.poll() is None
+        fault_log.record(FaultRecord(
+            "storage lock holder killed", "a process took the pmxcfs-style lock "
+            "storage-thin1 and was killed with SIGKILL; its lock directory backdated by 110 s",
+            "pvestord waited, the lock expired at 120 s as pmxcfs's do, the extension went "
+            "through; no write failed", recovery, "test_storage_lock_holder_killed"))
+        final_checks(vm, vg, lv, workload)
+
+
+HOLDER = """
+import sys, time
+from pathlib import Path
+from pvestord.locks import LockDirLock
+with LockDirLock(Path(sys.argv[1]), "storage-thin1").acquire(10):
+    print("held", flush=True)
+    time.sleep(3600)
+"""
+
+
+def test_vm_whose_qmp_socket_never_answers(
+        bed: NodeBed, vg: VG, faults: LvmFaults, fault_log: FaultLog) -> None:
+    hung, hung_lv = thin_vm(bed, vg, 918)
+    other, other_lv = thin_vm(bed, vg, 919)
+    with hung, other, node(bed, faults, "--qmp-timeout", "3") as running:
+        settled(bed, hung, vg, hung_lv, LV0)
+        settled(bed, other, vg, other_lv, LV0)
+        hung_work = Workload(hung)
+        hung_work.cross_threshold()
+        hung.send_signal(signal.SIGSTOP)  # its socket still accepts; nothing answers
+        try:
+            workload = Workload(other)
+            workload.cross_threshold()
+            settled(bed, other, vg, other_lv, LV0 + CHUNK)
+            wait_for(lambda: "VM 918" in running.pvestord.log_text()
+                     and "within 3 s" in running.pvestord.log_text(), 60,
+                     "the hung VM's timeout logged")
+            assert running.pvestord.proc.poll() is None
+        finally:
+            hung.send_signal(signal.SIGCONT)
+        clock = Stopwatch()
+        settled(bed, hung, vg, hung_lv, LV0 + CHUNK)
+        fault_log.record(FaultRecord(
+            "QMP socket accepts and never answers", "QEMU stopped with SIGSTOP just after its "
+            "threshold crossed (pvestord run --qmp-timeout 3)",
+            "each pass over it ended at the timeout with the error logged; another VM was "
+            "extended meanwhile; after SIGCONT its own extension went through",
+            clock(), "test_vm_whose_qmp_socket_never_answers"))
+        final_checks(other, vg, other_lv, workload)
+        final_checks(hung, vg, hung_lv, hung_work)
