@@ -57,6 +57,9 @@ log = logging.getLogger(__name__)
 #: Rounds of extend-then-rearm in one pass: a writer faster than an extension
 #: crosses the new threshold before it is armed, and gets another chunk at once.
 MAX_ROUNDS = 4
+#: Seconds a whole-VG ``lvs`` may serve other reconcile passes of the same
+#: sweep (they start together); never an extension's own read under the lock.
+VG_REPORT_SHARE = 2.0
 #: Budget for waiting on the storage lock: as ``cfs_lock``.
 STORAGE_LOCK_TIMEOUT = 10.0
 #: ``query-migrate`` statuses of a migration in flight (``completed`` leaves
@@ -151,6 +154,8 @@ class Extender:
         self._extent_sizes: dict[str, int] = {}
         self._lv_sizes: dict[tuple[str, str], int] = {}
         self._maximum_cache: dict[tuple[object, ...], int] = {}
+        #: The latest whole-VG ``lvs`` per VG: (when started, its task).
+        self._vg_reports: dict[str, tuple[float, asyncio.Future[list[lvm.LvRow]]]] = {}
         #: File nodes being extended right now, by (vmid, node): for ``drives``/status.
         self.extending: set[tuple[int, str]] = set()
 
@@ -173,14 +178,41 @@ class Extender:
 
     # -- observing
 
-    async def _lv_sizes_of(self, vg: str, lv: str, *, fresh: bool) -> tuple[int, int]:
-        """(LV size, extent size); from LVM when ``fresh`` or not known yet."""
+    async def _lv_sizes_of(self, vg: str, lv: str, *, fresh: bool,
+                           shared: bool = False) -> tuple[int, int]:
+        """(LV size, extent size); from LVM when ``fresh`` or not known yet.
+
+        ``shared``: a report of the whole VG at most :data:`VG_REPORT_SHARE`
+        old will do. A reconcile sweep starts every local VM's pass at once;
+        one ``lvs`` of the VG then serves all of them, where one per drive
+        made LVM most of the daemon's idle cost (bench/fleet.py).
+        """
         size = self._lv_sizes.get((vg, lv))
         extent = self._extent_sizes.get(vg)
+        if fresh and shared and extent is not None:
+            rows = await self._vg_report(vg)
+            if lv in rows:
+                self._lv_sizes[(vg, lv)] = rows[lv]
+                return rows[lv], extent
         if fresh or size is None or extent is None:
             info = await lvm.lv_info(vg, lv, timeout=self.settings.lvm_timeout)
             size, extent = self._remember(info)
         return size, extent
+
+    async def _vg_report(self, vg: str) -> dict[str, int]:
+        """LV sizes of ``vg`` by name, from one ``lvs`` shared by concurrent callers."""
+        taken = self._vg_reports.get(vg)
+        if taken is None or time.monotonic() - taken[0] > VG_REPORT_SHARE:
+            task = asyncio.ensure_future(lvm.list_lvs(vg, timeout=self.settings.lvm_timeout))
+            taken = (time.monotonic(), task)
+            self._vg_reports[vg] = taken
+        # shield: one caller's cancellation (a shutdown) must not fail the others'.
+        rows = await asyncio.shield(taken[1])
+        return {row.lv: row.size for row in rows}
+
+    def _changed(self, vg: str) -> None:
+        """We changed an LV of ``vg``: a shared report from before must not serve."""
+        self._vg_reports.pop(vg, None)
 
     def _remember(self, info: lvm.LvInfo) -> tuple[int, int]:
         self._lv_sizes[(info.vg, info.lv)] = info.size
@@ -199,7 +231,7 @@ class Extender:
         return policy.maximum_size(measured, extent_size)
 
     async def _drives(self, monitor: VmMonitor, outcome: VmOutcome | None = None, *,
-                      fresh: bool = False) -> list[Drive]:
+                      fresh: bool = False, shared: bool = False) -> list[Drive]:
         config = self._storage_config()
         drives: list[Drive] = []
         views, names = await monitor.thin_drives()
@@ -211,7 +243,7 @@ class Extender:
                 continue  # a qcow2 on a plain file or another kind of device: not ours
             vg, lv = vg_lv
             storage = config.by_vg(vg, self.settings.node)
-            size, extent = await self._lv_sizes_of(vg, lv, fresh=fresh)
+            size, extent = await self._lv_sizes_of(vg, lv, fresh=fresh, shared=shared)
             drives.append(Drive(view, vg, lv, storage, await self._maximum(view, extent),
                                 extent, size))
         return drives
@@ -247,15 +279,19 @@ class Extender:
         the policy does nothing for a drive with headroom.
         """
         outcome = VmOutcome()
-        for _ in range(MAX_ROUNDS):
-            again = await self._round(vm, requests, outcome)
+        for number in range(MAX_ROUNDS):
+            # A reconcile's first look may share a VG report with the other
+            # passes of its sweep; a later round follows our own change and
+            # reads its LVs exactly.
+            again = await self._round(vm, requests, outcome,
+                                      shared=requests is None and number == 0)
             if not again:
                 break
             requests = None  # later rounds look at every drive with fresh figures
         return outcome
 
     async def _round(self, vm: LocalVm, requests: dict[str, Reason] | None,
-                     outcome: VmOutcome) -> bool:
+                     outcome: VmOutcome, *, shared: bool = False) -> bool:
         """Observe, decide, act once. True when another round is needed."""
         timings = RoundTimings()
         async with self._monitor(vm) as monitor:
@@ -269,7 +305,8 @@ class Extender:
                 raise VmBusyError(f"VM {vm.vmid} is in state {run.status}: later")
             if await self._migrating_away(vm, monitor):
                 raise VmBusyError(f"VM {vm.vmid} is migrating away: extensions deferred")
-            drives = await self._drives(monitor, outcome, fresh=requests is None)
+            drives = await self._drives(monitor, outcome, fresh=requests is None,
+                                        shared=shared)
             thin_nodes = {name for d in drives for name in (d.view.file_node, d.view.format_node)}
             planned: list[tuple[Drive, Decision, DriveState]] = []
             for drive in drives:
@@ -338,6 +375,7 @@ class Extender:
                     # The metadata is ahead of this node's device-mapper table:
                     # another node grew it. Catch up instead of growing again.
                     await lvm.refresh(drive.vg, drive.lv, timeout=self.settings.lvm_timeout)
+                    self._changed(drive.vg)
                     log.info("VM %d %s: LV %s was grown elsewhere to %s: refreshed", vm.vmid,
                              node, drive.view.path, format_size(info.size),
                              extra=fields(VMID=vm.vmid, NODE_NAME=node, LV=drive.view.path))
@@ -358,6 +396,7 @@ class Extender:
                         extra=fields(VMID=vm.vmid, NODE_NAME=node, LV=drive.view.path))
                 await lvm.extend(drive.vg, drive.lv, decision.target,
                                  timeout=self.settings.lvm_timeout)
+                self._changed(drive.vg)
                 self._lv_sizes[(drive.vg, drive.lv)] = decision.target
         finally:
             self.extending.discard(key)

@@ -256,13 +256,13 @@ async def vg_info(vg: str) -> VgInfo:
                   free=int(row["vg_free"]))
 
 
-async def list_lvs(vg: str) -> list[LvRow]:
+async def list_lvs(vg: str, *, timeout: float = REPORT_TIMEOUT) -> list[LvRow]:  # noqa: ASYNC109
     """Every LV of ``vg``, by name."""
     check_name("VG", vg)
     argv = _argv("lvs", "--reportformat", "json", "--units", "b", "--nosuffix",
                  "-o", "vg_name,lv_name,lv_size,lv_tags,lv_active,lv_device_open,lv_attr", vg)
     try:
-        done = await run_async(argv, timeout=REPORT_TIMEOUT)
+        done = await run_async(argv, timeout=timeout)
     except CommandError as err:
         raise _classify(err, f"listing LVs of {vg}") from err
     rows = []
