@@ -7,10 +7,10 @@ Three tools, all acting on real processes from outside:
   it (as ovirt-imageio lets its binaries be replaced). A rule makes one LVM
   subcommand sleep, fail or hang, before or after the real command; markers
   tell the test the moment a call started or the real command returned.
-- :func:`kill_unit`: SIGKILL to a daemon, and optionally to the LVM commands
-  it had running (their own process groups), as the kernel's OOM killer or a
-  cgroup kill would; without them, as a crash of the daemon alone leaves its
-  children running.
+- :func:`kill_unit`: SIGKILL to a daemon, and optionally to the commands it
+  had running (their own process groups), as a cgroup kill would; without
+  them, as a crash of the daemon alone (the OOM killer picks one process)
+  leaves its children running.
 - :class:`FaultLog`: one JSON line per fault tried, with its outcome and
   recovery time, which ``docs/reliability.md`` is generated from
   (``python -m tests.harness.reliability``).
@@ -96,20 +96,39 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def kill_unit(daemon: Daemon, faults: LvmFaults | None = None) -> list[int]:
-    """SIGKILL ``daemon``; with ``faults``, also every LVM call it has running
-    (each runs in its own session, so its group is the wrapper's pid).
-    Returns the LVM process groups killed."""
+def kill_unit(daemon: Daemon, *, with_children: bool = False) -> list[int]:
+    """SIGKILL ``daemon``; ``with_children``: also every command it has running,
+    with their own children, as a cgroup kill or the OOM killer's would.
+
+    The daemon is stopped (SIGSTOP) first, so it cannot start a command
+    between the look at its children and the kill. pvestord runs each command
+    in a new session, so a child's process group is its pid. Returns the
+    process groups killed.
+    """
     killed = []
+    pid = daemon.proc.pid
     with contextlib.suppress(ProcessLookupError):
-        daemon.proc.send_signal(signal.SIGKILL)
-    if faults is not None:
-        for pid in faults.running():
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGKILL)
-                killed.append(pid)
+        if with_children:
+            os.kill(pid, signal.SIGSTOP)
+            for child in children_of(pid):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(child, signal.SIGKILL)
+                    killed.append(child)
+        os.kill(pid, signal.SIGKILL)
     daemon.proc.wait(timeout=60)
     return killed
+
+
+def children_of(pid: int) -> list[int]:
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+        if int(fields[1]) == pid:  # fields: state, ppid, ...
+            children.append(int(stat.parent.name))
+    return children
 
 
 @dataclass
