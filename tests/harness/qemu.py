@@ -53,6 +53,8 @@ QEMU_ENV = "PVESTORD_QEMU_SYSTEM_X86_64"
 LAUNCH_TIMEOUT = 30.0
 #: Budget for one QMP command (qemu-io of a few MiB under TCG included).
 QMP_TIMEOUT = 30.0
+#: Bytes per second a read_verify is sure to manage, for its default timeout.
+VERIFY_RATE = 8 * 1024 * 1024
 #: How long QEMU may take to exit after ``quit`` before it is killed.
 SHUTDOWN_TIMEOUT = 10.0
 
@@ -510,11 +512,17 @@ class QemuVM:
         return result
 
     def read_verify(self, node: str, offset: int, length: int, pattern: int = 0xAB, *,
-                    timeout: float = QMP_TIMEOUT) -> bool:
+                    timeout: float | None = None) -> bool:
         """True when the range reads back as ``pattern``, False on a mismatch.
+
+        The default timeout grows with ``length``: qemu-io compares every byte
+        in QEMU's main loop after the read, and under nested TCG a 768 MiB
+        compare was seen to take most of 30 s.
 
         :raise QemuIoError: the read itself failed.
         """
+        if timeout is None:
+            timeout = QMP_TIMEOUT + length / VERIFY_RATE
         result = self.qemu_io(node, f"read -P {pattern:#x} {offset} {length}", timeout=timeout)
         if result.ok:
             return True
