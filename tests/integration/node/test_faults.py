@@ -79,6 +79,7 @@ class Node:
         self.faults = faults
         self.pvestord_args = ["--reconcile-interval", str(RECONCILE), *pvestord_args]
         self.incarnations = 0
+        self.qmeventd_incarnations = 1
         self.qmeventd = start_qmeventd(bed)
         self.pvestord = self.start_pvestord()
 
@@ -91,8 +92,14 @@ class Node:
         return daemon
 
     def restart_qmeventd(self) -> Daemon:
-        self.qmeventd = start_qmeventd(self.bed)
-        return self.qmeventd
+        """A new qmeventd-py with its own log file: the first one's lines (its
+        "connected", its "queued") must not answer a wait meant for this one."""
+        self.qmeventd_incarnations += 1
+        daemon = Daemon("qmeventd-py", self.bed.qmeventd_argv(),
+                        self.bed.logs / f"qmeventd-{self.qmeventd_incarnations}.log")
+        daemon.wait_log("listening on")
+        self.qmeventd = daemon
+        return daemon
 
     def stop(self) -> list[str]:
         failures = []
