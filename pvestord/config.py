@@ -420,10 +420,21 @@ class DaemonSettings:
     #: Wake on inotify for local queue writes. False: polling only, at
     #: ``poll_interval`` (the original proposal's behaviour, for the benchmark).
     inotify: bool = True
+    #: Where each node publishes its view of the thin storages for
+    #: ``pvestord rank-nodes`` (:mod:`pvestord.nodereport`). None: the
+    #: ``nodes`` folder beside the queue (``/etc/pve/nodes``, pmxcfs's
+    #: per-node folders).
+    nodes_dir: Path | None = None
+    #: Seconds between two reports of this node's view (one ``vgs`` per VG).
+    report_interval: float = 10.0
+
+    @property
+    def reports_dir(self) -> Path:
+        return self.nodes_dir if self.nodes_dir is not None else paths.nodes_dir(self.queue)
 
     def __post_init__(self) -> None:
         for name in ("poll_interval", "reconcile_interval", "lvm_timeout", "qmp_timeout",
-                     "qemu_img_timeout"):
+                     "qemu_img_timeout", "report_interval"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ConfigError(f"{name.replace('_', '-')} = {value}: must be a positive"

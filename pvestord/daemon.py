@@ -9,6 +9,8 @@ Three loops on one event loop, no threads:
 - the reconcile loop runs a pass over every local VM at start, for every VM
   that appears, and every ``reconcile_interval``: events are the fast path,
   correctness never depends on them;
+- the report loop publishes this node's view of its thin storages every
+  ``report_interval`` (:mod:`pvestord.nodereport`, for ``rank-nodes``);
 - the watchdog loop pings systemd.
 
 An entry leaves the queue only when its pass succeeded, or when it is known
@@ -30,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pvestord import service
+from pvestord import nodereport, service
 from pvestord.config import DaemonSettings, StorageConfig, load_storage_config, parse_storage_config
 from pvestord.errors import ConfigError, PvestordError
 from pvestord.extender import Extender, VmOutcome
@@ -138,7 +140,8 @@ class Daemon:
                  self.settings.poll_interval, self.settings.reconcile_interval,
                  ", one global worker" if self.settings.global_worker else "")
         loops = [asyncio.create_task(self._queue_loop(), name="queue"),
-                 asyncio.create_task(self._reconcile_loop(), name="reconcile")]
+                 asyncio.create_task(self._reconcile_loop(), name="reconcile"),
+                 asyncio.create_task(self._report_loop(), name="report")]
         if service.watchdog_interval() is not None:
             loops.append(asyncio.create_task(service.watchdog_loop(), name="watchdog"))
         service.notify("READY=1")
@@ -158,6 +161,7 @@ class Daemon:
             await asyncio.gather(*late, return_exceptions=True)
         if self._notifier is not None:
             self._notifier.stop()
+        self._publish_stopped()
         for task in crashed:
             if not task.cancelled() and task.exception() is not None:
                 log.error("pvestord: loop %s failed: %s", task.get_name(), task.exception(),
@@ -232,6 +236,37 @@ class Daemon:
                 self._reconcile_due.add(vm.vmid)
             self._wake.set()
             await asyncio.sleep(self.settings.reconcile_interval)
+
+    async def _report_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                report = await nodereport.make_report(
+                    self.settings.node, self.config.get(), self.extender.lvm_health,
+                    interval=self.settings.report_interval,
+                    lvm_timeout=self.settings.lvm_timeout)
+                nodereport.publish(self.settings.reports_dir, report)
+            except (OSError, PvestordError) as err:
+                self._note_error((0, "report"), f"cannot publish this node's report in "
+                                 f"{self.settings.reports_dir}: {err}", logging.WARNING)
+            else:
+                self._clear_error((0, "report"), "node report published again")
+                for storeid, view in report.storages.items():
+                    problem = view.problem()
+                    if problem is None:
+                        self._clear_error((0, f"vg {view.vg}"), f"VG {view.vg} healthy again")
+                    else:
+                        self._note_error((0, f"vg {view.vg}"), f"storage {storeid}: {problem}",
+                                         logging.WARNING)
+            await asyncio.sleep(self.settings.report_interval)
+
+    def _publish_stopped(self) -> None:
+        """Tell rank-nodes at once that this node extends nothing now."""
+        report = nodereport.NodeReport(node=self.settings.node, time=time.time(),
+                                       interval=self.settings.report_interval, stopped=True)
+        try:
+            nodereport.publish(self.settings.reports_dir, report)
+        except OSError as err:
+            log.warning("cannot mark this node's report stopped: %s", err)
 
     def _notice_new_vms(self) -> None:
         current = {vm.vmid for vm in local_vms(self.settings.run_dir)}

@@ -39,6 +39,7 @@ from pvestord import lvm, migration, policy, qemu_img
 from pvestord.config import DaemonSettings, StorageConfig, ThinStorage
 from pvestord.errors import PvestordError
 from pvestord.locks import Lock, storage_lock
+from pvestord.nodereport import LvmHealth
 from pvestord.policy import Decision, DriveState, ExtensionState, Reason
 from pvestord.qmp import (
     MIGRATION_STATES,
@@ -158,6 +159,8 @@ class Extender:
         self._vg_reports: dict[str, tuple[float, asyncio.Future[list[lvm.LvRow]]]] = {}
         #: File nodes being extended right now, by (vmid, node): for ``drives``/status.
         self.extending: set[tuple[int, str]] = set()
+        #: Our LVM commands' failures per VG, for this node's report.
+        self.lvm_health = LvmHealth()
 
     # -- locks
 
@@ -360,46 +363,58 @@ class Extender:
         started = time.monotonic()
         self.extending.add(key)
         try:
-            async with self._vg_gate(drive.vg), \
-                    self._storage_lock(drive.storage).acquire_async(STORAGE_LOCK_TIMEOUT):
-                locked = time.monotonic()
-                # Under the lock, so that a migration's begin (which takes
-                # this lock after marking the VM) is a barrier for us.
-                if await self._migrating_away(vm):
-                    raise VmBusyError(f"VM {vm.vmid} started migrating away: extension of "
-                                      f"{node} deferred")
-                checked = time.monotonic()
-                info = await lvm.lv_info(drive.vg, drive.lv, timeout=self.settings.lvm_timeout)
-                self._remember(info)
-                if info.size > lvm.device_size(drive.vg, drive.lv):
-                    # The metadata is ahead of this node's device-mapper table:
-                    # another node grew it. Catch up instead of growing again.
-                    await lvm.refresh(drive.vg, drive.lv, timeout=self.settings.lvm_timeout)
-                    self._changed(drive.vg)
-                    log.info("VM %d %s: LV %s was grown elsewhere to %s: refreshed", vm.vmid,
-                             node, drive.view.path, format_size(info.size),
-                             extra=fields(VMID=vm.vmid, NODE_NAME=node, LV=drive.view.path))
-                    fresh = policy.decide(drive.state(
-                        lv_size=info.size, paused_nospace=state.paused_nospace,
-                        reason=state.reason))
-                    if not isinstance(fresh, policy.Extend | policy.ExtendPastMaximum):
-                        return True
-                    decision = fresh
-                if info.size >= decision.target:
-                    return False
-                if isinstance(decision, policy.ExtendPastMaximum):
-                    log.warning(
-                        "VM %d %s: paused on ENOSPC although LV %s already holds the measured"
-                        " maximum %s (a fragmented image can outgrow qemu-img measure, Proxmox"
-                        " bug 6543): growing one more chunk so the VM can run",
-                        vm.vmid, node, drive.view.path, format_size(drive.maximum),
-                        extra=fields(VMID=vm.vmid, NODE_NAME=node, LV=drive.view.path))
-                await lvm.extend(drive.vg, drive.lv, decision.target,
-                                 timeout=self.settings.lvm_timeout)
-                self._changed(drive.vg)
-                self._lv_sizes[(drive.vg, drive.lv)] = decision.target
+            return await self._extend_locked(vm, drive, decision, state, timings, started)
+        except lvm.LvmError as err:
+            self.lvm_health.record(drive.vg, str(err))
+            raise
         finally:
             self.extending.discard(key)
+
+    async def _extend_locked(self, vm: LocalVm, drive: Drive, decision: policy.Extend
+                             | policy.ExtendPastMaximum, state: DriveState,
+                             timings: RoundTimings, started: float) -> bool:
+        """:meth:`_extend`'s work, under the VG gate and the storage lock."""
+        assert drive.storage is not None
+        node = drive.view.file_node
+        async with self._vg_gate(drive.vg), \
+                self._storage_lock(drive.storage).acquire_async(STORAGE_LOCK_TIMEOUT):
+            locked = time.monotonic()
+            # Under the lock, so that a migration's begin (which takes
+            # this lock after marking the VM) is a barrier for us.
+            if await self._migrating_away(vm):
+                raise VmBusyError(f"VM {vm.vmid} started migrating away: extension of "
+                                  f"{node} deferred")
+            checked = time.monotonic()
+            info = await lvm.lv_info(drive.vg, drive.lv, timeout=self.settings.lvm_timeout)
+            self._remember(info)
+            if info.size > lvm.device_size(drive.vg, drive.lv):
+                # The metadata is ahead of this node's device-mapper table:
+                # another node grew it. Catch up instead of growing again.
+                await lvm.refresh(drive.vg, drive.lv, timeout=self.settings.lvm_timeout)
+                self._changed(drive.vg)
+                log.info("VM %d %s: LV %s was grown elsewhere to %s: refreshed", vm.vmid,
+                         node, drive.view.path, format_size(info.size),
+                         extra=fields(VMID=vm.vmid, NODE_NAME=node, LV=drive.view.path))
+                fresh = policy.decide(drive.state(
+                    lv_size=info.size, paused_nospace=state.paused_nospace,
+                    reason=state.reason))
+                if not isinstance(fresh, policy.Extend | policy.ExtendPastMaximum):
+                    return True
+                decision = fresh
+            if info.size >= decision.target:
+                return False
+            if isinstance(decision, policy.ExtendPastMaximum):
+                log.warning(
+                    "VM %d %s: paused on ENOSPC although LV %s already holds the measured"
+                    " maximum %s (a fragmented image can outgrow qemu-img measure, Proxmox"
+                    " bug 6543): growing one more chunk so the VM can run",
+                    vm.vmid, node, drive.view.path, format_size(drive.maximum),
+                    extra=fields(VMID=vm.vmid, NODE_NAME=node, LV=drive.view.path))
+            await lvm.extend(drive.vg, drive.lv, decision.target,
+                             timeout=self.settings.lvm_timeout)
+            self._changed(drive.vg)
+            self._lv_sizes[(drive.vg, drive.lv)] = decision.target
+            self.lvm_health.record(drive.vg, None)
         elapsed_ms = _ms_since(started)
         log.info("VM %d %s: LV %s extended %s -> %s in %d ms", vm.vmid, node,
                  drive.view.path, format_size(info.size), format_size(decision.target),

@@ -256,6 +256,39 @@ async def vg_info(vg: str) -> VgInfo:
                   free=int(row["vg_free"]))
 
 
+@dataclass(frozen=True)
+class VgHealth:
+    """How a VG looks from this node: for the node report (:mod:`pvestord.nodereport`)."""
+
+    vg: str
+    pvs: int
+    #: PVs the metadata names that this node cannot find (a failed path).
+    missing_pvs: int
+    free: int
+    extent_size: int
+
+
+async def vg_health(vg: str, *, timeout: float = REPORT_TIMEOUT) -> VgHealth:  # noqa: ASYNC109
+    """PV counts and free space of ``vg``; :class:`LvMissingError` if this node cannot see it."""
+    check_name("VG", vg)
+    argv = _argv("vgs", "--reportformat", "json", "--units", "b", "--nosuffix",
+                 "-o", "vg_name,vg_free,vg_extent_size,pv_count,vg_missing_pv_count", vg)
+    try:
+        done = await run_async(argv, timeout=timeout)
+    except CommandError as err:
+        raise _classify(err, f"reading VG {vg}") from err
+    rows = _report_rows(done.stdout, "vg")
+    if not rows:
+        raise LvMissingError(f"reading VG {vg}: no such volume group")
+    row = rows[0]
+    try:
+        return VgHealth(vg=row["vg_name"], pvs=int(row["pv_count"]),
+                        missing_pvs=int(row["vg_missing_pv_count"]), free=int(row["vg_free"]),
+                        extent_size=int(row["vg_extent_size"]))
+    except (KeyError, ValueError) as err:
+        raise LvmError(f"reading VG {vg}: unreadable report row {row!r}") from err
+
+
 async def list_lvs(vg: str, *, timeout: float = REPORT_TIMEOUT) -> list[LvRow]:  # noqa: ASYNC109
     """Every LV of ``vg``, by name."""
     check_name("VG", vg)

@@ -16,3 +16,8 @@ LOCAL_LOCK_DIR = Path("/var/lock/pve-manager")
 QEMU_SERVER_RUN = Path("/var/run/qemu-server")
 #: qmeventd's listening socket.
 QMEVENTD_SOCKET = Path("/var/run/qmeventd.sock")
+
+
+def nodes_dir(queue: Path) -> Path:
+    """Where node reports live: ``nodes`` beside the queue (``/etc/pve/nodes``)."""
+    return queue.parent / "nodes"

@@ -62,6 +62,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     run.add_argument("--qmp-timeout", type=float, default=10.0, metavar="SECONDS",
                      help="budget of a QMP greeting and of each QMP command, for a QEMU that "
                      "accepts and never answers (default: %(default)s)")
+    run.add_argument("--report-interval", type=float, default=10.0, metavar="SECONDS",
+                     help="publish this node's view of its thin storages (for rank-nodes) "
+                     "this often (default: %(default)s)")
+    run.add_argument("--nodes-dir", type=Path, default=None, metavar="DIR",
+                     help="where node reports are published (default: 'nodes' beside the "
+                     "queue, /etc/pve/nodes)")
     run.add_argument("--global-worker", action="store_true",
                      help="one extension at a time for all VGs, as the original proposal "
                      "(for comparison; default: one per VG)")
@@ -95,7 +101,8 @@ def _run(args: argparse.Namespace) -> int:
     settings = _settings(args, poll_interval=args.poll_interval,
                          reconcile_interval=args.reconcile_interval,
                          lvm_timeout=args.lvm_timeout, qmp_timeout=args.qmp_timeout,
-                         global_worker=args.global_worker, inotify=not args.no_inotify)
+                         global_worker=args.global_worker, inotify=not args.no_inotify,
+                         report_interval=args.report_interval, nodes_dir=args.nodes_dir)
     return daemon.run(settings, verbose=args.verbose, journal=args.journal)
 
 

@@ -1,0 +1,108 @@
+"""``pvestord rank-nodes VMID``: which nodes can run a guest's thin volumes.
+
+The command behind the ``rank_nodes`` hook proposed for Proxmox's HA
+rebalancer; see :mod:`pvestord.ranking` for the rules and
+:mod:`pvestord.nodereport` for what every node publishes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+from pvestord import lvm, nodereport, paths, ranking
+from pvestord.config import StorageConfig, load_storage_config
+from pvestord.errors import PvestordError
+from pvestord.volumes import check_vmid
+
+
+class RankError(PvestordError):
+    """The guest's storages cannot be found out."""
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    rank = sub.add_parser(
+        "rank-nodes", help="order the nodes that can run a VM's thin volumes",
+        description="Judge every candidate node for the VM's thin volumes from the reports "
+        "each node's pvestord publishes: nodes that cannot see a VG of the VM, miss PVs of "
+        "it, whose last LVM command on it failed, whose pvestord is stopped or whose report "
+        "is stale are left out, each with its reasons. The others come first, in the order "
+        "given.",
+        epilog="Exit status: 0 when at least one candidate is eligible, 3 when none is, 1 on "
+        "error.")
+    rank.add_argument("vmid", type=int, metavar="VMID")
+    rank.add_argument("--candidates", metavar="NODE,NODE,...",
+                      help="the nodes to judge, in order of preference (default: every "
+                      "node with a report, by name)")
+    rank.add_argument("--storages", metavar="STOREID,...",
+                      help="the VM's thin storages (default: those holding an LV named "
+                      "vm-VMID-*, as this node's LVM lists them)")
+    rank.add_argument("--stale-after", type=float, default=ranking.DEFAULT_STALE_AFTER,
+                      metavar="SECONDS", help="ignore reports older than this "
+                      "(default: %(default)s)")
+    rank.add_argument("--nodes-dir", type=Path, default=None, metavar="DIR",
+                      help="where the node reports live (default: 'nodes' beside the queue, "
+                      "/etc/pve/nodes)")
+    rank.add_argument("--storage-config", type=Path, default=paths.STORAGE_CFG,
+                      metavar="PATH", help="storage.cfg (default: %(default)s)")
+    rank.add_argument("--json", action="store_true", help="JSON for scripts")
+    rank.set_defaults(func=_run)
+
+
+def _names(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    return [name for name in (part.strip() for part in text.split(",")) if name]
+
+
+async def vm_storages(config: StorageConfig, vmid: int) -> set[str]:
+    """The thin storages holding an LV of ``vmid`` (``vm-<vmid>-*``), by this node's LVM."""
+    found: set[str] = set()
+    listed: dict[str, list[lvm.LvRow]] = {}
+    for storeid, storage in config.thin_storages.items():
+        if storage.vgname not in listed:
+            try:
+                listed[storage.vgname] = await lvm.list_lvs(storage.vgname)
+            except lvm.LvmError as err:
+                raise RankError(f"cannot list VG {storage.vgname} of storage {storeid} here "
+                                f"({err}): name the VM's storages with --storages") from err
+        if any(row.lv.startswith(f"vm-{vmid}-") for row in listed[storage.vgname]):
+            found.add(storeid)
+    return found
+
+
+def _run(args: argparse.Namespace) -> int:
+    vmid = check_vmid(args.vmid)
+    config = load_storage_config(args.storage_config)
+    storages = _names(args.storages)
+    if storages is None:
+        storages = sorted(asyncio.run(vm_storages(config, vmid)))
+        if not storages:
+            raise RankError(f"VM {vmid} has no LV on a thin storage: nothing to rank for")
+    else:
+        unknown = [s for s in storages if config.get(s) is None]
+        if unknown:
+            raise RankError(f"not a thin storage in {args.storage_config}: "
+                            f"{', '.join(unknown)}")
+    nodes_dir = args.nodes_dir if args.nodes_dir is not None else paths.nodes_dir(args.queue)
+    reports, problems = nodereport.read_reports(nodes_dir)
+    ranked = ranking.rank_nodes(storages, _names(args.candidates), reports, problems,
+                                now=time.time(), stale_after=args.stale_after)
+    if args.json:
+        print(json.dumps({"vmid": vmid, "storages": storages,
+                          "nodes": [dataclasses.asdict(r) for r in ranked]}, indent=2))
+    else:
+        print(f"VM {vmid} on {', '.join(storages)}:")
+        for r in ranked:
+            age = "no report" if r.report_age is None else f"report {r.report_age:.0f} s old"
+            verdict = "eligible" if r.eligible else "left out"
+            print(f"  {r.node}: {verdict} ({age})")
+            for line in (*r.reasons, *(f"warning: {w}" for w in r.warnings)):
+                print(f"    {line}")
+        if not ranked:
+            print(f"  (no node reports in {nodes_dir})")
+    return 0 if any(r.eligible for r in ranked) else 3

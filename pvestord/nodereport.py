@@ -1,0 +1,237 @@
+"""Each node's view of its thin storages, published in the cluster folder.
+
+Every pvestord writes ``<nodes_dir>/<node>/pvestord.json`` every
+``report_interval`` seconds (``/etc/pve/nodes/<node>/``, the folder pmxcfs
+keeps for each node, beside its ``qemu-server`` configs): for each thin
+storage this node may use (the storage's ``nodes`` option), whether the VG is
+visible here, how many of its PVs are missing, whether this node's last LVM
+command on it succeeded, and its free space.
+``pvestord rank-nodes`` (:mod:`pvestord.ranking`) reads every node's file to
+tell a placement decision (the ``rank_nodes`` hook proposed for Proxmox's HA
+rebalancer) which nodes can run a guest's thin volumes.
+
+Why each node publishes its own view: a shared VG looks the same from every
+node *that sees it*. What differs per node is sight: a failed path, a missing
+multipath map, an LVM filter, a node whose LVM hangs. Only that node can say,
+and only while its pvestord runs: so every report carries its time, and a
+reader treats an old one as "unknown", not as "fine".
+
+The files are small (one line per storage), written atomically (temp file +
+rename in the same folder, as the queue), so a reader never sees half of one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from pvestord import lvm
+from pvestord.config import StorageConfig
+from pvestord.errors import CommandError
+
+log = logging.getLogger(__name__)
+
+#: The format of a report file; a reader refuses any other.
+FORMAT = 1
+#: A report file larger than this is not ours (pmxcfs caps a file at 1 MiB).
+MAX_REPORT_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True)
+class StorageView:
+    """One thin storage as one node sees it."""
+
+    vg: str
+    #: The VG was found by this node's LVM.
+    visible: bool
+    pvs: int = 0
+    missing_pvs: int = 0
+    free: int = 0
+    extent_size: int = 0
+    #: This node's last LVM command on the VG succeeded (the report's own
+    #: probe, or the daemon's last extension, whichever came later).
+    lvm_ok: bool = True
+    #: What LVM said when it failed, else None.
+    error: str | None = None
+
+    def problem(self) -> str | None:
+        """Why a guest's volumes on this VG should not run on this node, or None."""
+        detail = f" ({self.error})" if self.error else ""
+        if not self.visible:
+            return f"VG {self.vg} is not visible here{detail}"
+        if not self.lvm_ok:
+            return f"last LVM command on VG {self.vg} failed{detail}"
+        if self.missing_pvs:
+            return f"VG {self.vg} is missing {self.missing_pvs} of {self.pvs} PVs here"
+        return None
+
+
+@dataclass(frozen=True)
+class NodeReport:
+    node: str
+    #: Wall-clock seconds (``time.time()``) when the report was made; nodes
+    #: of a cluster keep their clocks in step (corosync needs it).
+    time: float
+    #: Seconds between reports, as the writer was configured.
+    interval: float
+    storages: Mapping[str, StorageView] = field(default_factory=dict)
+    #: The writer stopped cleanly: its node extends nothing until it returns.
+    stopped: bool = False
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data["format"] = FORMAT
+        return json.dumps(data, sort_keys=True) + "\n"
+
+
+class ReportError(ValueError):
+    """A report file that is not a report (the reader says which and why)."""
+
+
+def parse_report(text: str, source: str) -> NodeReport:
+    """A report from its JSON text; :class:`ReportError` naming ``source`` if it is not one."""
+    try:
+        data = json.loads(text)
+    except ValueError as err:
+        raise ReportError(f"{source}: not JSON: {err}") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ReportError(f"{source}: not a pvestord node report of format {FORMAT}")
+    try:
+        node, when, interval = data["node"], data["time"], data["interval"]
+        if not (isinstance(node, str) and node and _finite(when) and _finite(interval)):
+            raise TypeError("node, time or interval")
+        storages = {}
+        for storeid, view in dict(data.get("storages", {})).items():
+            if not isinstance(storeid, str) or not isinstance(view, dict):
+                raise TypeError(f"storage {storeid!r}")
+            storages[storeid] = _view(view)
+        stopped = data.get("stopped", False)
+        if not isinstance(stopped, bool):
+            raise TypeError("stopped")
+    except (KeyError, TypeError, ValueError) as err:
+        raise ReportError(f"{source}: malformed report ({err})") from None
+    return NodeReport(node=node, time=float(when), interval=float(interval),
+                      storages=storages, stopped=stopped)
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _view(data: Mapping[str, Any]) -> StorageView:
+    vg, visible, lvm_ok, error = data["vg"], data["visible"], data["lvm_ok"], data.get("error")
+    counts = {k: data.get(k, 0) for k in ("pvs", "missing_pvs", "free", "extent_size")}
+    if not (isinstance(vg, str) and isinstance(visible, bool) and isinstance(lvm_ok, bool)
+            and (error is None or isinstance(error, str))
+            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                    for v in counts.values())):
+        raise TypeError(f"storage view of VG {vg!r}")
+    return StorageView(vg=vg, visible=visible, lvm_ok=lvm_ok, error=error, **counts)
+
+
+#: The report's file name in its node's folder.
+REPORT_NAME = "pvestord.json"
+
+
+def report_path(nodes_dir: Path, node: str) -> Path:
+    if not node or "/" in node or node.startswith("."):
+        raise ValueError(f"node name {node!r} cannot name a folder")
+    return nodes_dir / node / REPORT_NAME
+
+
+def publish(nodes_dir: Path, report: NodeReport) -> Path:
+    """Write ``report`` atomically as ``<nodes_dir>/<node>/pvestord.json``."""
+    path = report_path(nodes_dir, report.node)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(report.to_json())
+        tmp.rename(path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+    return path
+
+
+def read_reports(nodes_dir: Path) -> tuple[dict[str, NodeReport], dict[str, str]]:
+    """Every node's report, and for each unreadable one the reason, by node.
+
+    A broken report leaves its node out with a reason instead of hiding it;
+    a node folder with no report is no node of ours (pmxcfs keeps folders of
+    nodes long gone), unless the caller names it as a candidate.
+    """
+    reports: dict[str, NodeReport] = {}
+    problems: dict[str, str] = {}
+    try:
+        paths = sorted(nodes_dir.glob(f"*/{REPORT_NAME}"))
+    except OSError as err:
+        return reports, {"*": f"cannot list {nodes_dir}: {err.strerror}"}
+    for path in paths:
+        node = path.parent.name
+        try:
+            if path.stat().st_size > MAX_REPORT_BYTES:
+                raise ReportError(f"{path}: larger than {MAX_REPORT_BYTES} bytes")
+            report = parse_report(path.read_text(errors="replace"), str(path))
+            if report.node != node:
+                raise ReportError(f"{path}: written for node {report.node!r}")
+        except (OSError, ReportError) as err:
+            problems[node] = str(err)
+            continue
+        reports[node] = report
+    return reports, problems
+
+
+class LvmHealth:
+    """Failures of the daemon's own LVM commands per VG since the last report.
+
+    The report's probe is one moment; an ``lvextend`` that failed between
+    two probes is the kind of thing a placement decision wants to know.
+    """
+
+    def __init__(self) -> None:
+        self._errors: dict[str, str | None] = {}
+
+    def record(self, vg: str, error: str | None) -> None:
+        """The outcome of a command on ``vg``: None for success."""
+        self._errors[vg] = error
+
+    def take(self, vg: str) -> str | None:
+        """The last outcome recorded for ``vg`` since the previous take, if it failed."""
+        return self._errors.pop(vg, None)
+
+
+async def probe(vg: str, *, timeout: float) -> StorageView:  # noqa: ASYNC109
+    """How ``vg`` looks from this node now: one ``vgs``."""
+    try:
+        seen = await lvm.vg_health(vg, timeout=timeout)
+    except lvm.LvMissingError as err:
+        return StorageView(vg=vg, visible=False, lvm_ok=False, error=str(err))
+    except (lvm.LvmError, CommandError) as err:
+        return StorageView(vg=vg, visible=True, lvm_ok=False, error=str(err))
+    return StorageView(vg=vg, visible=True, pvs=seen.pvs, missing_pvs=seen.missing_pvs,
+                       free=seen.free, extent_size=seen.extent_size)
+
+
+async def make_report(node: str, config: StorageConfig, health: LvmHealth, *,
+                      interval: float, lvm_timeout: float) -> NodeReport:
+    """This node's report: one probe per VG of the thin storages it may use."""
+    thin = {storeid: storage for storeid, storage in config.lvm_storages.items()
+            if storage.thin is not None and not storage.disabled and storage.available_on(node)}
+    probes: dict[str, StorageView] = {}
+    for storage in thin.values():
+        if storage.vgname not in probes:
+            view = await probe(storage.vgname, timeout=lvm_timeout)
+            failed = health.take(storage.vgname)
+            if view.lvm_ok and failed is not None:
+                view = replace(view, lvm_ok=False, error=f"last extension failed: {failed}")
+            probes[storage.vgname] = view
+    storages = {storeid: probes[s.vgname] for storeid, s in sorted(thin.items())}
+    return NodeReport(node=node, time=time.time(), interval=interval, storages=storages)
