@@ -48,7 +48,7 @@ def figures() -> Figures:
     return _FIGURES
 
 
-def _needs_root() -> None:
+def needs_root() -> None:
     if os.geteuid() != 0:
         pytest.fail("the packaging tests need root (debootstrap, chroot): "
                     "run `make packaging` as root")
@@ -77,7 +77,7 @@ def deb(tmp_path_factory: pytest.TempPathFactory, figures: Figures) -> Path:
 def installed_root(deb: Path, tmp_path_factory: pytest.TempPathFactory,
                    figures: Figures) -> Iterator[Path]:
     """A copy of the clean Debian 12 root with the package installed by apt."""
-    _needs_root()
+    needs_root()
     base, took = debroot.base_root()
     figures.values["debootstrap"] = "cached" if took is None else f"{took:.0f} s"
     root = debroot.copy_root(base, tmp_path_factory.mktemp("debroot") / "root")

@@ -1,0 +1,174 @@
+"""The check run inside the systemd guest (``tests/packaging/systemdguest.py``).
+
+Run by ``pvestord-check.service`` once pvestord and qmeventd-py are up, with
+Debian's python3 and nothing of ours but ``tests.harness.qemu`` (copied in):
+
+1. what systemd says of both units (state, restarts, status text, enablement,
+   when they became active);
+2. a thin disk growing under the services: a VG on the second virtio disk, a
+   qcow2 on a small LV of the thin storage in /etc/pve/storage.cfg, a QEMU
+   started as qemu-server starts one (pidfile and QMP socket under
+   /var/run/qemu-server, a monitor connected to /var/run/qmeventd.sock), the
+   write threshold armed by pvestord, writes past it, the LV extended;
+3. the journal's structured fields for the VM.
+
+Everything it saw goes into one JSON line on /dev/ttyS1, which the host
+captures; the host asserts. A step that fails is reported with its error,
+never papered over.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from tests.harness.qemu import Disk, QemuVM
+
+REPORT_PORT = "/dev/ttyS1"
+REPORT_PREFIX = "PVESTORD-CHECK "
+UNITS = ("pvestord.service", "qmeventd-py.service")
+SHOW_PROPERTIES = ("ActiveState", "SubState", "NRestarts", "StatusText", "UnitFileState",
+                   "Result", "MainPID", "ActiveEnterTimestampMonotonic", "NotifyAccess",
+                   "WatchdogUSec")
+
+# Must match the storage.cfg the host wrote (test_systemd_boot.STORAGE_CFG).
+VG = "pvsd"
+PV = "/dev/vdb"
+VMID = 101
+LV = f"vm-{VMID}-disk-0.qcow2"
+MiB = 1024 * 1024
+LV_SIZE = 256 * MiB
+CHUNK = 256 * MiB
+THRESHOLD = LV_SIZE - CHUNK // 2
+VIRTUAL = 4096 * MiB
+WRITE = 4 * MiB
+#: Past the threshold by a quarter chunk, still inside the LV.
+WRITTEN = THRESHOLD + CHUNK // 4
+
+COMMAND_TIMEOUT = 120.0
+SETTLE_TIMEOUT = 120.0
+ARM_TIMEOUT = 120.0
+EXTEND_TIMEOUT = 180.0
+
+
+def sh(argv: Sequence[str], *, timeout: float = COMMAND_TIMEOUT) -> str:
+    done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,  # noqa: S603
+                          stdin=subprocess.DEVNULL, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)}: exit {done.returncode}: {done.stderr.strip()}")
+    return done.stdout
+
+
+def wait_for(what: str, probe: Callable[[], bool], timeout: float) -> float:
+    """Seconds until ``probe()`` was true; raises after ``timeout``."""
+    start = time.monotonic()
+    while not probe():
+        if time.monotonic() - start > timeout:
+            raise TimeoutError(f"{what}: not within {timeout:.0f} s")
+        time.sleep(0.5)
+    return time.monotonic() - start
+
+
+def unit_properties(unit: str) -> dict[str, str]:
+    text = sh(["systemctl", "show", "-p", ",".join(SHOW_PROPERTIES), unit])
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
+def journal(unit: str, *matches: str) -> list[dict[str, Any]]:
+    text = sh(["journalctl", "--no-pager", "-o", "json", "-u", unit, *matches])
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def lv_size() -> int:
+    out = sh(["lvs", "--noheadings", "--units", "b", "--nosuffix", "-o", "lv_size",
+              f"{VG}/{LV}"])
+    return int(out.strip())
+
+
+def grow_a_thin_disk(report: dict[str, Any]) -> None:
+    sh(["pvcreate", "-q", PV])
+    sh(["vgcreate", "-q", VG, PV])
+    sh(["lvcreate", "-q", "-y", "-n", LV, "-L", f"{LV_SIZE}b", VG])
+    path = f"/dev/{VG}/{LV}"
+    sh(["qemu-img", "create", "-q", "-f", "qcow2", path, str(VIRTUAL)])
+    report["lv_size_before"] = lv_size()
+    sh(["mkdir", "-p", "/var/run/qemu-server"])
+    vm = QemuVM(VMID, "/var/run/qemu-server", disks=[Disk(path, "fmt0", "file0")],
+                event_socket="/var/run/qmeventd.sock", log_path=f"/var/log/qemu-{VMID}.log",
+                launch_timeout=60.0)
+    with vm:
+        report["threshold_armed_after_s"] = round(wait_for(
+            "write threshold armed by pvestord",
+            lambda: vm.named_node("file0")["write_threshold"] == THRESHOLD, ARM_TIMEOUT), 1)
+        report["threshold_armed"] = vm.named_node("file0")["write_threshold"]
+        errors = []
+        for offset in range(0, WRITTEN, WRITE):
+            result = vm.write_pattern("fmt0", offset, WRITE, 0x5A, check=False, timeout=60)
+            if not result.ok:
+                errors.append(f"offset {offset}: {result.error}")
+        report["write_errors"] = errors
+        report["written"] = WRITTEN
+        report["extended_after_s"] = round(wait_for(
+            "LV extended", lambda: lv_size() > LV_SIZE, EXTEND_TIMEOUT), 1)
+        report["lv_size_after"] = lv_size()
+        wait_for("threshold re-armed",
+                 lambda: vm.named_node("file0")["write_threshold"] > THRESHOLD, ARM_TIMEOUT)
+        report["threshold_rearmed"] = vm.named_node("file0")["write_threshold"]
+        report["read_back_ok"] = vm.read_verify("fmt0", 0, WRITTEN, 0x5A)
+        report["pvestord_pid_still"] = unit_properties("pvestord.service")["MainPID"]
+        report["queue_after"] = sh(["pvestord", "queue", "list", "--json"]).strip()
+    report["qemu_output_tail"] = vm.output[-5:]
+
+
+def extension_fields(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    keep = ("MESSAGE", "VMID", "NODE_NAME", "LV", "VG", "OLD_SIZE", "NEW_SIZE", "DURATION_MS",
+            "REASON", "PRIORITY", "SYSLOG_IDENTIFIER", "_SYSTEMD_UNIT")
+    return [{k: e[k] for k in keep if k in e} for e in entries]
+
+
+def main() -> int:
+    report: dict[str, Any] = {"errors": []}
+    try:
+        report["uptime_at_check_s"] = float(Path("/proc/uptime").read_text().split()[0])
+        report["pid1"] = Path("/proc/1/comm").read_text().strip()
+        # After= both units: they are active (READY=1 seen) or have failed;
+        # wait out any restart in progress.
+        wait_for("units settled", lambda: all(
+            unit_properties(u)["ActiveState"] not in ("activating", "reloading")
+            for u in UNITS), SETTLE_TIMEOUT)
+        report["units_at_boot"] = {u: unit_properties(u) for u in UNITS}
+        report["is_enabled"] = {u: sh(["systemctl", "is-enabled", u]).strip() for u in UNITS}
+    except Exception:
+        report["errors"].append(traceback.format_exc())
+    try:
+        grow_a_thin_disk(report)
+    except Exception:
+        report["errors"].append(traceback.format_exc())
+    try:
+        report["units_after"] = {u: unit_properties(u) for u in UNITS}
+        # pvestord logs the extension after lvextend returns: let it land.
+        wait_for("extension in the journal", lambda: any(
+            "NEW_SIZE" in e for e in journal("pvestord.service", f"VMID={VMID}")), 60)
+        report["journal_vmid"] = extension_fields(journal("pvestord.service", f"VMID={VMID}"))
+        report["journal_qmeventd_vmid"] = extension_fields(
+            journal("qmeventd-py.service", f"VMID={VMID}"))[-5:]
+    except Exception:
+        report["errors"].append(traceback.format_exc())
+    for unit in UNITS:
+        report.setdefault("journal_tail", {})[unit] = sh(
+            ["journalctl", "--no-pager", "-o", "short-monotonic", "-n", "30", "-u", unit])
+    line = REPORT_PREFIX + json.dumps(report, sort_keys=True) + "\n"
+    with open(REPORT_PORT, "w") as port:
+        port.write(line)
+    print(line, flush=True)
+    return 1 if report["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,357 @@
+"""A Debian 12 node with systemd as PID 1 and our package installed, booted under QEMU.
+
+Unlike the node guest (``tests/harness/nodeguest.py``: virtme-ng, the host's
+root shared read-only, a shell as PID 1), this guest boots its own root file
+system, so systemd runs as PID 1 and starts the units the package enabled,
+exactly as on a Proxmox node after a reboot.
+
+Three layers, each made from the one before:
+
+1. ``debroot.base_root()``: debootstrap's minbase, cached.
+2. :func:`systemd_root`: a copy with :data:`PACKAGES` installed by apt and the
+   kernel modules the guest loads after the initrd (device-mapper, loop, ...),
+   cached under ``/var/cache/pvestord-test/`` keyed by the package list, the
+   base root and the kernel, so only the first run downloads and installs.
+3. :func:`node_image`: per run, a copy of (2) with the freshly built .deb
+   installed by ``dpkg -i`` in a chroot (its postinst enables both units), the
+   in-guest check and its unit, made into an ext4 image by ``mkfs.ext4 -d``
+   (no loop mount).
+
+:func:`boot` runs Debian's kernel and initrd (``/boot``, as the node guest
+does) with ``init=/lib/systemd/systemd`` on that image, a blank second disk
+for the volume group, the console on the first serial port and the check's
+one-line JSON report on the second; the check unit powers the guest off when
+it is done. TCG unless the machine has real hardware KVM.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import select
+import shutil
+import subprocess
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pvestord.command import run
+from tests.harness.nodeguest import BLACKLIST, find_kernel, hardware_kvm_usable
+from tests.packaging import debroot
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+
+#: What a Proxmox node has that the test needs: systemd as init, udev (LVM
+#: waits on it), kmod (dm-mod is loaded on demand), QEMU for a VM, and the
+#: package's own dependencies so that ``dpkg -i`` needs no network.
+PACKAGES = (
+    "systemd", "systemd-sysv", "udev", "kmod", "lvm2", "qemu-utils", "qemu-system-x86",
+    "python3", "python3-systemd", "python3-pyinotify",
+)
+#: Modules loaded after the initrd (the initrd has virtio_blk and ext4):
+#: device-mapper and loop for LVM, the rest systemd asks for at boot.
+GUEST_MODULES = ("dm-mod", "loop", "autofs4", "configfs", "fuse", "binfmt_misc")
+
+#: apt-get update and installing PACKAGES (~150 .debs) into the cached root.
+APT_TIMEOUT = 1800.0
+#: Copying the prepared root, ``dpkg -i``, ``mkfs.ext4 -d``.
+IMAGE_TIMEOUT = 600.0
+#: Free space left in the root image beyond its files.
+IMAGE_SLACK = 512 * 1024 * 1024
+#: The second disk, the volume group's only PV (sparse).
+VG_DISK_SIZE = 2 * 1024 * 1024 * 1024
+
+CHECK_DIR = "/opt/pvestord-check"
+CHECK_UNIT = "pvestord-check.service"
+#: The prefix of the check's report line on the second serial port.
+REPORT_PREFIX = "PVESTORD-CHECK "
+
+_CHECK_UNIT_TEXT = f"""\
+[Unit]
+Description=pvestord systemd test: the units, a thin disk growing, a report on ttyS1
+# Starts once both daemons are up (Type=notify: READY=1 received) or failed.
+After=pvestord.service qmeventd-py.service
+# The guest's work is done either way: power off (an orderly shutdown, which
+# stops both daemons) so QEMU exits.
+SuccessAction=poweroff
+FailureAction=poweroff
+
+[Service]
+Type=oneshot
+Environment=PYTHONPATH={CHECK_DIR}
+ExecStart=/usr/bin/python3 -m tests.packaging.guest_check
+StandardOutput=journal+console
+StandardError=journal+console
+# Longer than the sum of the check's own bounded waits (10 min), shorter than
+# the host's timeout for the whole run: a stuck check fails and powers off.
+TimeoutStartSec=720
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+class SystemdGuestError(Exception):
+    """The guest did not boot, did not report, or did not finish in time."""
+
+
+def kernel_and_initrd() -> tuple[Path, Path, str]:
+    kernel = find_kernel()
+    release = kernel.name.removeprefix("vmlinuz-")
+    initrd = kernel.with_name(f"initrd.img-{release}")
+    if not initrd.is_file():
+        raise SystemdGuestError(f"no {initrd} for {kernel}: reinstall linux-image-{release}")
+    return kernel, initrd, release
+
+
+def _module_closure(release: str, names: Sequence[str]) -> list[str]:
+    """Paths (relative to /lib/modules/<release>) of ``names`` and what they depend on."""
+    deps: dict[str, list[str]] = {}
+    for line in (Path("/lib/modules") / release / "modules.dep").read_text().splitlines():
+        path, _, needs = line.partition(":")
+        deps[path] = needs.split()
+    by_name = {Path(p).name.removesuffix(".ko").replace("_", "-"): p for p in deps}
+    wanted: list[str] = []
+    todo: list[str] = []
+    for name in names:
+        found = by_name.get(name.replace("_", "-"))
+        if found is None:
+            raise SystemdGuestError(f"module {name} is not in {release}'s modules.dep")
+        todo.append(found)
+    while todo:
+        path = todo.pop()
+        if path not in wanted:
+            wanted.append(path)
+            todo.extend(deps[path])
+    return sorted(wanted)
+
+
+def _install_modules(root: Path, release: str) -> None:
+    source = Path("/lib/modules") / release
+    dest = root / "usr/lib/modules" / release
+    dest.mkdir(parents=True, exist_ok=True)
+    for rel in _module_closure(release, GUEST_MODULES):
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source / rel, dest / rel)
+    for meta in ("modules.order", "modules.builtin", "modules.builtin.modinfo"):
+        if (source / meta).is_file():
+            shutil.copy2(source / meta, dest / meta)
+    debroot.chroot(root, ["depmod", "-a", release])
+
+
+def systemd_root() -> tuple[Path, float | None]:
+    """The cached root with PACKAGES and the guest's modules; seconds it took (None: cached)."""
+    base, _ = debroot.base_root()
+    _, _, release = kernel_and_initrd()
+    base_key = (debroot.CACHE / f"{debroot.SUITE}-{debroot.VARIANT}.stamp").read_text()
+    key = json.dumps({"base": base_key, "packages": sorted(PACKAGES), "kernel": release,
+                      "modules": sorted(GUEST_MODULES)}, sort_keys=True) + "\n"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    root = debroot.CACHE / f"{debroot.SUITE}-systemd-{digest}"
+    stamp = root.with_name(root.name + ".stamp")
+    if root.is_dir() and stamp.is_file() and stamp.read_text() == key:
+        return root, None
+    # Roots made for another package list or kernel are of no further use.
+    for stale in debroot.CACHE.glob(f"{debroot.SUITE}-systemd-*"):
+        if stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            stale.unlink(missing_ok=True)
+    partial = root.with_name(root.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    start = time.monotonic()
+    debroot.copy_root(base, partial)
+    cache = partial / "var/cache/apt/archives"
+    cache.mkdir(parents=True, exist_ok=True)
+    for pkg in debroot.archives().glob("*.deb"):
+        shutil.copy2(pkg, cache / pkg.name)
+    debroot.chroot(partial, ["apt-get", "update", "-q"], timeout=APT_TIMEOUT)
+    debroot.chroot(partial, ["apt-get", "install", "-y", "-q", "--no-install-recommends",
+                             *PACKAGES], timeout=APT_TIMEOUT)
+    for pkg in cache.glob("*.deb"):
+        if not (debroot.archives() / pkg.name).exists():
+            shutil.copy2(pkg, debroot.archives() / pkg.name)
+    # The image is copied every run: no .debs in it.
+    debroot.chroot(partial, ["apt-get", "clean"])
+    _install_modules(partial, release)
+    # Only a finished root gets the name and the stamp (as debroot.base_root).
+    partial.rename(root)
+    stamp.write_text(key)
+    return root, time.monotonic() - start
+
+
+@dataclass(frozen=True)
+class NodeImage:
+    root_image: Path
+    vg_disk: Path
+
+
+def _directory_bytes(path: Path) -> int:
+    total = 0
+    for dirpath, _, names in os.walk(path):
+        for name in names:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
+    return total
+
+
+def node_image(base: Path, deb: Path, storage_cfg: str, work: Path) -> NodeImage:
+    """The per-run root image: ``base`` plus our package, the check and its unit."""
+    root = debroot.copy_root(base, work / "root")
+    try:
+        shutil.copy2(deb, root / "tmp" / deb.name)
+        # dpkg, not apt: every dependency is in the cached root, and a missing
+        # one must fail here rather than be fetched.
+        debroot.chroot(root, ["dpkg", "-i", f"/tmp/{deb.name}"], timeout=IMAGE_TIMEOUT)
+        (root / "tmp" / deb.name).unlink()
+        check = root / CHECK_DIR.lstrip("/")
+        check.mkdir(parents=True)
+        # The check imports tests.harness.qemu as in the tree.
+        for rel in ("tests/__init__.py", "tests/harness/__init__.py", "tests/harness/qemu.py",
+                    "tests/packaging/__init__.py", "tests/packaging/guest_check.py"):
+            (check / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / rel, check / rel)
+        (root / "etc/systemd/system" / CHECK_UNIT).write_text(_CHECK_UNIT_TEXT)
+        debroot.chroot(root, ["systemctl", "enable", CHECK_UNIT])
+        (root / "etc/pve").mkdir(parents=True, exist_ok=True)
+        (root / "etc/pve/storage.cfg").write_text(storage_cfg)
+        (root / "etc/hostname").write_text("pvenode1\n")
+        (root / "etc/fstab").write_text("/dev/vda / ext4 rw,errors=remount-ro 0 1\n")
+        # No login prompt on the console: nobody logs in.
+        debroot.chroot(root, ["systemctl", "mask", "serial-getty@ttyS0.service",
+                              "getty@tty1.service"])
+        image = work / "root.img"
+        size = _directory_bytes(root) + IMAGE_SLACK
+        run(["mkfs.ext4", "-q", "-F", "-L", "pvenode1", "-d", str(root), str(image),
+             f"{size // 1024}k"], timeout=IMAGE_TIMEOUT)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    vg_disk = work / "vg.img"
+    with vg_disk.open("wb") as f:
+        f.truncate(VG_DISK_SIZE)
+    return NodeImage(image, vg_disk)
+
+
+@dataclass(frozen=True)
+class BootResult:
+    returncode: int
+    duration: float
+    console_log: Path
+    report: dict[str, Any]
+    #: The guest's persistent journal, copied out of the image after power off.
+    journal_dir: Path
+
+
+def qemu_argv(image: NodeImage, report_path: Path, *, memory: str, cpus: int) -> list[str]:
+    kernel, initrd, _ = kernel_and_initrd()
+    append = " ".join([
+        "root=/dev/vda", "rw", "init=/lib/systemd/systemd", "console=ttyS0",
+        f"modprobe.blacklist={BLACKLIST}", "systemd.show_status=1", "panic=-1",
+    ])
+    argv = [
+        "qemu-system-x86_64", "-machine", "q35", "-m", memory, "-smp", str(cpus),
+        "-nodefaults", "-display", "none", "-no-reboot",
+        "-kernel", str(kernel), "-initrd", str(initrd), "-append", append,
+        "-drive", f"file={image.root_image},if=virtio,format=raw,cache=unsafe",
+        "-drive", f"file={image.vg_disk},if=virtio,format=raw,cache=unsafe",
+        "-serial", "stdio",
+        "-chardev", f"file,id=report,path={report_path}", "-serial", "chardev:report",
+        "-nic", "none",
+    ]
+    argv[1:1] = ["-accel", "kvm", "-cpu", "host"] if hardware_kvm_usable() else ["-accel", "tcg"]
+    return argv
+
+
+def boot(image: NodeImage, out: Path, *, timeout: float, memory: str = "2G",
+         cpus: int = 2, echo: bool = False) -> BootResult:
+    """Boot the node, wait for it to power off, and return the check's report."""
+    out.mkdir(parents=True, exist_ok=True)
+    console_log = out / "console.log"
+    report_path = out / "report.txt"
+    report_path.unlink(missing_ok=True)
+    argv = qemu_argv(image, report_path, memory=memory, cpus=cpus)
+    tail: deque[str] = deque(maxlen=40)
+    start = time.monotonic()
+    timed_out = False
+    # A pipe, not a file, for the console (NODE-GUEST.md: QEMU's file
+    # chardevs on an inherited fd garble the log).
+    with console_log.open("w") as log, subprocess.Popen(  # noqa: S603 - argument list
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        start_new_session=True,
+    ) as proc:
+        assert proc.stdout is not None
+        fd = proc.stdout.fileno()
+        pending = b""
+        while True:
+            ready, _, _ = select.select([fd], [], [], 0.5)
+            chunk = os.read(fd, 65536) if ready else b""
+            if chunk:
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for raw in lines:
+                    line = raw.decode(errors="replace").rstrip("\r")
+                    log.write(line + "\n")
+                    tail.append(line)
+                    if echo:
+                        print(line, flush=True)
+                log.flush()
+            elif ready or proc.poll() is not None:
+                break
+            if time.monotonic() - start > timeout:
+                timed_out = True
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, 9)
+                break
+        proc.wait(timeout=30)
+    duration = time.monotonic() - start
+    console = "\n".join(tail)
+    if timed_out:
+        raise SystemdGuestError(f"guest did not power off within {timeout:.0f} s; killed. "
+                                f"Last console lines:\n{console}\n(full console: {console_log})")
+    report = read_report(report_path)
+    if report is None:
+        raise SystemdGuestError(
+            f"guest exited ({proc.returncode}) after {duration:.0f} s without a report. "
+            f"Last console lines:\n{console}\n(full console: {console_log}; "
+            f"command: {' '.join(argv)})")
+    return BootResult(proc.returncode, duration, console_log, report,
+                      copy_journal(image, out / "journal"))
+
+
+def copy_journal(image: NodeImage, dest: Path) -> Path:
+    """The guest's /var/log/journal, read out of its image with debugfs (no mount)."""
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    run(["debugfs", "-R", f"rdump /var/log/journal {dest}", str(image.root_image)],
+        timeout=IMAGE_TIMEOUT)
+    return dest / "journal"
+
+
+def journal_entries(journal_dir: Path, *matches: str) -> list[dict[str, Any]]:
+    """``journalctl -o json`` on the guest's journal, read on the host."""
+    text = run(["journalctl", "--no-pager", "-o", "json", "-D", str(journal_dir), *matches],
+               timeout=IMAGE_TIMEOUT).stdout
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def read_report(path: Path) -> dict[str, Any] | None:
+    """The check's JSON report from the second serial port's capture, if any."""
+    if not path.is_file():
+        return None
+    for line in path.read_text(errors="replace").splitlines():
+        line = line.strip("\r\n\x00")
+        if line.startswith(REPORT_PREFIX):
+            report: dict[str, Any] = json.loads(line.removeprefix(REPORT_PREFIX))
+            return report
+    return None
+
+
+if __name__ == "__main__":
+    path, seconds = systemd_root()
+    print(f"{path}: " + ("cached" if seconds is None else f"made in {seconds:.0f} s"))

@@ -1,0 +1,149 @@
+"""The packaged services under a real systemd, as PID 1, on a booted Debian 12 node.
+
+One guest boot per session (``systemdguest.py``): Debian's kernel and initrd
+from /boot, ``init=/lib/systemd/systemd``, a root image with systemd, LVM,
+QEMU and the freshly built .deb installed by dpkg (its postinst enables both
+units; nothing starts them but the boot). In the guest, a oneshot unit
+ordered after both services (``guest_check.py``) records what systemd says of
+them, grows a thin disk through them (VG on a second virtio disk, qcow2 on a
+256 MiB LV, a QEMU connected to qmeventd-py's socket, qemu-io writes past the
+write threshold) and reads the journal; it reports one JSON line on the second
+serial port and powers the guest off. These tests assert on that report.
+
+Cost, measured on the 2-core CI machine (TCG): warm cache, about 2.5 minutes
+(image ~20 s, boot to both units active ~45 s, the disk growing ~40 s, power
+off); cold, add the cached root: ~30 s of apt on top of debootstrap's own
+cache (``debroot.base_root``), which apt downloads ~80 MB for.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.packaging import systemdguest
+from tests.packaging.conftest import Figures, needs_root
+
+MiB = 1024 * 1024
+#: Whole guest run: boot, the check (its own waits are bounded), power off.
+GUEST_TIMEOUT = 15 * 60.0
+UNITS = ("pvestord.service", "qmeventd-py.service")
+
+#: What the node's /etc/pve/storage.cfg says (guest_check.py makes the VG).
+STORAGE_CFG = """\
+lvm: thin1
+\tvgname pvsd
+\tcontent images
+\tchunksize 256M
+\tchunk-percentage 0.5
+\tinitial-size 256M
+"""
+
+
+@pytest.fixture(scope="module")
+def node_run(deb: Path, tmp_path_factory: pytest.TempPathFactory,
+             figures: Figures) -> systemdguest.BootResult:
+    """One boot of the node, to its power off: the check's report and the journal."""
+    needs_root()
+    start = time.monotonic()
+    root, took = systemdguest.systemd_root()
+    figures.values["systemd root (apt)"] = "cached" if took is None else f"{took:.0f} s"
+    work = tmp_path_factory.mktemp("systemd-node")
+    image = systemdguest.node_image(root, deb, STORAGE_CFG, work)
+    figures.values["node image (copy, dpkg -i, mkfs.ext4 -d)"] = (
+        f"{time.monotonic() - start:.0f} s")
+    result = systemdguest.boot(image, work / "out", timeout=GUEST_TIMEOUT)
+    figures.values["systemd guest run (boot to power off)"] = f"{result.duration:.0f} s"
+    got: dict[str, Any] = result.report
+    active = [float(got.get("units_at_boot", {}).get(u, {}).get(
+        "ActiveEnterTimestampMonotonic", 0)) / 1e6 for u in UNITS]
+    figures.values["units active after boot (monotonic)"] = ", ".join(
+        f"{u} {s:.1f} s" for u, s in zip(UNITS, active, strict=True))
+    figures.values["systemd guest console"] = str(result.console_log)
+    return result
+
+
+@pytest.fixture(scope="module")
+def report(node_run: systemdguest.BootResult) -> dict[str, Any]:
+    return node_run.report
+
+
+def _tails(report: dict[str, Any]) -> str:
+    return "\n".join(f"--- {u}\n{t}" for u, t in report.get("journal_tail", {}).items())
+
+
+def test_every_check_step_ran(report: dict[str, Any]) -> None:
+    """A step of the in-guest check that failed, with its traceback."""
+    assert report["errors"] == [], "\n".join(report["errors"]) + "\n" + _tails(report)
+
+
+def test_systemd_is_pid_1(report: dict[str, Any]) -> None:
+    assert report["pid1"] == "systemd"
+
+
+@pytest.mark.parametrize("unit", UNITS)
+def test_unit_started_at_boot_enabled_and_ready(report: dict[str, Any], unit: str) -> None:
+    """Enabled by the package, started by the boot, READY=1 received, no restart."""
+    assert report["is_enabled"][unit] == "enabled"
+    for when in ("units_at_boot", "units_after"):
+        props = report[when][unit]
+        # Type=notify: "active" only after systemd received READY=1.
+        assert (props["ActiveState"], props["SubState"]) == ("active", "running"), (when, props)
+        assert props["NRestarts"] == "0", (when, props)
+        assert props["WatchdogUSec"] == "30s", props
+    assert int(report["units_at_boot"][unit]["ActiveEnterTimestampMonotonic"]) > 0
+    # The same process all along: no crash and restart in between.
+    assert report["units_at_boot"][unit]["MainPID"] == report["units_after"][unit]["MainPID"]
+
+
+def test_pvestord_reports_status(report: dict[str, Any]) -> None:
+    status = report["units_after"]["pvestord.service"]["StatusText"]
+    assert status.startswith("queue depth 0,"), status
+
+
+def test_thin_disk_grew_under_systemd(report: dict[str, Any]) -> None:
+    assert report["lv_size_before"] == 256 * MiB
+    # Armed by pvestord's reconcile: LV size - chunksize x chunk-percentage.
+    assert report["threshold_armed"] == 128 * MiB
+    assert report["write_errors"] == []
+    assert report["lv_size_after"] == 512 * MiB
+    assert report["threshold_rearmed"] == 512 * MiB - 128 * MiB
+    assert report["read_back_ok"] is True
+    assert report["queue_after"] == "[]"
+
+
+def test_journal_has_the_extension_with_its_fields(report: dict[str, Any]) -> None:
+    """``journalctl -u pvestord VMID=101`` finds the extension, sizes as fields."""
+    extensions = [e for e in report["journal_vmid"] if "NEW_SIZE" in e]
+    assert extensions, report["journal_vmid"]
+    first = extensions[0]
+    assert first["_SYSTEMD_UNIT"] == "pvestord.service"
+    assert first["SYSLOG_IDENTIFIER"] == "pvestord"
+    assert (first["VMID"], first["NODE_NAME"], first["VG"]) == ("101", "file0", "pvsd")
+    assert first["LV"] == "/dev/pvsd/vm-101-disk-0.qcow2"
+    assert (first["OLD_SIZE"], first["NEW_SIZE"]) == (str(256 * MiB), str(512 * MiB))
+    assert int(first["DURATION_MS"]) > 0
+    assert first["REASON"] == "threshold"
+
+
+def test_qmeventd_py_queued_the_threshold_event(report: dict[str, Any]) -> None:
+    queued = [e for e in report["journal_qmeventd_vmid"] if e.get("REASON") == "threshold"]
+    assert queued, report["journal_qmeventd_vmid"]
+    assert queued[0]["_SYSTEMD_UNIT"] == "qmeventd-py.service"
+    assert (queued[0]["VMID"], queued[0]["NODE_NAME"]) == ("101", "file0")
+
+
+@pytest.mark.parametrize(("unit", "last_words"), [("pvestord.service", "pvestord stopped"),
+                                                  ("qmeventd-py.service", "stopping")])
+def test_unit_stopped_cleanly_at_power_off(node_run: systemdguest.BootResult, unit: str,
+                                           last_words: str) -> None:
+    """The check powered the node off: systemd stopped the daemon with SIGTERM, no kill."""
+    entries = systemdguest.journal_entries(node_run.journal_dir, "-u", unit)
+    daemon = [e["MESSAGE"] for e in entries if e.get("_SYSTEMD_UNIT") == unit]
+    by_systemd = [e["MESSAGE"] for e in entries if e.get("_PID") == "1"]
+    assert last_words in daemon, daemon[-5:]
+    assert f"{unit}: Deactivated successfully." in by_systemd, by_systemd
+    assert not [m for m in by_systemd if "SIGKILL" in m or "timed out" in m or "Killing" in m]
