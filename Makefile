@@ -22,10 +22,18 @@ lint: deps
 	$(PY) -m ruff check pvestord qmeventd_py tests bench
 	$(PY) -m mypy --strict
 
+# Both Pythons at once (one core each); the 3.13 run's output follows the 3.11 one's.
 unit: deps
-	$(PYTEST) tests/unit -q
-	@if [ -x $(PY313) ]; then $(PY313) -m pytest tests/unit -q; \
-	 else echo "unit: no Python 3.13 venv on this machine, skipped that run"; fi
+	@mkdir -p $(OUT); \
+	if [ -x $(PY313) ]; then \
+	    $(PY313) -m pytest tests/unit -q -p no:cacheprovider >$(OUT)/unit-py313.log 2>&1 & \
+	    p313=$$!; \
+	else echo "unit: no Python 3.13 venv on this machine, skipped that run"; p313=; fi; \
+	$(PYTEST) tests/unit -q -p no:cacheprovider; rc=$$?; \
+	if [ -n "$$p313" ]; then \
+	    wait $$p313 || rc=1; echo "unit, Python 3.13:"; tail -n 30 $(OUT)/unit-py313.log; \
+	fi; \
+	exit $$rc
 
 # Host tier: real QEMU processes and files, no device-mapper (needs root).
 host: deps
@@ -50,7 +58,7 @@ faults: deps
 # Two-node tier: two node guests sharing one SAN image, driven from the host
 # (tests/harness/twonode.py); the pair boots once for the whole session.
 cluster: deps
-	$(PYTEST) tests/integration/cluster -q -p no:cacheprovider
+	$(PYTEST) tests/integration/cluster -q -p no:cacheprovider --durations=0
 
 demo: deps
 	$(PY) -m tests.harness.nodeguest --out $(OUT)/demo --demo

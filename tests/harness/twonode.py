@@ -154,29 +154,42 @@ class Node:
             str(VENV_BIN / "qmeventd-py"), "--socket", self.event_socket,
             "--queue", str(pve / "extend-queue"), "--lock-dir", str(cluster.lock_dir),
             "--no-cleanup", "-f", "-v", "--node-name", self.name])
-        self.call("spawn", name="pvestord", log=str(self.logs / "pvestord.log"), argv=[
+        self.start_pvestord(cluster, poll=poll, timeout=timeout)
+
+    def start_pvestord(self, cluster: Cluster, *, poll: float = 1.0, timeout: float = 300.0,
+                       log: str = "pvestord", env: dict[str, str] | None = None) -> None:
+        """pvestord on this node, logging to ``logs/<log>.log`` (a restarted one
+        gets a file of its own, so that waiting for its lines never matches its
+        predecessor's). Node reports every 2 s, for the ranking tests."""
+        self.logs.mkdir(parents=True, exist_ok=True)
+        pve = cluster.pve
+        self.call("spawn", name="pvestord", log=str(self.logs / f"{log}.log"), env=env or {},
+                  argv=[
             str(VENV_BIN / "pvestord"), "--queue", str(pve / "extend-queue"), "-v", "run",
             "--storage-config", str(pve / "storage.cfg"), "--run-dir", self.run_dir,
             "--lock-dir", str(cluster.lock_dir), "--node", self.name, "--no-journal",
-            "--poll-interval", str(poll)])
-        self.wait_log("pvestord", "pvestord started", timeout=timeout)
+            "--poll-interval", str(poll), "--report-interval", "2"])
+        self.wait_log("pvestord", "pvestord started", timeout=timeout, log=log)
 
     def stop_daemons(self) -> dict[str, int | None]:
         return {name: self.call("stop", name=name)["rc"] for name in ("pvestord", "qmeventd")}
 
-    def log_text(self, daemon: str) -> str:
-        path = self.logs / f"{daemon}.log"
+    def log_text(self, log: str) -> str:
+        path = self.logs / f"{log}.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
-    def wait_log(self, daemon: str, needle: str, timeout: float = 60.0) -> None:
+    def wait_log(self, daemon: str, needle: str, timeout: float = 60.0,
+                 log: str | None = None) -> None:
+        """Wait for ``needle`` in the log ``log`` (default: the daemon's name)."""
+        log = log or daemon
         deadline = time.monotonic() + timeout
-        while needle not in self.log_text(daemon):
+        while needle not in self.log_text(log):
             if not self.call("alive", name=daemon):
                 raise RuntimeError(f"{self.name} {daemon} exited before logging {needle!r}:\n"
-                                   f"{self.log_text(daemon)[-3000:]}")
+                                   f"{self.log_text(log)[-3000:]}")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{self.name} {daemon} did not log {needle!r} within "
-                                   f"{timeout:g} s:\n{self.log_text(daemon)[-3000:]}")
+                                   f"{timeout:g} s:\n{self.log_text(log)[-3000:]}")
             time.sleep(0.2)
 
 
@@ -392,16 +405,18 @@ def create_thin_volume(node: Node, vg: str, vmid: int, *, size: int = 64 * MiB,
 
 
 def launch_vm(node: Node, vmid: int, path: str, *, incoming: str | None = None,
-              extra: list[str] | None = None) -> None:
+              extra: list[str] | None = None, machine: str = "none") -> None:
     """A QEMU with Proxmox's layout on ``node``: qcow2 ``fmt0`` over ``file0`` on ``path``.
 
-    ``incoming`` starts it as a migration target (``-incoming``).
+    ``incoming`` starts it as a migration target (``-incoming``); ``machine``
+    ``pc`` for a guest that runs (the writer guest), else no guest at all.
     """
     args = list(extra or [])
     if incoming is not None:
         args += ["-incoming", incoming]
     node.logs.mkdir(parents=True, exist_ok=True)
     node.call("vm_launch", vmid=vmid, run_dir=node.run_dir, event_socket=node.event_socket,
+              machine=machine,
               log_path=str(node.logs / f"qemu-{vmid}.log"), extra_args=args,
               disks=[{"path": path, "node_name": "fmt0", "file_node_name": "file0"}])
 
