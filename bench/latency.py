@@ -21,19 +21,28 @@ this process on a VM with no daemon, no queue and no lock.
 
 **Original design**: the same daemon with ``--poll-interval 1
 --global-worker --no-inotify``, the proposal's polling and single worker.
+
+**Side by side** (:func:`side_by_side`, what ``bench.run`` uses): the three
+are set up at once, each on its own VG, storage id, daemons and QEMU, and
+sampled in turn (ours, floor, original, then the next round in a rotated
+order), so that a change of load on the machine hits the three alike instead
+of whichever ran during it. The cost: while one side is sampled, the other
+daemons are idle beside it (queue polls, the periodic reconcile).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from bench.report import summary
+from bench.together import enter_together, one_at_a_time
 from pvestord import lvm
 from pvestord.qmp import VmMonitor
 from tests.harness import daemonlog
@@ -104,8 +113,10 @@ def split_summary(splits: Sequence[dict[str, float]]) -> dict[str, dict[str, flo
     return {key: summary([s[key] for s in splits]) for key in keys}
 
 
-def storage(vg: VG) -> ThinStorageSpec:
-    return ThinStorageSpec("san", vg.name, chunksize=f"{CHUNK // MiB}M",
+def storage(vg: VG, storeid: str = "san") -> ThinStorageSpec:
+    # Each side of the comparison has its own storage id: the storage lock is
+    # a flock named after it, shared by every daemon on the node.
+    return ThinStorageSpec(storeid, vg.name, chunksize=f"{CHUNK // MiB}M",
                            chunk_percentage=PERCENTAGE, initial_size=f"{INITIAL // MiB}M")
 
 
@@ -188,29 +199,52 @@ def extension_after(text: str) -> tuple[daemonlog.LogLine, daemonlog.LogLine] | 
     return None
 
 
-def daemon_latency(out: Path, name: str, extensions: int,
-                   pvestord_args: Sequence[str] = ()) -> dict[str, Any]:
-    """Scenario 1 (``pvestord_args`` empty) or 3 (ORIGINAL_ARGS): ``extensions`` samples."""
+class DaemonSide:
+    """One thin drive under its own daemons, ready to be crossed sample after sample."""
+
+    def __init__(self, bed: NodeBed, pvestord: Daemon, vm: QemuVM) -> None:
+        self.bed = bed
+        self.pvestord = pvestord
+        self.vm = vm
+        self.cursor = 0
+        self.samples: list[Sample] = []
+
+    def sample(self) -> None:
+        self.cursor = approach(self.vm, self.cursor)
+        sample, self.cursor = cross_and_wait(self.vm, self.pvestord, self.cursor)
+        self.samples.append(sample)
+        wait_for(lambda: not self.bed.entries(), 30, "the queue to drain")
+
+
+@contextlib.contextmanager
+def daemon_side(out: Path, name: str, extensions: int, pvestord_args: Sequence[str] = (),
+                storeid: str = "san") -> Iterator[DaemonSide]:
     logs = out / name
     logs.mkdir(parents=True, exist_ok=True)
-    with loop_vg(vg_size(extensions), prefix="lat") as vg, \
+    with one_at_a_time(loop_vg(vg_size(extensions), prefix="lat")) as vg, \
             tempfile.TemporaryDirectory(prefix="bench-") as tmp:
-        bed = NodeBed(Path(tmp), [storage(vg)], logs_dir=logs, verbose=False)
+        bed = NodeBed(Path(tmp), [storage(vg, storeid)], logs_dir=logs, verbose=False)
         disk = thin_disk(vg, VMID)
         with daemons(bed, pvestord_args=pvestord_args) as (_, pvestord), QemuVM(
                 VMID, bed.run_dir, disks=[disk], event_socket=bed.event_socket,
                 log_path=logs / "qemu.log") as vm:
             wait_for(lambda: armed_threshold(vm, FILE_NODE) > 0, 60, "the first threshold")
-            samples: list[Sample] = []
-            cursor = 0
-            for _ in range(extensions):
-                cursor = approach(vm, cursor)
-                sample, cursor = cross_and_wait(vm, pvestord, cursor)
-                samples.append(sample)
-                wait_for(lambda: not bed.entries(), 30, "the queue to drain")
-    splits = [s.split() for s in samples]
+            yield DaemonSide(bed, pvestord, vm)
+
+
+def daemon_result(side: DaemonSide, pvestord_args: Sequence[str]) -> dict[str, Any]:
+    splits = [s.split() for s in side.samples]
     return {"pvestord_args": list(pvestord_args), "chunk": CHUNK, "percentage": PERCENTAGE,
-            "summary": split_summary(splits), "samples": [asdict(s) for s in samples]}
+            "summary": split_summary(splits), "samples": [asdict(s) for s in side.samples]}
+
+
+def daemon_latency(out: Path, name: str, extensions: int,
+                   pvestord_args: Sequence[str] = ()) -> dict[str, Any]:
+    """Scenario 1 (``pvestord_args`` empty) or 3 (ORIGINAL_ARGS) alone: ``extensions`` samples."""
+    with daemon_side(out, name, extensions, pvestord_args) as side:
+        for _ in range(extensions):
+            side.sample()
+    return daemon_result(side, pvestord_args)
 
 
 async def _floor_once(vm: QemuVM, vg: str, lv: str, target: int) -> dict[str, float]:
@@ -236,26 +270,66 @@ async def _floor_once(vm: QemuVM, vg: str, lv: str, target: int) -> dict[str, fl
             "lvm": lvm_ended - lvm_began}
 
 
-def floor(out: Path, extensions: int) -> dict[str, Any]:
-    """Scenario 2: the daemon's calls for ``extensions`` extensions, in a tight loop."""
+class FloorSide:
+    """The daemon's calls for one extension after another, on a QEMU with no daemon."""
+
+    def __init__(self, vm: QemuVM, vg: VG, lv: str) -> None:
+        self.vm = vm
+        self.vg = vg
+        self.lv = lv
+        self.size = INITIAL
+        self.samples: list[dict[str, float]] = []
+
+    def sample(self) -> None:
+        self.size += CHUNK
+        self.samples.append(asyncio.run(_floor_once(self.vm, self.vg.name, self.lv, self.size)))
+
+
+@contextlib.contextmanager
+def floor_side(out: Path, extensions: int) -> Iterator[FloorSide]:
     logs = out / "floor"
     logs.mkdir(parents=True, exist_ok=True)
-    with loop_vg(vg_size(extensions), prefix="flr") as vg, \
+    with one_at_a_time(loop_vg(vg_size(extensions), prefix="flr")) as vg, \
             tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         disk = thin_disk(vg, VMID)
         lv = f"vm-{VMID}-disk-0.qcow2"
         with QemuVM(VMID, Path(tmp), disks=[disk], log_path=logs / "qemu.log") as vm:
-
-            async def loop() -> list[dict[str, float]]:
-                size = INITIAL
-                times = []
-                for _ in range(extensions):
-                    size += CHUNK
-                    times.append(await _floor_once(vm, vg.name, lv, size))
-                return times
-
-            splits = asyncio.run(loop())
+            side = FloorSide(vm, vg, lv)
+            yield side
             final = vg.lv_size(lv)
-            if final != INITIAL + extensions * CHUNK or vg.device_size(lv) != final:
-                raise RuntimeError(f"floor: LV is {final}, device {vg.device_size(lv)}")
-    return {"summary": split_summary(splits), "samples": splits}
+            if final != side.size or vg.device_size(lv) != final:
+                raise RuntimeError(f"floor: LV is {final}, device {vg.device_size(lv)}, "
+                                   f"expected {side.size}")
+
+
+def floor(out: Path, extensions: int) -> dict[str, Any]:
+    """Scenario 2 alone: the daemon's calls for ``extensions`` extensions, in a tight loop."""
+    with floor_side(out, extensions) as side:
+        for _ in range(extensions):
+            side.sample()
+    return {"summary": split_summary(side.samples), "samples": side.samples}
+
+
+def side_by_side(out: Path, extensions: int) -> dict[str, dict[str, Any]]:
+    """Scenarios 1, 2 and 3 set up together and sampled in turn: their raw results by name."""
+    with contextlib.ExitStack() as stack:
+        sides = enter_together(stack, [
+            daemon_side(out, "latency", extensions),
+            floor_side(out, extensions),
+            daemon_side(out, "original", extensions, ORIGINAL_ARGS, storeid="sanorig")])
+        ours: DaemonSide = sides[0]
+        floor_: FloorSide = sides[1]
+        original: DaemonSide = sides[2]
+        turns: list[Callable[[], None]] = [ours.sample, floor_.sample, original.sample]
+        for round_ in range(extensions):
+            # Rotated each round: no side always follows the same other side.
+            shift = round_ % len(turns)
+            for turn in turns[shift:] + turns[:shift]:
+                turn()
+    order = "sampled in turn with the other two sides (rotating order), all set up at once"
+    return {
+        "latency": {**daemon_result(ours, ()), "interleaved": order},
+        "floor": {"summary": split_summary(floor_.samples), "samples": floor_.samples,
+                  "interleaved": order},
+        "original": {**daemon_result(original, ORIGINAL_ARGS), "interleaved": order},
+    }

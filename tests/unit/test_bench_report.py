@@ -6,11 +6,13 @@ booting a node guest.
 
 from __future__ import annotations
 
+import contextlib
 import json
+from pathlib import Path
 
 import pytest
 
-from bench import run
+from bench import run, together
 from bench.latency import Sample, split_summary
 from bench.report import Figure, build_report, percentile, ratio, summary, table
 
@@ -153,3 +155,70 @@ def test_table_has_a_row_per_figure_with_its_status() -> None:
     assert lines[1].endswith("missed") and "<= 1.15" in lines[1]
     assert lines[2].endswith("not measured")
     assert "guest crashed" in lines[-1]
+
+
+def test_ratios_of_sides_sampled_in_turn_say_so_in_their_note() -> None:
+    results = synthetic_results()
+    assert by_name(run.figures_for(results))["daemon/floor p50"].note == ""
+    for name in ("latency", "floor", "original"):
+        results[name] = {**results[name], "interleaved": "in turn"}  # type: ignore[dict-item]
+    figures = by_name(run.figures_for(results))
+    assert "in turn" in figures["daemon/floor p50"].note
+    assert "in turn" in figures["original/ours p50"].note
+    assert "daemon/floor p50: both sides sampled in turn" in table(list(figures.values()))
+
+
+class FakeBed:
+    """A context manager that records its entry and exit, and can fail on entry."""
+
+    def __init__(self, name: str, log: list[str], fail: bool = False) -> None:
+        self.name = name
+        self.log = log
+        self.fail = fail
+
+    def __enter__(self) -> str:
+        if self.fail:
+            raise RuntimeError(f"{self.name} failed")
+        self.log.append(f"enter {self.name}")
+        return self.name
+
+    def __exit__(self, *exc: object) -> None:
+        self.log.append(f"exit {self.name}")
+
+
+def test_beds_entered_together_all_exit_with_the_stack() -> None:
+    log: list[str] = []
+    with contextlib.ExitStack() as stack:
+        names = together.enter_together(stack, [FakeBed("a", log), FakeBed("b", log)])
+        assert names == ["a", "b"]
+        assert sorted(log) == ["enter a", "enter b"]
+    assert sorted(log) == ["enter a", "enter b", "exit a", "exit b"]
+
+
+def test_a_bed_that_fails_to_start_leaves_none_of_the_others_running() -> None:
+    log: list[str] = []
+    with pytest.raises(RuntimeError, match="b failed"), contextlib.ExitStack() as stack:
+        together.enter_together(stack, [FakeBed("a", log), FakeBed("b", log, fail=True),
+                                        FakeBed("c", log)], parallel=1)
+    assert sorted(log) == ["enter a", "enter c", "exit a", "exit c"]
+
+
+def test_a_failed_scenario_marks_every_result_it_would_have_produced(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    def fake_side_by_side() -> dict[str, dict[str, object]]:
+        raise RuntimeError("guest too slow")
+
+    def fake_shell() -> dict[str, dict[str, object]]:
+        return {"lvm_shell": synthetic_results()["lvm_shell"]}  # type: ignore[dict-item]
+
+    monkeypatch.setattr(run, "scenarios", lambda out, sizes: [
+        ("latency", fake_side_by_side), ("lvm_shell", fake_shell)])
+    assert run.main(["--out", str(tmp_path), "--quick", "--only", "floor",
+                     "--only", "lvm_shell"]) == 1
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert set(report["not_done"]) == {"latency", "floor", "original"}
+    assert "guest too slow" in report["not_done"]["floor"]
+    assert report["scenarios"]["lvm_shell"]["seconds"] >= 0
+    statuses = {f["name"]: f["status"] for f in report["figures"]}
+    assert statuses["shell/plain lvextend p50"] == "met"
+    assert statuses["daemon/floor p50"] == "not measured"
