@@ -335,7 +335,7 @@ class Extender:
             outcome.extensions += 1
         # Re-arm and resume on a fresh observation: sizes changed, and a fast
         # writer may already be past the new threshold.
-        if extended or run.paused_on_nospace:
+        if extended or run.paused_for_room:
             return await self._settle(vm, outcome, extended)
         return False
 
@@ -465,12 +465,18 @@ class Extender:
                 if isinstance(decision, policy.Extend | policy.ExtendPastMaximum):
                     need_more = True  # a fast writer is already past the new threshold
                 await self._arm_or_disarm(monitor, vm, drive, decision)
-            if run.paused_on_nospace and not need_more and _may_resume(run, drives, outcome):
+            if run.paused_for_room and not need_more and _may_resume(run, drives, outcome):
                 await monitor.cont()
                 outcome.resumed = True
-                log.warning("VM %d: resumed after it paused on ENOSPC", vm.vmid,
-                            extra=fields(VMID=vm.vmid))
-        return need_more or (run.paused_on_nospace and not outcome.resumed and extended)
+                if run.paused_on_nospace:
+                    log.warning("VM %d: resumed after it paused on ENOSPC", vm.vmid,
+                                extra=fields(VMID=vm.vmid))
+                else:
+                    log.warning("VM %d: resumed after an I/O error pause that no device owns"
+                                " (brought by a live migration, which does not carry the"
+                                " devices' io-status); its thin drives were given room first",
+                                vm.vmid, extra=fields(VMID=vm.vmid))
+        return need_more or (run.paused_for_room and not outcome.resumed and extended)
 
 
 def _ms_since(start: float) -> int:

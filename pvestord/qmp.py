@@ -95,12 +95,33 @@ class RunState:
         io-status at ``nospace`` after ``cont``, so a running VM would look
         paused forever (and be extended on every pass).
         """
+        if self.paused_on_unowned_error:
+            return True
         return self.paused_on_nospace and any(path in label for label in self.nospace_devices)
 
     @property
     def paused_on_nospace(self) -> bool:
         return (not self.running and self.status == "io-error" and bool(self.nospace_devices)
                 and not self.failed_devices)
+
+    @property
+    def paused_on_unowned_error(self) -> bool:
+        """Paused on an I/O error that no device owns up to.
+
+        The state a live migration brings: QEMU migrates the run state
+        (``io-error``) and the guest's failed requests, but not the devices'
+        io-status. A guest that filled its LV while its source deferred the
+        extension arrives like this on the destination. Every thin drive is
+        treated as paused on ENOSPC; a real I/O error fails again after
+        ``cont`` and then shows as ``failed``, which we never resume.
+        """
+        return (not self.running and self.status == "io-error" and not self.nospace_devices
+                and not self.failed_devices)
+
+    @property
+    def paused_for_room(self) -> bool:
+        """Paused in a way that more room on our thin drives may resolve."""
+        return self.paused_on_nospace or self.paused_on_unowned_error
 
 
 class VmMonitor:

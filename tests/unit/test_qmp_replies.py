@@ -54,6 +54,21 @@ def test_run_state_tells_nospace_from_other_pauses() -> None:
     failed = run_state_from({"running": False, "status": "io-error"},
                             [*block, {"device": "x", "io-status": "failed", "inserted": {}}])
     assert not failed.paused_on_nospace  # a real I/O error is never ours to resume
+    assert not failed.paused_for_room and not failed.nospace_on(LV)
+
+
+def test_an_io_error_pause_no_device_owns_asks_for_room_on_every_drive() -> None:
+    """What a live migration brings: QEMU migrates the run state, not io-status."""
+    block = [{"device": "scsi0", "io-status": "ok", "inserted": {"file": LV}}]
+    arrived = run_state_from({"running": False, "status": "io-error"}, block)
+    assert arrived.paused_on_unowned_error and arrived.paused_for_room
+    assert not arrived.paused_on_nospace
+    assert arrived.nospace_on(LV) and arrived.nospace_on("/dev/san/vm-102-disk-0.qcow2")
+    for status in ({"running": True, "status": "running"},
+                   {"running": False, "status": "paused"},
+                   {"running": False, "status": "inmigrate"}):
+        other = run_state_from(status, block)
+        assert not other.paused_for_room and not other.nospace_on(LV)
 
 
 json_values = st.recursive(

@@ -54,12 +54,9 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import shutil
 import signal
-import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -71,11 +68,7 @@ from tests.harness import daemons as daemons_module
 from tests.harness.daemons import Daemon, NodeBed, ThinStorageSpec, start_qmeventd, wait_for
 from tests.harness.lvmbed import VG, GiB, MiB, loop_vg, qcow2_check, qcow2_create
 from tests.harness.qemu import Disk, QemuVM
-
-ASM = Path(__file__).resolve().parents[2] / "harness" / "guest_writer.asm"
-SECTOR = 512
-#: Sectors per INT 13h call in guest_writer.asm.
-CHUNK_SECTORS = 127
+from tests.harness.writerguest import WriterGuest, build_writer
 
 LV_SIZE = 64 * MiB
 VIRTUAL = 1 * GiB
@@ -104,84 +97,7 @@ DAEMON_START_TIMEOUT = 180.0
 LAUNCH_TIMEOUT = 120.0
 
 
-# -- the guest -----------------------------------------------------------------
-
-@dataclass(frozen=True)
-class WriterGuest:
-    """guest_writer.asm assembled for one write, and where its output goes."""
-
-    boot_image: Path
-    debugcon: Path
-    bios_log: Path
-    start: int
-    length: int
-    pattern: int
-
-    @property
-    def calls(self) -> int:
-        return -(-self.length // SECTOR // CHUNK_SECTORS)
-
-    @property
-    def success(self) -> str:
-        """What the debug port shows when every INT 13h call succeeded."""
-        return "G" + "." * self.calls + "S"
-
-    def args(self, data_node: str) -> list[str]:
-        """Boot disk on IDE 0:0 (BIOS drive 80h), the data node on virtio-blk
-        (drive 81h) with werror=enospc (qemu-server's default for disks),
-        both debug ports to files."""
-        return [
-            "-m", "64",
-            "-blockdev", f"driver=file,filename={self.boot_image},node-name=boot0",
-            "-device", "ide-hd,drive=boot0,bus=ide.0,unit=0,bootindex=0,id=boot",
-            "-device", f"virtio-blk-pci,drive={data_node},id=data0,"
-                       "werror=enospc,rerror=report,share-rw=on",
-            "-chardev", f"file,id=dbg,path={self.debugcon}",
-            "-device", "isa-debugcon,iobase=0xe9,chardev=dbg",
-            # SeaBIOS's own log: which ATA mode, which drives, for a failure.
-            "-chardev", f"file,id=bios,path={self.bios_log}",
-            "-device", "isa-debugcon,iobase=0x402,chardev=bios",
-        ]
-
-    def output(self) -> str:
-        try:
-            return self.debugcon.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
-
-    def wait_finished(self, timeout: float) -> str:
-        """The debug port's text once the guest wrote its last byte."""
-        deadline = time.monotonic() + timeout
-        while True:
-            out = self.output()
-            if out.endswith("S") or "X" in out or ("F" in out and len(out) >= out.index("F") + 3):
-                return out
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"guest did not finish within {timeout} s; "
-                                   f"debug port so far: {out!r}")
-            time.sleep(0.2)
-
-
-def build_writer(tmp: Path, logs: Path, name: str, *, start: int, length: int,
-                 pattern: int) -> WriterGuest:
-    nasm = shutil.which("nasm")
-    if nasm is None:
-        pytest.fail("nasm not found: scripts/install-deps installs it")
-    assert start % SECTOR == 0 and length % SECTOR == 0
-    boot_bin = tmp / f"{name}.bin"
-    subprocess.run(  # noqa: S603 - argument list
-        [nasm, "-f", "bin", f"-DSTART_LBA={start // SECTOR}",
-         f"-DSECTORS={length // SECTOR}", f"-DPATTERN={pattern:#x}", "-o", str(boot_bin),
-         str(ASM)], check=True, timeout=60, capture_output=True)
-    code = boot_bin.read_bytes()
-    assert len(code) == SECTOR and code[-2:] == b"\x55\xaa"
-    image = tmp / f"{name}.img"
-    with image.open("wb") as f:
-        f.write(code)
-        f.truncate(1 * MiB)  # a disk SeaBIOS sizes like any other
-    return WriterGuest(image, logs / f"{name}.debugcon", logs / f"{name}.seabios.log",
-                       start, length, pattern)
-
+# -- the VM ---------------------------------------------------------------------
 
 def writer_vm(bed: NodeBed, vg: VG, vmid: int, guest: WriterGuest, *,
               lv_size: int = LV_SIZE) -> tuple[QemuVM, str]:

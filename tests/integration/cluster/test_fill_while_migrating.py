@@ -1,0 +1,132 @@
+"""A guest that fills its LV while it live-migrates pauses at most once and ends running on B.
+
+The guest is the writer boot sector (``tests/harness/writerguest.py``): it
+writes through virtio-blk with ``werror=enospc``, so running out of LV pauses
+the VM as a real guest would be paused. The migration is throttled
+(``max-bandwidth``) so that it is still in pre-copy while the harness fills
+the image to 2 MiB short of the LV's end and the guest then writes 3 MiB
+past it. A must defer (an extension on the source that B has not refreshed
+before the switchover is the corruption of TWO-NODES.md), so the VM pauses
+on A; the migration completes with the VM paused, and B, which receives the
+run state ``io-error`` but not the device's io-status (QEMU does not migrate
+it), must extend the LV on B and resume the guest, whose write then lands.
+
+With the hint, A pre-extends by a chunk at ``begin`` and the fill goes to
+the new end; without it, A defers because ``query-migrate`` says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+
+from tests.harness.twonode import (
+    AgentError,
+    Cluster,
+    MiB,
+    Node,
+    create_thin_volume,
+    launch_vm,
+    lv_size,
+    lvm,
+    pvestord_cli,
+    wait_until,
+)
+from tests.harness.writerguest import build_writer
+
+INITIAL, CHUNK = 64 * MiB, 32 * MiB
+VIRTUAL = 1024 * MiB
+GUEST_WRITE = 3 * MiB
+FILL_PATTERN, GUEST_PATTERN = 0x11, 0x5A
+PORT = 4445
+#: Slow enough that pre-copy outlasts the fill: the guest's RAM is nearly all
+#: zero pages (a few bytes each on the wire), ~200 KB in all; at 32 KiB/s the
+#: migration was seen to finish before the fill.
+THROTTLED = 1024
+IO_TIMEOUT = 300.0
+
+
+def migration_status(node: Node, vmid: int) -> str:
+    return str(node.vm(vmid, "qmp", "query-migrate").get("status", "none"))
+
+
+@pytest.mark.parametrize("hint", [True, False], ids=["hint", "nohint"])
+def test_guest_filling_its_lv_while_migrating_pauses_once_and_runs_on_b(
+        daemons: Cluster, hint: bool) -> None:
+    cluster, a, b = daemons, daemons.a, daemons.b
+    vmid = 361 if hint else 362
+    lv = f"vm-{vmid}-disk-0.qcow2"
+    path = create_thin_volume(a, cluster.vg, vmid, size=INITIAL, virtual=VIRTUAL)
+    guests = cluster.work / "guests"
+    guests.mkdir(exist_ok=True)
+    # The LV's end when the migration starts: where the fill and the guest go.
+    end = INITIAL + CHUNK if hint else INITIAL
+    on_a = build_writer(guests, a.logs, f"writer-{vmid}", start=end - 2 * MiB,
+                        length=GUEST_WRITE, pattern=GUEST_PATTERN)
+    on_b = dataclasses.replace(on_a, debugcon=b.logs / f"writer-{vmid}.debugcon",
+                               bios_log=b.logs / f"writer-{vmid}.seabios.log")
+    launch_vm(a, vmid, path, machine="pc", extra=["-S", *on_a.args("fmt0")])
+    try:
+        wait_until(lambda: int(a.vm(vmid, "named_node", "file0")["write_threshold"])
+                   == INITIAL - CHUNK // 2, 120, "threshold armed on A")
+        lvm(b, "lvchange", "-ay", f"{cluster.vg}/{lv}")   # as qemu-server, for the target
+        if hint:
+            pvestord_cli(cluster, a, "migration", "begin", str(vmid), "--role", "outgoing")
+            pvestord_cli(cluster, b, "migration", "begin", str(vmid), "--role", "incoming")
+        assert lv_size(a, cluster.vg, lv) == end
+        launch_vm(b, vmid, path, machine="pc", incoming=f"tcp:0:{PORT}",
+                  extra=on_b.args("fmt0"))
+        a.vm(vmid, "qmp", "migrate-set-parameters", {"max-bandwidth": THROTTLED})
+        a.vm(vmid, "qmp", "migrate", {"uri": f"tcp:{b.addr}:{PORT}"})
+        wait_until(lambda: migration_status(a, vmid) == "active", 60, "migration active")
+
+        # Fill to 2 MiB short of the LV's end while it migrates: A must not extend.
+        for offset in range(0, end - 2 * MiB, 16 * MiB):
+            r = a.vm(vmid, "write_pattern", "fmt0", offset,
+                     min(16 * MiB, end - 2 * MiB - offset), FILL_PATTERN, check=False,
+                     timeout=IO_TIMEOUT)
+            assert r["ok"], r
+        assert migration_status(a, vmid) == "active", "the migration outran the fill"
+        a.vm(vmid, "qmp", "cont")
+        error = a.vm(vmid, "wait_event", "BLOCK_IO_ERROR", timeout=IO_TIMEOUT)
+        assert error["data"]["nospace"] is True and error["data"]["action"] == "stop", error
+        a.vm(vmid, "wait_event", "STOP", timeout=60)
+        assert migration_status(a, vmid) == "active", "the migration ended before the pause"
+        time.sleep(3)  # several polls of A's daemon: it must still defer
+        assert lv_size(a, cluster.vg, lv) == end
+
+        a.vm(vmid, "qmp", "migrate-set-parameters", {"max-bandwidth": 1 << 30})
+        wait_until(lambda: migration_status(a, vmid) in ("completed", "failed"), 300,
+                   "migration finished")
+        assert migration_status(a, vmid) == "completed"
+        a.call("vm_shutdown", vmid=vmid)
+        lvm(a, "lvchange", "-an", f"{cluster.vg}/{lv}")
+
+        # B extends and resumes; the guest's write lands, with no second pause.
+        b.vm(vmid, "wait_event", "RESUME", timeout=300)
+        wait_until(lambda: (on_a.output() + on_b.output()).endswith("S")
+                   or "F" in on_b.output(), 300, "the guest finished its write on B")
+        assert on_a.output() + on_b.output() == on_a.success
+        assert str(b.vm(vmid, "qmp", "query-status")["status"]) == "running"
+        assert lv_size(b, cluster.vg, lv) == end + CHUNK
+        assert f"VM {vmid}: resumed after an I/O error pause that no device owns" in \
+            b.log_text("pvestord")
+        with pytest.raises(AgentError):
+            b.vm(vmid, "wait_event", "BLOCK_IO_ERROR", timeout=1)
+        assert b.vm(vmid, "read_verify", "fmt0", 0, end - 2 * MiB, FILL_PATTERN,
+                    timeout=IO_TIMEOUT)
+        assert b.vm(vmid, "read_verify", "fmt0", end - 2 * MiB, GUEST_WRITE, GUEST_PATTERN,
+                    timeout=IO_TIMEOUT)
+        if hint:
+            pvestord_cli(cluster, a, "migration", "end", str(vmid), "--role", "outgoing")
+            pvestord_cli(cluster, b, "migration", "end", str(vmid), "--role", "incoming")
+    finally:
+        for node in cluster.nodes:
+            node.call("vm_shutdown", vmid=vmid)
+    check = b.run(["qemu-img", "check", f"/dev/{cluster.vg}/{lv}"], check=False)
+    for node in cluster.nodes:
+        node.run(["lvchange", "-an", f"{cluster.vg}/{lv}"], check=False)
+    b.run(["lvremove", "-q", "-f", f"{cluster.vg}/{lv}"], check=False)
+    assert check.rc == 0, check.stdout + check.stderr
