@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
-from pvestord import lvm
+from pvestord import lvm, policy, qemu_img
 from pvestord.config import DaemonSettings, StorageConfig, ThinStorage
 from pvestord.errors import PvestordError
 from pvestord.locks import storage_lock
@@ -83,7 +83,7 @@ class LvAction:
     lv: str
     old: int
     new: int
-    action: str  # "refreshed", "extended", "unchanged"
+    action: str  # "refreshed", "extended", "at maximum", "unchanged"
 
 
 def vm_lvs(config: StorageConfig, rows: dict[str, list[lvm.LvRow]],
@@ -121,6 +121,29 @@ async def catch_up(vg: str, lv: str) -> LvAction:
     return LvAction(vg, lv, device, device, "unchanged")
 
 
+async def pre_extend(storage: ThinStorage, row: lvm.LvRow) -> LvAction:
+    """One more chunk for ``row``, never past what its qcow2 can use.
+
+    The caller holds the storage lock. The image is open in the running
+    QEMU, so it is read with ``-U`` (its header and snapshot table, nothing
+    the guest writes). An LV that is not a qcow2 we can read is left as it
+    is: the defer rule keeps it safe, the pre-extension only spares a pause.
+    """
+    info = await lvm.lv_info(row.vg, row.lv)
+    try:
+        image = await qemu_img.info(info.path, force_share=True)
+        maximum = policy.maximum_size(await qemu_img.maximum_required(image),
+                                      info.extent_size)
+    except PvestordError as err:
+        log.warning("LV %s/%s: not pre-extended for the migration: %s", row.vg, row.lv, err)
+        return LvAction(row.vg, row.lv, info.size, info.size, "unchanged")
+    target = policy.extend_target(info.size, 0, storage.chunksize, maximum, info.extent_size)
+    if target <= info.size:
+        return LvAction(row.vg, row.lv, info.size, info.size, "at maximum")
+    await lvm.extend(row.vg, row.lv, target)
+    return LvAction(row.vg, row.lv, info.size, target, "extended")
+
+
 async def begin(settings: DaemonSettings, config: StorageConfig, vmid: int,
                 role: Role) -> list[LvAction]:
     """The start of a live migration of ``vmid``, on this node in ``role``."""
@@ -139,10 +162,7 @@ async def begin(settings: DaemonSettings, config: StorageConfig, vmid: int,
             if role is Role.INCOMING:
                 actions.append(await catch_up(row.vg, row.lv))
                 continue
-            info = await lvm.lv_info(row.vg, row.lv)
-            target = -(-(info.size + storage.chunksize) // info.extent_size) * info.extent_size
-            await lvm.extend(row.vg, row.lv, target)
-            actions.append(LvAction(row.vg, row.lv, info.size, target, "extended"))
+            actions.append(await pre_extend(storage, row))
     for a in actions:
         log.info("VM %d migration begin (%s): %s/%s %s %s -> %s", vmid, role.value, a.vg,
                  a.lv, a.action, format_size(a.old), format_size(a.new))
