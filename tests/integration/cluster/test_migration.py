@@ -191,3 +191,19 @@ def test_threshold_crossed_at_switchover_is_extended_on_b(guest: Guest, hint: bo
                "re-armed on B")
     assert b.vm(guest.vmid, "read_verify", "fmt0", 0, crossing, 0x5E, timeout=300)
     assert "deferred" in a.log_text("pvestord") or "later" in a.log_text("pvestord")
+
+
+def test_pre_extension_stops_at_what_the_qcow2_can_use(daemons: Cluster) -> None:
+    """``begin --role outgoing`` near the image's maximum adds nothing."""
+    cluster, a = daemons, daemons.a
+    vmid = next(_vmids)
+    lv = f"vm-{vmid}-disk-0.qcow2"
+    # 32 MiB of virtual disk: fully allocated it needs well under the 64 MiB LV.
+    create_thin_volume(a, cluster.vg, vmid, size=INITIAL, virtual=32 * MiB)
+    try:
+        out = pvestord_cli(cluster, a, "migration", "begin", str(vmid), "--role", "outgoing")
+        assert f"{cluster.vg}/{lv}: at maximum 64 MiB -> 64 MiB" in out, out
+        assert lv_size(a, cluster.vg, lv) == INITIAL
+        pvestord_cli(cluster, a, "migration", "end", str(vmid), "--role", "outgoing")
+    finally:
+        a.run(["lvremove", "-q", "-f", f"{cluster.vg}/{lv}"], check=False)
