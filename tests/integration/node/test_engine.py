@@ -75,20 +75,21 @@ def lv_sizes_logged(log: str) -> list[tuple[str, str]]:
 
 def test_thin_disk_grows_chunk_by_chunk_under_a_writer(bed: NodeBed, vg: VG) -> None:
     lv = "vm-101-disk-0.qcow2"
+    written = 1024 * MiB  # four chunks past the first: 256 MiB -> 1280 MiB
     with daemons(bed) as (_, pvestord), thin_vm(bed, vg, 101) as vm:
         # The start reconcile arms the threshold: LV 256 MiB - half a chunk.
         wait_for(lambda: vm.named_node("file0")["write_threshold"] == 128 * MiB, 30,
                  "threshold armed by reconcile")
-        errors = paced_write(vm, "fmt0", 0, 1536 * MiB, 0x5A)
+        errors = paced_write(vm, "fmt0", 0, written, 0x5A)
         assert errors == []
         wait_for(lambda: bed.entries() == [], EXTEND_TIMEOUT, "queue drained")
         size = vg.lv_size(lv)
         # Chunk steps of 256 MiB from 256 MiB, never past the maximum.
         assert size % (256 * MiB) == 0
-        assert 1536 * MiB < size <= measured_maximum(8 * GiB, vg.extent_size())
+        assert written < size <= measured_maximum(8 * GiB, vg.extent_size())
         threshold = vm.named_node("file0")["write_threshold"]
         assert threshold == size - 128 * MiB
-        for offset in range(0, 1536 * MiB, 128 * MiB):
+        for offset in range(0, written, 128 * MiB):
             assert vm.read_verify("fmt0", offset, 128 * MiB, 0x5A), offset
         steps = lv_sizes_logged(pvestord.log_text())
         assert len(steps) >= 4
