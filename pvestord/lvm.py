@@ -239,19 +239,24 @@ class LvRow:
     type_char: str
 
 
-async def vg_info(vg: str) -> VgInfo:
-    """Extent size and free bytes of ``vg``."""
+async def _vg_row(vg: str, columns: str, *, timeout: float = REPORT_TIMEOUT) -> dict[str, Any]:  # noqa: ASYNC109
+    """``vgs -o columns vg``'s one row; :class:`LvMissingError` if this node cannot see ``vg``."""
     check_name("VG", vg)
     argv = _argv("vgs", "--reportformat", "json", "--units", "b", "--nosuffix",
-                 "-o", "vg_name,vg_extent_size,vg_free", vg)
+                 "-o", columns, vg)
     try:
-        done = await run_async(argv, timeout=REPORT_TIMEOUT)
+        done = await run_async(argv, timeout=timeout)
     except CommandError as err:
         raise _classify(err, f"reading VG {vg}") from err
     rows = _report_rows(done.stdout, "vg")
     if not rows:
         raise LvMissingError(f"reading VG {vg}: no such volume group")
-    row = rows[0]
+    return rows[0]
+
+
+async def vg_info(vg: str) -> VgInfo:
+    """Extent size and free bytes of ``vg``."""
+    row = await _vg_row(vg, "vg_name,vg_extent_size,vg_free")
     return VgInfo(vg=row["vg_name"], extent_size=int(row["vg_extent_size"]),
                   free=int(row["vg_free"]))
 
@@ -270,17 +275,8 @@ class VgHealth:
 
 async def vg_health(vg: str, *, timeout: float = REPORT_TIMEOUT) -> VgHealth:  # noqa: ASYNC109
     """PV counts and free space of ``vg``; :class:`LvMissingError` if this node cannot see it."""
-    check_name("VG", vg)
-    argv = _argv("vgs", "--reportformat", "json", "--units", "b", "--nosuffix",
-                 "-o", "vg_name,vg_free,vg_extent_size,pv_count,vg_missing_pv_count", vg)
-    try:
-        done = await run_async(argv, timeout=timeout)
-    except CommandError as err:
-        raise _classify(err, f"reading VG {vg}") from err
-    rows = _report_rows(done.stdout, "vg")
-    if not rows:
-        raise LvMissingError(f"reading VG {vg}: no such volume group")
-    row = rows[0]
+    row = await _vg_row(vg, "vg_name,vg_free,vg_extent_size,pv_count,vg_missing_pv_count",
+                        timeout=timeout)
     try:
         return VgHealth(vg=row["vg_name"], pvs=int(row["pv_count"]),
                         missing_pvs=int(row["vg_missing_pv_count"]), free=int(row["vg_free"]),
