@@ -17,7 +17,10 @@ Extensions of one VG are serialized (storage lock), two VGs run in parallel.
 
 Set-up (drives, QEMU starts, bringing drives under their thresholds) and
 the QEMUs' shutdown run several at a time (bench.together); what is
-measured starts only once all of it is done.
+measured starts only once all of it is done. All 24 drives, the 4 of the
+second burst's QEMUs too, are made (bench.drives) while the daemons start:
+the idle window sees 4 LVs that no QEMU uses, which the daemons do not look
+at (reconciles read the LVs of running VMs; the node report, whole VGs).
 """
 
 from __future__ import annotations
@@ -27,10 +30,11 @@ import contextlib
 import os
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.drives import create_drives
 from bench.latency import (
     CHUNK,
     CROSSING,
@@ -48,7 +52,7 @@ from bench.latency import (
 from bench.together import enter_together, map_together
 from tests.harness import daemonlog
 from tests.harness.daemons import Daemon, NodeBed, ThinStorageSpec, daemons, wait_for
-from tests.harness.lvmbed import VG, MiB, loop_vg, qcow2_create
+from tests.harness.lvmbed import VG, MiB, loop_vg
 from tests.harness.qemu import Disk, QemuVM
 
 FIRST_VMID = 200
@@ -61,8 +65,8 @@ ARM_TIMEOUT = 300.0
 #: After the last threshold is armed, before the idle window opens.
 SETTLE = 5.0
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-#: QEMUs (and their drives) set up at once: the guest has two CPUs, and each
-#: start is mostly one thread's work (LVM and QEMU start-up).
+#: QEMUs started (and drives brought under their thresholds) at once: the
+#: guest has two CPUs, and each is mostly one thread's work.
 START_PARALLEL = 4
 #: A QEMU start shares the CPUs with the others started beside it.
 LAUNCH_TIMEOUT = 120.0
@@ -102,30 +106,24 @@ def idle_cost(daemons_: Sequence[Daemon], seconds: float) -> dict[str, Any]:
 class Fleet:
     """QEMUs with one thin drive each, on a shared bed; stopped when the stack closes."""
 
-    def __init__(self, bed: NodeBed, stack: contextlib.ExitStack) -> None:
+    def __init__(self, bed: NodeBed, stack: contextlib.ExitStack, paths: Mapping[int, str]) -> None:
         self.bed = bed
         self.stack = stack
+        #: Each VMID's drive, made beforehand (bench.drives).
+        self.paths = paths
         self.vms: dict[int, QemuVM] = {}
         #: Guest offset written up to, per VM: each burst writes fresh data.
         self.cursors: dict[int, int] = {}
 
-    def start(self, drives: Sequence[tuple[VG, int]]) -> None:
-        """Create the drives (VG, VMID) and start their QEMUs, several at a time.
+    def start(self, vmids: Sequence[int]) -> None:
+        """Start the QEMUs of ``vmids``, several at a time.
 
         Pure set-up: the daemons see QEMUs appear in any order, as on a node
         whose VMs are started together; the idle window and the bursts begin
         only once every threshold is armed.
         """
-        paths: dict[int, str] = {}
-
-        def create(drive: tuple[VG, int]) -> None:
-            vg, vmid = drive
-            paths[vmid] = vg.create_lv(f"vm-{vmid}-disk-0.qcow2", INITIAL)
-            qcow2_create(paths[vmid], VIRTUAL)
-
-        map_together(create, drives, parallel=START_PARALLEL)
-        vmids = [vmid for _, vmid in drives]
-        vms = [QemuVM(vmid, self.bed.run_dir, disks=[Disk(paths[vmid], FORMAT_NODE, FILE_NODE)],
+        vms = [QemuVM(vmid, self.bed.run_dir,
+                      disks=[Disk(self.paths[vmid], FORMAT_NODE, FILE_NODE)],
                       event_socket=self.bed.event_socket,
                       log_path=self.bed.logs / f"qemu-{vmid}.log",
                       launch_timeout=LAUNCH_TIMEOUT) for vmid in vmids]
@@ -209,18 +207,38 @@ def _bed(out: Path) -> Iterator[tuple[NodeBed, VG, VG]]:
 def run(out: Path, idle_seconds: float) -> dict[str, Any]:
     """Idle cost with 20 QEMUs, then the one-VG and two-VG bursts."""
     results: dict[str, Any] = {}
-    with _bed(out) as (bed, vg_a, vg_b), daemons(bed) as (qmeventd, pvestord), \
-            contextlib.ExitStack() as stack:
-        fleet = Fleet(bed, stack)
-        in_a = [FIRST_VMID + i for i in range(IN_A)]
-        in_b = [FIRST_VMID + IN_A + i for i in range(IN_B_BURST)]
-        fleet.start([(vg_a, v) for v in in_a] + [(vg_b, v) for v in in_b[:IN_B_IDLE]])
-        fleet.wait_armed(list(fleet.vms))
-        time.sleep(SETTLE)
-        results["idle"] = {"qemus": len(fleet.vms),
-                           **idle_cost([qmeventd, pvestord], idle_seconds)}
-        results["burst_one_vg"] = burst(fleet, pvestord, in_a)
-        fleet.start([(vg_b, v) for v in in_b[IN_B_IDLE:]])
-        fleet.wait_armed(list(fleet.vms))
-        results["burst_two_vgs"] = burst(fleet, pvestord, in_a[:IN_B_BURST] + in_b)
+    setup: dict[str, float] = {}
+    in_a = [FIRST_VMID + i for i in range(IN_A)]
+    in_b = [FIRST_VMID + IN_A + i for i in range(IN_B_BURST)]
+    began = time.monotonic()
+
+    def timed_drives(vg_a: VG, vg_b: VG) -> dict[int, str]:
+        paths = create_drives([(vg_a, v) for v in in_a] + [(vg_b, v) for v in in_b],
+                              INITIAL, VIRTUAL)
+        setup["drives_made"] = time.monotonic() - began
+        return paths
+
+    with _bed(out) as (bed, vg_a, vg_b), \
+            concurrent.futures.ThreadPoolExecutor(max_workers=1) as background:
+        setup["vgs_made"] = time.monotonic() - began
+        # The daemons' start-ups and the lvcreates are each single-threaded
+        # work: side by side they use both CPUs. The drives all exist before
+        # the first QEMU starts, so what the daemons see from then on is as before.
+        drives = background.submit(timed_drives, vg_a, vg_b)
+        with daemons(bed) as (qmeventd, pvestord), contextlib.ExitStack() as stack:
+            setup["daemons_started"] = time.monotonic() - began
+            fleet = Fleet(bed, stack, drives.result())
+            fleet.start(in_a + in_b[:IN_B_IDLE])
+            fleet.wait_armed(list(fleet.vms))
+            setup["qemus_armed"] = time.monotonic() - began
+            print("bench: fleet set-up (s since its start): "
+                  + ", ".join(f"{step} {at:.0f}" for step, at in setup.items()), flush=True)
+            time.sleep(SETTLE)
+            results["idle"] = {"qemus": len(fleet.vms),
+                               **idle_cost([qmeventd, pvestord], idle_seconds)}
+            results["burst_one_vg"] = burst(fleet, pvestord, in_a)
+            fleet.start(in_b[IN_B_IDLE:])
+            fleet.wait_armed(list(fleet.vms))
+            results["burst_two_vgs"] = burst(fleet, pvestord, in_a[:IN_B_BURST] + in_b)
+    results["setup_seconds"] = setup
     return results

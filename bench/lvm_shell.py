@@ -97,7 +97,7 @@ class LvmShell:
             self.proc.wait(timeout=COMMAND_TIMEOUT)
 
 
-def _quoted_config() -> str:
+def quoted_config() -> str:
     if '"' in lvm.FAST_CONFIG:
         raise ValueError("FAST_CONFIG cannot be quoted for the lvm shell")
     return f'"{lvm.FAST_CONFIG}"'
@@ -106,7 +106,7 @@ def _quoted_config() -> str:
 def shell_lvs(shell: LvmShell, vg: str, lv: str) -> None:
     # The shell keeps its own report format (it ignores --reportformat json
     # per command): the LV's row in columns is what we check for.
-    out = shell.run(f"lvs --config {_quoted_config()} --reportformat json --units b "
+    out = shell.run(f"lvs --config {quoted_config()} --reportformat json --units b "
                     "--nosuffix -o vg_name,lv_name,lv_size,vg_extent_size,vg_free,lv_active,"
                     f"lv_device_open {vg}/{lv}")
     if not any(line.split()[:2] == [vg, lv] for line in out if line.strip()):
@@ -115,7 +115,7 @@ def shell_lvs(shell: LvmShell, vg: str, lv: str) -> None:
 
 def shell_lvextend(shell: LvmShell, vg: str, lv: str, size: int) -> None:
     # -q does not quieten the shell: it reports the resize like a verbose run.
-    out = shell.run(f"lvextend --config {_quoted_config()} -q --size {size}b {vg}/{lv}")
+    out = shell.run(f"lvextend --config {quoted_config()} -q --size {size}b {vg}/{lv}")
     if not any("successfully resized" in line for line in out):
         raise LvmShellError(f"lvextend in the shell did not resize {vg}/{lv}: {out}")
 

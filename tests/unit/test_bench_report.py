@@ -1,4 +1,4 @@
-"""The benchmark's report builder on synthetic numbers: no guest, no LVM, no QEMU.
+"""The benchmark's report builder on synthetic numbers, its set-up on fakes: no guest, LVM, QEMU.
 
 Imports bench.run so that a broken bench module fails ``make check`` without
 booting a node guest.
@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from bench import run, together
+from bench import drives, run, together
 from bench.latency import Sample, split_summary
+from bench.lvm_shell import LvmShellError
 from bench.report import Figure, build_report, percentile, ratio, summary, table
+from tests.harness.lvmbed import VG
 
 MiB = 1024 * 1024
 
@@ -222,3 +224,70 @@ def test_a_failed_scenario_marks_every_result_it_would_have_produced(
     statuses = {f["name"]: f["status"] for f in report["figures"]}
     assert statuses["shell/plain lvextend p50"] == "met"
     assert statuses["daemon/floor p50"] == "not measured"
+
+
+class FakeLvmShell:
+    """Stands in for bench.lvm_shell.LvmShell: only records that it was closed."""
+
+    closed: list[FakeLvmShell] = []
+
+    def close(self) -> None:
+        FakeLvmShell.closed.append(self)
+
+
+class FakeVG(VG):
+    """A VG whose plain ``lvcreate`` only records the LV."""
+
+    def __init__(self, name: str, plain: list[str]) -> None:
+        super().__init__(name)
+        self.plain = plain
+
+    def create_lv(self, lv: str, size: int) -> str:
+        self.plain.append(lv)
+        return f"plain:{self.lv_path(lv)}"
+
+
+@pytest.fixture()
+def fake_lvm(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[str]]:
+    """Shell lvcreates that fail for LVs named in ``failing``; what ran, by kind."""
+    ran: dict[str, list[str]] = {"shell": [], "commands": [], "formatted": [], "failing": []}
+
+    def fake_shell_lvcreate(shell: object, vg: VG, lv: str, size: int) -> str:
+        ran["shell"].append(lv)
+        if lv in ran["failing"]:
+            raise LvmShellError(f"{lv}: no device")
+        return f"shell:{vg.lv_path(lv)}"
+
+    FakeLvmShell.closed.clear()
+    monkeypatch.setattr(drives, "LvmShell", FakeLvmShell)
+    monkeypatch.setattr(drives, "shell_lvcreate", fake_shell_lvcreate)
+    monkeypatch.setattr(drives, "sh", lambda *argv, **_: ran["commands"].append(" ".join(argv)))
+    monkeypatch.setattr(drives, "qcow2_create",
+                        lambda path, virtual: ran["formatted"].append(f"{path} {virtual}"))
+    return ran
+
+
+def test_drives_are_made_in_their_own_vg_and_each_formatted(
+        fake_lvm: dict[str, list[str]]) -> None:
+    plain: list[str] = []
+    vg_a, vg_b = FakeVG("a", plain), FakeVG("b", plain)
+    paths = drives.create_drives([(vg_a, 1), (vg_b, 2), (vg_a, 3)], 32, 1000)
+    assert paths == {1: "shell:/dev/a/vm-1-disk-0.qcow2", 2: "shell:/dev/b/vm-2-disk-0.qcow2",
+                     3: "shell:/dev/a/vm-3-disk-0.qcow2"}
+    assert sorted(fake_lvm["formatted"]) == sorted(f"{p} 1000" for p in paths.values())
+    assert plain == []
+    assert len(FakeLvmShell.closed) == 2  # one shell per VG
+
+
+def test_a_failing_lvm_shell_leaves_the_rest_of_its_vg_to_one_lvcreate_each(
+        fake_lvm: dict[str, list[str]]) -> None:
+    fake_lvm["failing"].append("vm-2-disk-0.qcow2")
+    plain: list[str] = []
+    made: list[tuple[int, str]] = []
+    drives.create_in_vg(FakeVG("a", plain), [1, 2, 3], 32, lambda *drive: made.append(drive))
+    assert made == [(1, "shell:/dev/a/vm-1-disk-0.qcow2"), (2, "plain:/dev/a/vm-2-disk-0.qcow2"),
+                    (3, "plain:/dev/a/vm-3-disk-0.qcow2")]
+    assert fake_lvm["shell"] == ["vm-1-disk-0.qcow2", "vm-2-disk-0.qcow2"]
+    # Whatever the failed command left is removed before lvcreate makes it anew.
+    assert fake_lvm["commands"] == ["lvremove -q -f a/vm-2-disk-0.qcow2"]
+    assert len(FakeLvmShell.closed) == 1
