@@ -17,6 +17,32 @@ import pytest
 from tests.harness.twonode import REPO, Cluster, attach, cluster_pair, storage_section
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--cluster", choices=("quick", "full"), default="quick",
+                     help="quick: one variant of each scenario (make check); full: every "
+                     "variant (make cluster CLUSTER=full)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "cluster_full: a further variant of a scenario the "
+                            "quick set already runs; only --cluster=full runs it")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--cluster") == "full":
+        return
+    later = [item for item in items if item.get_closest_marker("cluster_full")]
+    if later:
+        config.hook.pytest_deselected(items=later)
+        items[:] = [item for item in items if item not in later]
+
+
+@pytest.fixture(scope="session")
+def full(request: pytest.FixtureRequest) -> bool:
+    """Whether this is the full set (``--cluster=full``)."""
+    return bool(request.config.getoption("--cluster") == "full")
+
+
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
     work = Path(os.environ.get("PVESTORD_CLUSTER_OUT", REPO / "out" / "cluster"))

@@ -9,7 +9,6 @@ must agree with it.
 
 from __future__ import annotations
 
-import os
 import threading
 
 from tests.harness.twonode import (
@@ -23,11 +22,10 @@ from tests.harness.twonode import (
     wait_until,
 )
 
-#: The issue asks for 20 rounds; each is one extension per node, serialized by
-#: the storage lock (two lvextends of ~1 s each on an idle machine under TCG,
-#: 15-20 s each when the 2 host cores also run other guests). 10 by default
-#: keeps the tier's run bounded on a busy machine; PVESTORD_CLUSTER_ROUNDS=20.
-ROUNDS = int(os.environ.get("PVESTORD_CLUSTER_ROUNDS", "10"))
+#: The issue asks for 20 rounds (the full set); each is one extension per node,
+#: serialized by the storage lock (two lvextends of ~1 s each on an idle
+#: machine under TCG). ``make check`` runs 10, to fit CI's budget.
+QUICK_ROUNDS, FULL_ROUNDS = 10, 20
 INITIAL, CHUNK = 64 * MiB, 32 * MiB
 ROUND_TIMEOUT = 120.0
 
@@ -36,8 +34,9 @@ def threshold(node: Node, vmid: int) -> int:
     return int(node.vm(vmid, "named_node", "file0")["write_threshold"])
 
 
-def test_extensions_from_both_nodes_at_once_are_all_kept(daemons: Cluster) -> None:
+def test_extensions_from_both_nodes_at_once_are_all_kept(daemons: Cluster, full: bool) -> None:
     cluster = daemons
+    rounds = FULL_ROUNDS if full else QUICK_ROUNDS
     vms = {cluster.a: 101, cluster.b: 102}
     paths = {node: create_thin_volume(node, cluster.vg, vmid, size=INITIAL)
              for node, vmid in vms.items()}
@@ -48,7 +47,7 @@ def test_extensions_from_both_nodes_at_once_are_all_kept(daemons: Cluster) -> No
             wait_until(lambda n=node, v=vmid: threshold(n, v) == INITIAL - CHUNK // 2, 60,
                        f"{node.name}: threshold armed")
         written = 0
-        for k in range(ROUNDS):
+        for k in range(rounds):
             # Past threshold k (INITIAL + k*CHUNK - CHUNK/2) by 4 MiB, short of the next.
             end = INITIAL + k * CHUNK - CHUNK // 2 + 4 * MiB
             errors: list[str] = []
@@ -71,14 +70,14 @@ def test_extensions_from_both_nodes_at_once_are_all_kept(daemons: Cluster) -> No
             for node, vmid in vms.items():
                 wait_until(lambda n=node, v=vmid, w=want: threshold(n, v) == w - CHUNK // 2,
                            ROUND_TIMEOUT, f"round {k}: {node.name} extended and re-armed")
-        final = INITIAL + ROUNDS * CHUNK
+        final = INITIAL + rounds * CHUNK
         for node, vmid in vms.items():
             lv = f"vm-{vmid}-disk-0.qcow2"
             for seen_from in cluster.nodes:  # the one metadata, read from both nodes
                 assert lv_size(seen_from, cluster.vg, lv) == final, (node.name, seen_from.name)
             assert device_size(node, cluster.vg, lv) == final
             assert node.vm(vmid, "read_verify", "fmt0", 0, written, vmid % 256, timeout=300)
-            assert node.log_text("pvestord").count(" extended ") >= ROUNDS
+            assert node.log_text("pvestord").count(" extended ") >= rounds
     finally:
         checks = {}
         for node, vmid in vms.items():
