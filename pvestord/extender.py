@@ -427,16 +427,14 @@ class Extender:
         return True
 
     async def _migrating_away(self, vm: LocalVm, monitor: VmMonitor | None = None) -> bool:
-        """Whether ``vm`` is the source of a live migration now: its LVs must not
-        grow here until it ends (the destination could miss the new size)."""
+        """Whether ``vm`` is the source of a live migration now, or was: its LVs
+        must not grow here (the destination could miss the new size)."""
         if migration.outgoing_marked(self.settings.run_dir, vm.vmid):
             return True
         if monitor is None:
             async with self._monitor(vm) as fresh:
-                status = await fresh.execute("query-migrate")
-        else:
-            status = await monitor.execute("query-migrate")
-        return migration_status_from(status) in MIGRATING
+                return await migrating_away(fresh)
+        return await migrating_away(monitor)
 
     async def _catch_up_incoming(self, vm: LocalVm, monitor: VmMonitor) -> None:
         """Refresh every thin LV of an incoming VM that another node grew."""
@@ -477,6 +475,23 @@ class Extender:
                                 " devices' io-status); its thin drives were given room first",
                                 vm.vmid, extra=fields(VMID=vm.vmid))
         return need_more or (run.paused_for_room and not outcome.resumed and extended)
+
+
+async def migrating_away(monitor: VmMonitor) -> bool:
+    """Whether the VM behind ``monitor`` is migrating away, or has gone.
+
+    ``completed`` alone is not enough: a destination reports its incoming
+    migration as ``completed`` too. The source is the one left in run state
+    ``postmigrate``. Seen in the two-node tier: a pass read the run state
+    while the migration was active and ``query-migrate`` just after it
+    completed, and grew the LV of a VM that already ran on the other node.
+    """
+    status = migration_status_from(await monitor.execute("query-migrate"))
+    if status in MIGRATING:
+        return True
+    if status == "completed":
+        return (await monitor.run_state()).status in MIGRATION_STATES
+    return False
 
 
 def _ms_since(start: float) -> int:
