@@ -265,7 +265,7 @@ class Daemon:
                                        interval=self.settings.report_interval, stopped=True)
         try:
             nodereport.publish(self.settings.reports_dir, report)
-        except OSError as err:
+        except (OSError, PvestordError) as err:
             log.warning("cannot mark this node's report stopped: %s", err)
 
     def _notice_new_vms(self) -> None:

@@ -16,17 +16,14 @@ multipath map, an LVM filter, a node whose LVM hangs. Only that node can say,
 and only while its pvestord runs: so every report carries its time, and a
 reader treats an old one as "unknown", not as "fine".
 
-The files are small (one line per storage), written atomically (temp file +
-rename in the same folder, as the queue), so a reader never sees half of one.
+The files are small (one line per storage), written atomically as the queue
+is (:func:`pvestord.queue.write_atomically`), so a reader never sees half of one.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
 import math
-import os
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
@@ -35,9 +32,7 @@ from typing import Any
 
 from pvestord import lvm
 from pvestord.config import StorageConfig
-from pvestord.errors import CommandError
-
-log = logging.getLogger(__name__)
+from pvestord.queue import write_atomically
 
 #: The format of a report file; a reader refuses any other.
 FORMAT = 1
@@ -56,8 +51,8 @@ class StorageView:
     missing_pvs: int = 0
     free: int = 0
     extent_size: int = 0
-    #: This node's last LVM command on the VG succeeded (the report's own
-    #: probe, or the daemon's last extension, whichever came later).
+    #: This node's LVM commands on the VG succeeded: the report's own probe,
+    #: and the daemon's last extension since the previous report.
     lvm_ok: bool = True
     #: What LVM said when it failed, else None.
     error: str | None = None
@@ -151,13 +146,7 @@ def publish(nodes_dir: Path, report: NodeReport) -> Path:
     """Write ``report`` atomically as ``<nodes_dir>/<node>/pvestord.json``."""
     path = report_path(nodes_dir, report.node)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(report.to_json())
-        tmp.rename(path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+    write_atomically(path, report.to_json().encode())
     return path
 
 
@@ -214,7 +203,7 @@ async def probe(vg: str, *, timeout: float) -> StorageView:  # noqa: ASYNC109
         seen = await lvm.vg_health(vg, timeout=timeout)
     except lvm.LvMissingError as err:
         return StorageView(vg=vg, visible=False, lvm_ok=False, error=str(err))
-    except (lvm.LvmError, CommandError) as err:
+    except lvm.LvmError as err:
         return StorageView(vg=vg, visible=True, lvm_ok=False, error=str(err))
     return StorageView(vg=vg, visible=True, pvs=seen.pvs, missing_pvs=seen.missing_pvs,
                        free=seen.free, extent_size=seen.extent_size)

@@ -93,7 +93,8 @@ class RunState:
 
         Only while it is paused: QEMU 7.2 keeps a ``-blockdev`` device's
         io-status at ``nospace`` after ``cont``, so a running VM would look
-        paused forever (and be extended on every pass).
+        paused forever (and be extended on every pass). A pause no device
+        owns (:attr:`paused_on_unowned_error`) applies to every path.
         """
         if self.paused_on_unowned_error:
             return True

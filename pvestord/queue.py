@@ -434,8 +434,11 @@ def _read(path: Path) -> bytes:
         os.close(fd)
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
-    """Temporary file in the same directory, fsync, rename over ``path``, fsync the directory."""
+def write_atomically(path: Path, data: bytes) -> None:
+    """Temporary file in the same directory, fsync, rename over ``path``, fsync the directory.
+
+    Also what the node reports (:mod:`pvestord.nodereport`) are written with.
+    """
     _refuse_symlink(path)
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -556,7 +559,7 @@ class ExtendQueue:
         if cur.rejected:
             self._move_rejected(cur.rejected)
         if data != cur.raw:
-            _write_atomically(self.path, data)
+            write_atomically(self.path, data)
         return result
 
     def _move_rejected(self, lines: Sequence[RejectedLine]) -> None:
@@ -579,7 +582,7 @@ class ExtendQueue:
                         "oldest records", self.rejected_path, self.max_bytes, dropped)
         # Written before the queue: a crash in between duplicates a rejected
         # line in the rejected file, it never loses one.
-        _write_atomically(self.rejected_path, b"".join(r + b"\n" for r in records))
+        write_atomically(self.rejected_path, b"".join(r + b"\n" for r in records))
 
     def _run(self, change: Change, *, grows: bool = False) -> int:
         with self.lock.acquire(self.lock_timeout):
