@@ -423,6 +423,16 @@ def launch_vm(node: Node, vmid: int, path: str, *, incoming: str | None = None,
               disks=[{"path": path, "node_name": "fmt0", "file_node_name": "file0"}])
 
 
+def migration_status(node: Node, vmid: int) -> str:
+    """``query-migrate``'s status of the VM on ``node`` (``none`` before any)."""
+    return str(node.vm(vmid, "qmp", "query-migrate").get("status", "none"))
+
+
+def run_status(node: Node, vmid: int) -> str:
+    """``query-status``'s run state of the VM on ``node``."""
+    return str(node.vm(vmid, "qmp", "query-status")["status"])
+
+
 def lv_size(node: Node, vg: str, lv: str) -> int:
     """The LV's size in LVM's metadata, read from ``node``."""
     out = node.sh("lvs", "--reportformat", "json", "--units", "b", "--nosuffix", "-o",

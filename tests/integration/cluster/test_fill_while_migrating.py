@@ -28,12 +28,13 @@ from tests.harness.twonode import (
     AgentError,
     Cluster,
     MiB,
-    Node,
     create_thin_volume,
     launch_vm,
     lv_size,
     lvm,
+    migration_status,
     pvestord_cli,
+    run_status,
     wait_until,
 )
 from tests.harness.writerguest import build_writer
@@ -48,10 +49,6 @@ PORT = 4445
 #: migration was seen to finish before the fill.
 THROTTLED = 1024
 IO_TIMEOUT = 300.0
-
-
-def migration_status(node: Node, vmid: int) -> str:
-    return str(node.vm(vmid, "qmp", "query-migrate").get("status", "none"))
 
 
 @pytest.mark.parametrize("hint", [pytest.param(True, marks=pytest.mark.cluster_full), False],
@@ -112,7 +109,7 @@ def test_guest_filling_its_lv_while_migrating_pauses_once_and_runs_on_b(
         wait_until(lambda: (on_a.output() + on_b.output()).endswith("S")
                    or "F" in on_b.output(), 300, "the guest finished its write on B")
         assert on_a.output() + on_b.output() == on_a.success
-        assert str(b.vm(vmid, "qmp", "query-status")["status"]) == "running"
+        assert run_status(b, vmid) == "running"
         assert lv_size(b, cluster.vg, lv) == end + CHUNK
         assert f"VM {vmid}: resumed after an I/O error pause that no device owns" in \
             b.log_text("pvestord")

@@ -31,7 +31,9 @@ from tests.harness.twonode import (
     launch_vm,
     lv_size,
     lvm,
+    migration_status,
     pvestord_cli,
+    run_status,
     wait_until,
 )
 
@@ -49,14 +51,6 @@ def threshold(node: Node, vmid: int) -> int:
 def write(node: Node, vmid: int, start: int, end: int, pattern: int) -> None:
     r = node.vm(vmid, "write_pattern", "fmt0", start, end - start, pattern, check=False)
     assert r["ok"], f"{node.name}: write {start}+{end - start}: {r['error']}"
-
-
-def migration_status(node: Node, vmid: int) -> str:
-    return str(node.vm(vmid, "qmp", "query-migrate").get("status", "none"))
-
-
-def run_status(node: Node, vmid: int) -> str:
-    return str(node.vm(vmid, "qmp", "query-status")["status"])
 
 
 class Guest:
