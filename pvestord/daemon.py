@@ -30,7 +30,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from pvestord import nodereport, service
 from pvestord.config import DaemonSettings, StorageConfig, load_storage_config, parse_storage_config
@@ -42,6 +41,7 @@ from pvestord.qmp import VmBusyError, VmGoneError
 from pvestord.queue import Entry, ExtendQueue
 from pvestord.service import fields
 from pvestord.vms import LocalVm, local_vm, local_vms
+from pvestord.watch import FolderWatch
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ class Daemon:
         self._known_vms: set[int] = set()
         self._reconcile_due: set[int] = set()
         self._queue_depth = 0
-        self._notifier: Any = None
+        self._watch: FolderWatch | None = None
 
     # -- lifecycle
 
@@ -159,8 +159,8 @@ class Daemon:
             for task in late:
                 task.cancel()
             await asyncio.gather(*late, return_exceptions=True)
-        if self._notifier is not None:
-            self._notifier.stop()
+        if self._watch is not None:
+            self._watch.stop()
         self._publish_stopped()
         for task in crashed:
             if not task.cancelled() and task.exception() is not None:
@@ -176,28 +176,14 @@ class Daemon:
     def _start_inotify(self) -> None:
         if not self.settings.inotify:
             return
-        try:
-            import pyinotify
-        except ImportError as err:
-            log.warning("pyinotify unavailable (%s): polling every %g s only", err,
-                        self.settings.poll_interval)
-            return
-        wm = pyinotify.WatchManager()
-        mask = pyinotify.IN_CLOSE_WRITE | pyinotify.IN_MOVED_TO | pyinotify.IN_CREATE
         queue_name = self.settings.queue.name
 
-        def on_event(event: Any) -> None:
-            name = getattr(event, "name", "")
-            if name == queue_name or name.endswith((".pid", ".qmp")):
-                self._wake.set()
+        def wanted(name: str) -> bool:
+            return name == queue_name or name.endswith((".pid", ".qmp"))
 
-        for folder in (self.settings.queue.parent, self.settings.run_dir):
-            result = wm.add_watch(str(folder), mask, quiet=True)
-            if not result or min(result.values(), default=-1) < 0:
-                log.warning("cannot watch %s with inotify: polling it every %g s", folder,
-                            self.settings.poll_interval)
-        self._notifier = pyinotify.AsyncioNotifier(
-            wm, asyncio.get_running_loop(), default_proc_fun=on_event)
+        self._watch = FolderWatch(self._wake.set, wanted)
+        self._watch.start([self.settings.queue.parent, self.settings.run_dir],
+                          asyncio.get_running_loop())
 
     # -- loops
 

@@ -19,11 +19,12 @@ TIMEOUT = 60.0
 
 
 class Run:
-    def __init__(self, tmp: Path, *extra: str) -> None:
+    def __init__(self, tmp: Path, *extra: str, make_run_dir: bool = True) -> None:
         self.tmp = tmp
         self.queue = tmp / "extend-queue"
         self.log = tmp / "pvestord.log"
-        (tmp / "run").mkdir(exist_ok=True)
+        if make_run_dir:
+            (tmp / "run").mkdir(exist_ok=True)
         self.argv = [PVESTORD, "--queue", str(self.queue), "run", "--storage-config",
                      str(tmp / "storage.cfg"), "--run-dir", str(tmp / "run"), "--node", "n1",
                      "--poll-interval", "0.2", "--no-journal", *extra]
@@ -112,3 +113,31 @@ def test_missing_queue_folder_and_bad_arguments(tmp_path: Path) -> None:
                            capture_output=True, text=True, timeout=TIMEOUT)
     assert usage.returncode == 2
     assert "unrecognized arguments" in usage.stderr
+
+
+def test_run_folder_made_after_start_is_watched(tmp_path: Path) -> None:
+    """qemu-server makes /run/qemu-server when it starts the first guest, after
+    pvestord started at boot. A VM started then must be seen at once, not at
+    the next poll: here the poll and the reconcile are an hour apart, so only
+    the watch can tell the daemon."""
+    (tmp_path / "storage.cfg").write_text("lvm: thin1\n\tvgname vg1\n\tchunksize 1G\n")
+    run = Run(tmp_path, "--poll-interval", "3600", "--reconcile-interval", "3600",
+              make_run_dir=False)
+    run_dir = tmp_path / "run"
+    pidfile = run_dir / "101.pid"
+    # A process whose command line names the pidfile, as QEMU's does.
+    vm = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)",  # noqa: S603
+                           "-pidfile", str(pidfile)])
+    try:
+        run.wait_log(f"{run_dir} does not exist yet")
+        run_dir.mkdir()
+        run.wait_log(f"{run_dir} appeared: watching it")
+        pidfile.write_text(f"{vm.pid}\n")
+        run.wait_log("VM 101 runs here")
+        assert run.stop() == 0
+    finally:
+        vm.kill()
+        vm.wait(timeout=TIMEOUT)
+        if run.proc.poll() is None:
+            run.proc.kill()
+            run.proc.wait(timeout=TIMEOUT)
