@@ -63,6 +63,8 @@ class FolderWatch:
         return sorted(self._awaited)
 
     def _add(self, folder: Path) -> int | None:
+        if not folder.is_dir():
+            return None  # pyinotify would log an ERROR of its own for it
         result = self._manager.add_watch(str(folder), self._mask, quiet=True)
         wd = result.get(str(folder), -1) if result else -1
         return wd if isinstance(wd, int) and wd >= 0 else None

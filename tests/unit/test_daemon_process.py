@@ -130,6 +130,8 @@ def test_run_folder_made_after_start_is_watched(tmp_path: Path) -> None:
                            "-pidfile", str(pidfile)])
     try:
         run.wait_log(f"{run_dir} does not exist yet")
+        # Normal at boot: said once at INFO, never as an error.
+        assert "ERROR" not in run.text()
         run_dir.mkdir()
         run.wait_log(f"{run_dir} appeared: watching it")
         pidfile.write_text(f"{vm.pid}\n")
