@@ -39,7 +39,7 @@ import socket
 import stat
 import sys
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,9 +88,13 @@ class Options:
 class Appender:
     """Appends entries to the extend queue in batches, retrying failures."""
 
-    def __init__(self, queue: ExtendQueue) -> None:
+    def __init__(self, queue: ExtendQueue, on_change: Callable[[], None]) -> None:
         self._queue = queue
         self._pending: asyncio.Queue[Entry] = asyncio.Queue()
+        self._on_change = on_change
+        #: Entries appended, and entries given up on, since start.
+        self.queued = 0
+        self.lost = 0
 
     def submit(self, entry: Entry) -> None:
         self._pending.put_nowait(entry)
@@ -126,6 +130,8 @@ class Appender:
                 log.info("VM %d: queued %s:%s reason=%s", e.vmid, e.vmid, e.node_name,
                          e.reason.value, extra=fields(VMID=e.vmid, NODE_NAME=e.node_name,
                                                       REASON=e.reason.value))
+            self.queued += len(batch)
+            self._on_change()
             return
         for e in batch:
             log.error("VM %d: LOST queue entry %s:%s reason=%s after %d attempts (%s);"
@@ -133,6 +139,8 @@ class Appender:
                       e.vmid, e.vmid, e.node_name, e.reason.value, len(APPEND_RETRIES) + 1,
                       last_err, extra=fields(VMID=e.vmid, NODE_NAME=e.node_name,
                                         REASON=e.reason.value))
+        self.lost += len(batch)
+        self._on_change()
 
 
 class VmSession:
@@ -240,13 +248,19 @@ class VmSession:
 class Server:
     def __init__(self, options: Options, queue: ExtendQueue) -> None:
         self.options = options
-        self.appender = Appender(queue)
+        self.appender = Appender(queue, self.report_status)
         self.vms: dict[int, VmSession] = {}
         self.stopping = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self._peers: set[asyncio.Task[Any]] = set()
         self._sock: socket.socket | None = None
         self._sock_ino: int | None = None
+
+    def report_status(self) -> None:
+        """What ``systemctl status qmeventd-py`` shows on its Status: line."""
+        lost = f", {self.appender.lost} LOST" if self.appender.lost else ""
+        notify(f"STATUS={len(self.vms)} VM(s) connected, {self.appender.queued} "
+               f"queue entries added{lost}")
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """A background task the server keeps a reference to and logs failures of."""
@@ -301,6 +315,7 @@ class Server:
                  self.options.queue,
                  " ".join(self.options.cleanup) if self.options.cleanup else "off")
         notify("READY=1")
+        self.report_status()
         try:
             await stop.wait()
         finally:
@@ -406,11 +421,13 @@ class Server:
                         vmid, peer.pid, previous.peer.pid, extra=session.extra)
         self.vms[vmid] = session
         log.info("VM %d: QEMU pid %d connected", vmid, peer.pid, extra=session.extra)
+        self.report_status()
         try:
             await session.run()
         finally:
             if self.vms.get(vmid) is session:
                 del self.vms[vmid]
+                self.report_status()
         if self.stopping:
             return  # the VM runs on and reconnects to our successor
         log.info("VM %d: QEMU pid %d disconnected (graceful: %s, guest: %s)", vmid, peer.pid,

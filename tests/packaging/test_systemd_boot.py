@@ -22,6 +22,7 @@ test_install.py needs anyway.
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -106,6 +107,13 @@ def test_unit_started_at_boot_enabled_and_ready(report: dict[str, Any], unit: st
 def test_pvestord_reports_status(report: dict[str, Any]) -> None:
     status = report["units_after"]["pvestord.service"]["StatusText"]
     assert status.startswith("queue depth 0,"), status
+
+
+def test_qmeventd_reports_status(report: dict[str, Any]) -> None:
+    """``systemctl status qmeventd-py`` says how many QEMUs are connected and
+    how many entries it queued (the disk grew, so at least one)."""
+    status = report["units_after"]["qmeventd-py.service"]["StatusText"]
+    assert re.fullmatch(r"\d+ VM\(s\) connected, [1-9]\d* queue entries added", status), status
 
 
 def test_thin_disk_grew_under_systemd(report: dict[str, Any]) -> None:
