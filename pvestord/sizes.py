@@ -40,22 +40,26 @@ def parse_size(text: str) -> int:
 
 
 def format_size(size: int) -> str:
-    """``size`` for people: ``1 GiB``, ``1.5 GiB``, ``300 MiB``, ``4097 B``.
+    """``size`` for people: ``1 GiB``, ``1.5 GiB``, ``300 MiB``, ``1028 MiB``.
 
-    Exact multiples print without decimals; others get up to two, trimmed,
-    and a ``~`` when the rounding hides something (``~1.33 GiB``), so a log
-    line never claims an exactness it does not have.
+    The largest unit that shows the size exactly with at most two decimals
+    wins, so an LV at a qcow2's maximum (a whole number of extents just past
+    a round size) reads ``1028 MiB``, not ``~1 GiB``. A size no unit shows
+    exactly gets the largest unit, up to two decimals and a ``~``
+    (``~1.33 GiB``): a log line never claims an exactness it does not have.
     """
     sign = "-" if size < 0 else ""
     value = abs(size)
+    approximate: str | None = None
     for unit, name in ((TiB, "TiB"), (GiB, "GiB"), (MiB, "MiB"), (KiB, "KiB")):
-        if value >= unit:
-            if value % unit == 0:
-                return f"{sign}{value // unit} {name}"
-            shown = f"{value / unit:.2f}".rstrip("0").rstrip(".")
-            exact = Fraction(shown) * unit == value
-            return f"{sign}{'' if exact else '~'}{shown} {name}"
-    return f"{sign}{value} B"
+        if value < unit:
+            continue
+        shown = f"{value / unit:.2f}".rstrip("0").rstrip(".")
+        if Fraction(shown) * unit == value:
+            return f"{sign}{shown} {name}"
+        if approximate is None:
+            approximate = f"{sign}~{shown} {name}"
+    return approximate if approximate is not None else f"{sign}{value} B"
 
 
 def align_up(size: int, alignment: int) -> int:

@@ -44,6 +44,8 @@ def test_parse_size_rejects_what_proxmox_rejects(text: str) -> None:
     (3 * GiB // 2, "1.5 GiB"),
     (4 * GiB // 3, "~1.33 GiB"),
     (GiB + 1, "~1 GiB"),
+    (GiB + 4 * MiB, "1028 MiB"),    # an LV at a 1 GiB qcow2's maximum
+    (GiB + 512 * KiB, "1024.5 MiB"),
     (5 * TiB, "5 TiB"),
     (-2 * MiB, "-2 MiB"),
 ])
