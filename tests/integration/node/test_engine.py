@@ -115,44 +115,42 @@ def lv_sizes_logged(log: str) -> list[tuple[str, str]]:
     return re.findall(r"extended (\S+ \S+) -> (\S+ \S+) in", log)
 
 
-def test_thin_disk_grows_chunk_by_chunk_under_a_writer(bed: NodeBed, vg: VG) -> None:
+def test_thin_disk_grows_chunk_by_chunk_to_its_maximum(bed: NodeBed, vg: VG) -> None:
+    """A writer fills a 1 GiB disk. The LV grows from 256 MiB in 256 MiB chunks,
+    one per threshold crossed, the threshold re-armed half a chunk below each
+    new end, and stops at what the qcow2 can use: 256 -> 512 -> 768 -> 1024
+    MiB -> the maximum (1 GiB of data plus its metadata, in whole extents)."""
+    virtual = 1024 * MiB
+    half = virtual // 2
     lv = "vm-101-disk-0.qcow2"
-    written = 1024 * MiB  # four chunks past the first: 256 MiB -> 1280 MiB
-    with daemons(bed) as (_, pvestord), thin_vm(bed, vg, 101) as vm:
+    maximum = measured_maximum(virtual, vg.extent_size())
+    with daemons(bed) as (_, pvestord), thin_vm(bed, vg, 101, virtual=virtual) as vm:
         # The start reconcile arms the threshold: LV 256 MiB - half a chunk.
         wait_for(lambda: vm.named_node("file0")["write_threshold"] == 128 * MiB, 30,
                  "threshold armed by reconcile")
-        outcome = paced_write(vm, "fmt0", 0, written, 0x5A)
+        outcome = paced_write(vm, "fmt0", 0, half, 0x5A)
         assert outcome.errors == []
         wait_for(lambda: bed.entries() == [], EXTEND_TIMEOUT, "queue drained")
+        # Half-way: whole chunks, re-armed half a chunk below the end.
         size = vg.lv_size(lv)
-        # Chunk steps of 256 MiB from 256 MiB, never past the maximum.
         assert size % (256 * MiB) == 0
-        assert written < size <= measured_maximum(8 * GiB, vg.extent_size())
-        threshold = vm.named_node("file0")["write_threshold"]
-        assert threshold == size - 128 * MiB
-        for offset in range(0, written, 128 * MiB):
-            assert vm.read_verify("fmt0", offset, 128 * MiB, 0x5A), offset
-        steps = lv_sizes_logged(pvestord.log_text())
-        assert len(steps) >= 4
-        # The node's device link survives the extensions (udev did not drop it).
-        assert Path(vg.lv_path(lv)).is_block_device()
-    assert qcow2_check(vg.lv_path(lv))["exit"] == 0
+        assert half < size < maximum
+        assert vm.named_node("file0")["write_threshold"] == size - 128 * MiB
 
-
-def test_lv_stops_at_the_measured_maximum(bed: NodeBed, vg: VG) -> None:
-    virtual = 768 * MiB
-    lv = "vm-102-disk-0.qcow2"
-    maximum = measured_maximum(virtual, vg.extent_size())
-    with daemons(bed), thin_vm(bed, vg, 102, virtual=virtual) as vm:
-        outcome = paced_write(vm, "fmt0", 0, virtual, 0x6B)
+        outcome = paced_write(vm, "fmt0", half, virtual - half, 0x5A)
         assert outcome.errors == []
         wait_for(lambda: vg.lv_size(lv) == maximum, EXTEND_TIMEOUT, "LV at its maximum")
+        # At the maximum nothing is left to arm for.
         wait_for(lambda: vm.named_node("file0")["write_threshold"] == 0, 30,
                  "no threshold at the maximum")
-        assert vm.read_verify("fmt0", 0, virtual, 0x6B)
+        for offset in range(0, virtual, 128 * MiB):
+            assert vm.read_verify("fmt0", offset, 128 * MiB, 0x5A), offset
+        # One extension per crossing, never two.
+        assert len(lv_sizes_logged(pvestord.log_text())) == 4
         time.sleep(3)
         assert vg.lv_size(lv) == maximum
+        # The node's device link survives the extensions (udev did not drop it).
+        assert Path(vg.lv_path(lv)).is_block_device()
     assert qcow2_check(vg.lv_path(lv))["exit"] == 0
 
 
