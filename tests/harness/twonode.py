@@ -146,19 +146,23 @@ class Node:
     # -- daemons
 
     def start_daemons(self, cluster: Cluster, *, poll: float = 1.0,
-                      timeout: float = 300.0) -> None:
-        """qmeventd-py and pvestord on this node, with the cluster's queue and lock dirs."""
+                      timeout: float = 300.0, wait: bool = True) -> None:
+        """qmeventd-py and pvestord on this node, with the cluster's queue and lock dirs.
+
+        ``wait=False`` returns before pvestord has said it started, so that both
+        nodes' daemons start together (each takes about 30 s under TCG); then
+        :meth:`wait_started`."""
         self.logs.mkdir(parents=True, exist_ok=True)
         pve = cluster.pve
         self.call("spawn", name="qmeventd", log=str(self.logs / "qmeventd.log"), argv=[
             str(VENV_BIN / "qmeventd-py"), "--socket", self.event_socket,
             "--queue", str(pve / "extend-queue"), "--lock-dir", str(cluster.lock_dir),
             "--no-cleanup", "-f", "-v", "--node-name", self.name])
-        self.start_pvestord(cluster, poll=poll, timeout=timeout)
+        self.start_pvestord(cluster, poll=poll, timeout=timeout, wait=wait)
 
     def start_pvestord(self, cluster: Cluster, *, poll: float = 1.0, timeout: float = 300.0,
                        log: str = "pvestord", env: dict[str, str] | None = None,
-                       report_interval: float = 10.0) -> None:
+                       report_interval: float = 10.0, wait: bool = True) -> None:
         """pvestord on this node, logging to ``logs/<log>.log`` (a restarted one
         gets a file of its own, so that waiting for its lines never matches its
         predecessor's). Each node report costs a ``vgs``, seconds of emulated
@@ -171,6 +175,10 @@ class Node:
             "--storage-config", str(pve / "storage.cfg"), "--run-dir", self.run_dir,
             "--lock-dir", str(cluster.lock_dir), "--node", self.name, "--no-journal",
             "--poll-interval", str(poll), "--report-interval", str(report_interval)])
+        if wait:
+            self.wait_started(timeout=timeout, log=log)
+
+    def wait_started(self, timeout: float = 300.0, log: str = "pvestord") -> None:
         self.wait_log("pvestord", "pvestord started", timeout=timeout, log=log)
 
     def stop_daemons(self) -> dict[str, int | None]:

@@ -60,7 +60,9 @@ def daemons(cluster: Cluster) -> Iterator[Cluster]:
     cluster.write_storage_config(
         "dir: local\n\tpath /var/lib/vz\n\tcontent iso\n\n" + storage_section(cluster))
     for node in cluster.nodes:
-        node.start_daemons(cluster)
+        node.start_daemons(cluster, wait=False)
+    for node in cluster.nodes:
+        node.wait_started()
     yield cluster
     codes = {node.name: node.stop_daemons() for node in cluster.nodes}
     assert all(rc == 0 for c in codes.values() for rc in c.values()), codes
