@@ -131,7 +131,10 @@ def test_pvestord_waits_for_the_storage_lock_held_by_the_other_node(daemons: Clu
         holder.wait("released")
         assert holder.finish() == 0
         wait_until(lambda: lv_size(a, cluster.vg, lv) == 96 * MiB, 120, "extended after release")
-        assert f"VM {vmid} file0: LV" in a.log_text("pvestord")
+        # pvestord logs the extension once it has re-armed, after LVM shows the
+        # new size: wait for the line rather than expect it already there.
+        wait_until(lambda: f"VM {vmid} file0: LV" in a.log_text("pvestord"), 60,
+                   "A's pvestord logged the extension")
     finally:
         release.touch()
         a.call("vm_shutdown", vmid=vmid)
