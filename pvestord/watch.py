@@ -37,30 +37,25 @@ class FolderWatch:
         self._notifier: Any = None
         self._mask = 0
 
-    def start(self, folders: Iterable[Path], loop: asyncio.AbstractEventLoop) -> bool:
-        """Watch ``folders``; False when inotify cannot be used at all (the
-        caller then relies on its poll alone)."""
+    def start(self, folders: Iterable[Path], loop: asyncio.AbstractEventLoop) -> None:
+        """Watch ``folders``; without pyinotify, say so (the daemon's poll
+        then finds every change alone)."""
         try:
             import pyinotify
         except ImportError as err:
             log.warning("pyinotify unavailable (%s): polling only", err)
-            return False
+            return
         self._mask = pyinotify.IN_CLOSE_WRITE | pyinotify.IN_MOVED_TO | pyinotify.IN_CREATE
         self._manager = pyinotify.WatchManager()
         for folder in folders:
             self._watch_or_await(folder)
         self._notifier = pyinotify.AsyncioNotifier(self._manager, loop,
                                                    default_proc_fun=self._on_event)
-        return True
 
     def stop(self) -> None:
         if self._notifier is not None:
             self._notifier.stop()
             self._notifier = None
-
-    def awaiting(self) -> list[Path]:
-        """The folders not there yet, watched for through their parents."""
-        return sorted(self._awaited)
 
     def _add(self, folder: Path) -> int | None:
         if not folder.is_dir():
