@@ -52,7 +52,14 @@ class Holder:
     def kill(self) -> None:
         self.node.call("stop", name=self.name, kill=True)
 
-    def finish(self) -> int | None:
+    def finish(self, timeout: float = 30.0) -> int | None:
+        """Wait for the holder to exit by itself and return its exit status.
+
+        It prints "acquired" or "released" a moment before it exits; stopping
+        it on that line would signal a process that was about to exit 0.
+        """
+        wait_until(lambda: not self.node.call("alive", name=self.name), timeout,
+                   f"{self.name} exited")
         return self.node.call("stop", name=self.name)["rc"]
 
 
@@ -84,7 +91,8 @@ def test_a_lock_held_on_one_node_excludes_the_other_until_released(cluster: Clus
     assert "acquired" not in waiter.events()
     release.touch()
     holder.wait("released")
-    waiter.wait("acquired")
+    waiter.wait("released")
+    assert waiter.events() == ["acquired", "released"]
     assert holder.finish() == 0 and waiter.finish() == 0
     wait_until(lambda: not (cluster.lock_dir / lid).exists(), 10, "lock released by B")
 
