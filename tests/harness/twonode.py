@@ -300,8 +300,8 @@ def cluster_pair(work: Path, *, boot_timeout: float = BOOT_TIMEOUT,
     san = work / "san.img"
     with san.open("wb") as f:
         f.truncate(SAN_SIZE)
-    cluster = Cluster(work, *(Node(name, NODES[name][1], work / name) for name in NODES),
-                      san=san)
+    a, b = (Node(name, NODES[name][1], work / name) for name in NODES)
+    cluster = Cluster(work, a, b, san=san)
     for sub in ("pve/priv/lock",):
         (work / sub).mkdir(parents=True)
     (cluster.pve / "extend-queue").write_text("")
@@ -343,8 +343,9 @@ def attach(work: Path) -> Cluster:
     """A pair already booted by ``python -m tests.harness.twonode --keep`` (for
     working on the tests without a boot per run)."""
     info = json.loads((work / "bed.json").read_text())
-    cluster = Cluster(work, *(Node(name, NODES[name][1], work / name) for name in NODES),
-                      san=work / "san.img", vg=info["vg"], boot_seconds=info["boot_seconds"])
+    a, b = (Node(name, NODES[name][1], work / name) for name in NODES)
+    cluster = Cluster(work, a, b, san=work / "san.img", vg=info["vg"],
+                      boot_seconds=info["boot_seconds"])
     for node in cluster.nodes:
         node.call("ping", timeout=10)
     return cluster
