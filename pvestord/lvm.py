@@ -2,9 +2,11 @@
 
 Only what pvestord needs: read an LV's and its VG's sizes, grow an LV to an
 absolute size, and refresh an LV's device-mapper table (after another node
-grew it). Every call runs one ``lvm`` process with a ``--config`` that skips
-work an ``lvextend`` of a linear LV does not need (NODE-GUEST.md measured the
-gain); a persistent ``lvm`` shell is the benchmark issue's to try.
+grew it). Every command runs with a ``--config`` that skips work an
+``lvextend`` of a linear LV does not need (NODE-GUEST.md measured the gain).
+The two commands of an extension (:func:`lv_info`, :func:`extend`) can run
+in a persistent ``lvm`` shell instead of a process each
+(:mod:`pvestord.lvmshell`); everything else is rare and runs as a process.
 
 Why absolute sizes (``-L <bytes>b``) and never ``+N``: an extension is
 retried after crashes and timeouts, and "grow to X" is idempotent where
@@ -20,8 +22,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from pvestord.command import binary, run_async
+from pvestord.command import Completed, binary, run_async
 from pvestord.errors import CommandError, PvestordError
+from pvestord.lvmshell import LvmShellError, LvmShells
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +117,7 @@ def _classify(err: CommandError, what: str) -> LvmError:
         return LvmError(f"{what}: {err}", err)
     if "Insufficient free space" in text or "insufficient free extents" in text.lower():
         return VgFullError(f"{what}: volume group is full: {_last_line(text)}", err)
-    if "Failed to find logical volume" in text or (
+    if "Failed to find logical volume" in text or "not found in volume group" in text or (
             "Volume group" in text and "not found" in text):
         return LvMissingError(f"{what}: {_last_line(text)}", err)
     if "lock" in text.lower() and ("timeout" in text.lower() or "busy" in text.lower()):
@@ -127,7 +130,19 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else "(no message)"
 
 
-async def lv_info(vg: str, lv: str, *, timeout: float = REPORT_TIMEOUT) -> LvInfo:  # noqa: ASYNC109
+async def _run(argv: list[str], vg: str, *, timeout: float,  # noqa: ASYNC109
+               shells: LvmShells | None) -> Completed:
+    """``argv`` as a process, or in ``vg``'s shell when there are ``shells``."""
+    if shells is None:
+        return await run_async(argv, timeout=timeout)
+    try:
+        return await shells.run(vg, argv, timeout=timeout)
+    except LvmShellError as err:
+        raise CommandError(argv, None, str(err)) from err
+
+
+async def lv_info(vg: str, lv: str, *, timeout: float = REPORT_TIMEOUT,  # noqa: ASYNC109
+                  shells: LvmShells | None = None) -> LvInfo:
     """Sizes and state of one LV, as this node's LVM metadata says."""
     check_name("VG", vg)
     check_name("LV", lv)
@@ -135,7 +150,7 @@ async def lv_info(vg: str, lv: str, *, timeout: float = REPORT_TIMEOUT) -> LvInf
                  "-o", "vg_name,lv_name,lv_size,vg_extent_size,vg_free,lv_active,lv_device_open",
                  f"{vg}/{lv}")
     try:
-        done = await run_async(argv, timeout=timeout)
+        done = await _run(argv, vg, timeout=timeout, shells=shells)
     except CommandError as err:
         raise _classify(err, f"reading LV {vg}/{lv}") from err
     rows = _report_rows(done.stdout, "lv")
@@ -151,8 +166,8 @@ async def lv_info(vg: str, lv: str, *, timeout: float = REPORT_TIMEOUT) -> LvInf
 
 
 async def _change(vg: str, lv: str, what: str, command: str, *args: str,
-                  done_if: str | None = None,
-                  timeout: float = CHANGE_TIMEOUT) -> None:  # noqa: ASYNC109
+                  done_if: str | None = None, timeout: float = CHANGE_TIMEOUT,  # noqa: ASYNC109
+                  shells: LvmShells | None = None) -> None:
     """Run one metadata-changing ``command`` on ``vg/lv``; map its failure to a typed error.
 
     ``done_if``: a message that means a retried command already had its effect
@@ -161,21 +176,24 @@ async def _change(vg: str, lv: str, what: str, command: str, *args: str,
     check_name("VG", vg)
     check_name("LV", lv)
     try:
-        await run_async(_argv(command, "-q", *args, f"{vg}/{lv}"), timeout=timeout)
+        await _run(_argv(command, "-q", *args, f"{vg}/{lv}"), vg, timeout=timeout,
+                   shells=shells)
     except CommandError as err:
         if done_if is not None and done_if in err.stderr:
             return
         raise _classify(err, what) from err
 
 
-async def extend(vg: str, lv: str, size: int, *, timeout: float = CHANGE_TIMEOUT) -> None:  # noqa: ASYNC109
+async def extend(vg: str, lv: str, size: int, *, timeout: float = CHANGE_TIMEOUT,  # noqa: ASYNC109
+                 shells: LvmShells | None = None) -> None:
     """Grow ``vg/lv`` to exactly ``size`` bytes (extent-aligned by the caller).
 
     Callers hold the storage lock: LVM's own lock is per node, and two nodes
     writing one VG's metadata at once lose an extension (TWO-NODES.md).
     """
     await _change(vg, lv, f"extending LV {vg}/{lv} to {size} bytes", "lvextend",
-                  "--size", f"{size}b", done_if="matches existing size", timeout=timeout)
+                  "--size", f"{size}b", done_if="matches existing size", timeout=timeout,
+                  shells=shells)
 
 
 def device_size(vg: str, lv: str) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,9 @@ from pathlib import Path
 SCRATCH = Path("/srv/pvestord-test")
 SCRATCH_SIZE = "5G"
 SETUP_TIMEOUT = 60
+#: pvestord's LVM profile, put where the package puts it (/etc is the guest's own).
+LVM_PROFILE = Path(__file__).resolve().parents[2] / "packaging" / "lvm" / "pvestord.profile"
+LVM_PROFILE_DIR = Path("/etc/lvm/profile")
 
 
 def _run(argv: list[str]) -> None:
@@ -30,6 +34,8 @@ def prepare() -> None:
     SCRATCH.mkdir(parents=True, exist_ok=True)
     _run(["mount", "-t", "tmpfs", "-o", f"size={SCRATCH_SIZE},mode=0755", "pvestord-test",
           str(SCRATCH)])
+    LVM_PROFILE_DIR.mkdir(parents=True, exist_ok=True)
+    shutil.copy(LVM_PROFILE, LVM_PROFILE_DIR / LVM_PROFILE.name)
     # vng hands the guest's init some virtio ports; LVM warns about each on every command.
     os.environ["LVM_SUPPRESS_FD_WARNINGS"] = "1"
     # The repository is read-only in here.
