@@ -417,6 +417,12 @@ class DaemonSettings:
     #: one per volume group (extensions in different VGs run concurrently).
     #: Kept as a real option so the benchmark can compare the two.
     global_worker: bool = False
+    #: Run an extension's ``lvs`` and ``lvextend`` in a persistent ``lvm``
+    #: shell per VG (:mod:`pvestord.lvmshell`), which skips LVM's start-up.
+    #: Without its profile installed, pvestord falls back to a process per
+    #: command by itself; False forces that (the fault tests put a wrapper in
+    #: place of ``lvm``, which sees only the shell's start).
+    lvm_shell: bool = True
     #: Wake on inotify for local queue writes. False: polling only, at
     #: ``poll_interval`` (the original proposal's behaviour, for the benchmark).
     inotify: bool = True

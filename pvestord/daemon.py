@@ -135,10 +135,12 @@ class Daemon:
         loop.add_signal_handler(signal.SIGHUP, self._wake.set)
         self.config.get()
         self._start_inotify()
-        log.info("pvestord started on node %s: queue %s, VMs in %s, poll %g s, reconcile %g s%s",
+        log.info("pvestord started on node %s: queue %s, VMs in %s, poll %g s, reconcile %g s%s"
+                 "%s",
                  self.settings.node, self.settings.queue, self.settings.run_dir,
                  self.settings.poll_interval, self.settings.reconcile_interval,
-                 ", one global worker" if self.settings.global_worker else "")
+                 ", one global worker" if self.settings.global_worker else "",
+                 ", LVM commands in a shell per VG" if self.settings.lvm_shell else "")
         loops = [asyncio.create_task(self._queue_loop(), name="queue"),
                  asyncio.create_task(self._reconcile_loop(), name="reconcile"),
                  asyncio.create_task(self._report_loop(), name="report")]
@@ -161,6 +163,7 @@ class Daemon:
             await asyncio.gather(*late, return_exceptions=True)
         if self._watch is not None:
             self._watch.stop()
+        await self.extender.close()
         self._publish_stopped()
         for task in crashed:
             if not task.cancelled() and task.exception() is not None:

@@ -39,6 +39,7 @@ from pvestord import lvm, migration, policy, qemu_img
 from pvestord.config import DaemonSettings, StorageConfig, ThinStorage
 from pvestord.errors import PvestordError
 from pvestord.locks import Lock, storage_lock
+from pvestord.lvmshell import LvmShells
 from pvestord.nodereport import LvmHealth
 from pvestord.policy import Decision, DriveState, ExtensionState, Reason
 from pvestord.qmp import (
@@ -161,6 +162,13 @@ class Extender:
         self.extending: set[tuple[int, str]] = set()
         #: Our LVM commands' failures per VG, for this node's report.
         self.lvm_health = LvmHealth()
+        #: Persistent ``lvm`` shells for the extension path, if configured.
+        self.lvm_shells = LvmShells() if settings.lvm_shell else None
+
+    async def close(self) -> None:
+        """Stop the LVM shells (a daemon's shutdown)."""
+        if self.lvm_shells is not None:
+            await self.lvm_shells.close()
 
     # -- locks
 
@@ -198,7 +206,8 @@ class Extender:
                 self._lv_sizes[(vg, lv)] = rows[lv]
                 return rows[lv], extent
         if fresh or size is None or extent is None:
-            info = await lvm.lv_info(vg, lv, timeout=self.settings.lvm_timeout)
+            info = await lvm.lv_info(vg, lv, timeout=self.settings.lvm_timeout,
+                                     shells=self.lvm_shells)
             size, extent = self._remember(info)
         return size, extent
 
@@ -385,7 +394,8 @@ class Extender:
                 raise VmBusyError(f"VM {vm.vmid} started migrating away: extension of "
                                   f"{node} deferred")
             checked = time.monotonic()
-            info = await lvm.lv_info(drive.vg, drive.lv, timeout=self.settings.lvm_timeout)
+            info = await lvm.lv_info(drive.vg, drive.lv, timeout=self.settings.lvm_timeout,
+                                     shells=self.lvm_shells)
             self._remember(info)
             if info.size > lvm.device_size(drive.vg, drive.lv):
                 # The metadata is ahead of this node's device-mapper table:
@@ -411,7 +421,7 @@ class Extender:
                     vm.vmid, node, drive.view.path, format_size(drive.maximum),
                     extra=fields(VMID=vm.vmid, NODE_NAME=node, LV=drive.view.path))
             await lvm.extend(drive.vg, drive.lv, decision.target,
-                             timeout=self.settings.lvm_timeout)
+                             timeout=self.settings.lvm_timeout, shells=self.lvm_shells)
             self._changed(drive.vg)
             self._lv_sizes[(drive.vg, drive.lv)] = decision.target
             self.lvm_health.record(drive.vg, None)

@@ -71,6 +71,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     run.add_argument("--global-worker", action="store_true",
                      help="one extension at a time for all VGs, as the original proposal "
                      "(for comparison; default: one per VG)")
+    run.add_argument("--lvm-shell", action=argparse.BooleanOptionalAction, default=True,
+                     help="run an extension's LVM commands in a persistent lvm shell per VG, "
+                     "which skips LVM's start-up; needs /etc/lvm/profile/pvestord.profile "
+                     "and falls back to one process per command without it "
+                     "(default: %(default)s)")
     run.add_argument("--no-inotify", action="store_true",
                      help="poll only, do not wake on local queue writes")
     run.add_argument("--journal", action=argparse.BooleanOptionalAction, default=None,
@@ -102,12 +107,14 @@ def _run(args: argparse.Namespace) -> int:
                          reconcile_interval=args.reconcile_interval,
                          lvm_timeout=args.lvm_timeout, qmp_timeout=args.qmp_timeout,
                          global_worker=args.global_worker, inotify=not args.no_inotify,
+                         lvm_shell=args.lvm_shell,
                          report_interval=args.report_interval, nodes_dir=args.nodes_dir)
     return daemon.run(settings, verbose=args.verbose, journal=args.journal)
 
 
 def _drives(args: argparse.Namespace) -> int:
-    settings = _settings(args)
+    # One command's few LVM calls: a shell would still pay LVM's start-up once.
+    settings = _settings(args, lvm_shell=False)
 
     async def collect() -> list[DriveReport]:
         extender = Extender(settings, StorageConfigSource(settings.storage_config).get)
@@ -139,7 +146,7 @@ def _drives(args: argparse.Namespace) -> int:
 
 
 def _extend(args: argparse.Namespace) -> int:
-    settings = _settings(args)
+    settings = _settings(args, lvm_shell=False)
     vm = local_vm(settings.run_dir, args.vmid)
     if vm is None:
         raise PvestordError(f"VM {args.vmid} is not running on this node")

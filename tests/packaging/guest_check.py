@@ -85,6 +85,21 @@ def journal(unit: str, *matches: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
+def children(pid: int) -> list[str]:
+    """The command names of ``pid``'s child processes."""
+    names = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # gone meanwhile
+            continue
+        # comm is in parentheses and may hold spaces: the fields after it are fixed.
+        comm, rest = text[text.index("(") + 1:text.rindex(")")], text[text.rindex(")") + 2:]
+        if int(rest.split()[1]) == pid:
+            names.append(comm)
+    return sorted(names)
+
+
 def lv_size() -> int:
     out = sh(["lvs", "--noheadings", "--units", "b", "--nosuffix", "-o", "lv_size",
               f"{VG}/{LV}"])
@@ -122,6 +137,8 @@ def grow_a_thin_disk(report: dict[str, Any]) -> None:
         report["threshold_rearmed"] = vm.named_node("file0")["write_threshold"]
         report["read_back_ok"] = vm.read_verify("fmt0", 0, WRITTEN, 0x5A)
         report["pvestord_pid_still"] = unit_properties("pvestord.service")["MainPID"]
+        # The extension ran in pvestord's lvm shell, which stays for the next.
+        report["pvestord_children"] = children(int(report["pvestord_pid_still"]))
         report["queue_after"] = sh(["pvestord", "queue", "list", "--json"]).strip()
     report["qemu_output_tail"] = vm.output[-5:]
 
@@ -158,6 +175,8 @@ def main() -> int:
         report["journal_vmid"] = extension_fields(journal("pvestord.service", f"VMID={VMID}"))
         report["journal_qmeventd_vmid"] = extension_fields(
             journal("qmeventd-py.service", f"VMID={VMID}"))[-5:]
+        report["pvestord_messages"] = [str(e.get("MESSAGE", ""))
+                                       for e in journal("pvestord.service")]
     except Exception:
         report["errors"].append(traceback.format_exc())
     for unit in UNITS:

@@ -127,6 +127,14 @@ def test_thin_disk_grew_under_systemd(report: dict[str, Any]) -> None:
     assert report["queue_after"] == "[]"
 
 
+def test_the_extension_ran_in_pvestords_lvm_shell(report: dict[str, Any]) -> None:
+    """The package's LVM profile is found: the shell runs, no fallback to processes."""
+    assert "lvm" in report["pvestord_children"], report["pvestord_children"]
+    messages = report["pvestord_messages"]
+    assert any("LVM commands in a shell per VG" in m for m in messages), messages
+    assert not [m for m in messages if "as separate processes" in m], messages
+
+
 def test_journal_has_the_extension_with_its_fields(report: dict[str, Any]) -> None:
     """``journalctl -u pvestord VMID=101`` finds the extension, sizes as fields."""
     extensions = [e for e in report["journal_vmid"] if "NEW_SIZE" in e]

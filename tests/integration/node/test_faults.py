@@ -77,7 +77,9 @@ class Node:
     def __init__(self, bed: NodeBed, faults: LvmFaults, *pvestord_args: str) -> None:
         self.bed = bed
         self.faults = faults
-        self.pvestord_args = ["--reconcile-interval", str(RECONCILE), *pvestord_args]
+        # --no-lvm-shell: lvm_faulty sees each command only when it is a process of its own.
+        self.pvestord_args = ["--reconcile-interval", str(RECONCILE), "--no-lvm-shell",
+                              *pvestord_args]
         self.incarnations = 0
         self.qmeventd_incarnations = 1
         self.qmeventd = start_qmeventd(bed)
