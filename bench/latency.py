@@ -17,15 +17,19 @@ The writer is idle while the daemon works: this measures the extension path,
 not a race with a writer (the pause-free scenario does that).
 
 **Floor**: the same QMP and LVM calls, the same options, back to back in
-this process on a VM with no daemon, no queue and no lock.
+this process on a VM with no daemon, no queue and no lock. Twice: with the
+LVM calls in a persistent shell, as the daemon makes them (the floor of
+daemon/floor), and as one process per command (the naive floor, scenario 4's
+ours/naive-floor).
 
 **Original design**: the same daemon with ``--poll-interval 1
---global-worker --no-inotify``, the proposal's polling and single worker.
+--global-worker --no-inotify --no-lvm-shell``, the proposal's polling,
+single worker and one process per LVM command.
 
 **Side by side** (:func:`side_by_side`, what ``bench.run`` uses): the three
 are set up at once, each on its own VG, storage id, daemons and QEMU, and
-sampled in turn (ours, floor, original, then the next round in a rotated
-order), so that a change of load on the machine hits the three alike instead
+sampled in turn (ours, floor, naive floor, original, then the next round
+in a rotated order), so that a change of load on the machine hits the three alike instead
 of whichever ran during it. The cost: while one side is sampled, the other
 daemons are idle beside it (queue polls, the periodic reconcile).
 """
@@ -44,6 +48,7 @@ from typing import Any
 from bench.report import summary
 from bench.together import enter_together, one_at_a_time
 from pvestord import lvm
+from pvestord.lvmshell import LvmShells
 from pvestord.qmp import VmMonitor
 from tests.harness import daemonlog
 from tests.harness.daemons import Daemon, NodeBed, ThinStorageSpec, daemons, wait_for
@@ -70,7 +75,7 @@ CLUSTER = 64 * 1024
 IO_TIMEOUT = 120.0
 EVENT_TIMEOUT = 60.0
 EXTEND_TIMEOUT = 120.0
-ORIGINAL_ARGS = ("--poll-interval", "1", "--global-worker", "--no-inotify")
+ORIGINAL_ARGS = ("--poll-interval", "1", "--global-worker", "--no-inotify", "--no-lvm-shell")
 
 
 @dataclass(frozen=True)
@@ -247,7 +252,8 @@ def daemon_latency(out: Path, name: str, extensions: int,
     return daemon_result(side, pvestord_args)
 
 
-async def _floor_once(vm: QemuVM, vg: str, lv: str, target: int) -> dict[str, float]:
+async def _floor_once(vm: QemuVM, vg: str, lv: str, target: int,
+                      shells: LvmShells | None) -> dict[str, float]:
     """One extension's QMP and LVM calls, as the daemon makes them, with nothing around them."""
     began = time.perf_counter()
     async with VmMonitor(vm.qmp_path, "floor") as monitor:  # the round's observation
@@ -257,9 +263,9 @@ async def _floor_once(vm: QemuVM, vg: str, lv: str, target: int) -> dict[str, fl
     async with VmMonitor(vm.qmp_path, "floor") as monitor:  # the check under the lock
         await monitor.execute("query-migrate")
     lvm_began = time.perf_counter()
-    await lvm.lv_info(vg, lv)
+    await lvm.lv_info(vg, lv, shells=shells)
     lvm.device_size(vg, lv)
-    await lvm.extend(vg, lv, target)
+    await lvm.extend(vg, lv, target, shells=shells)
     lvm_ended = time.perf_counter()
     async with VmMonitor(vm.qmp_path, "floor") as monitor:  # the re-arm
         await monitor.thin_drives()
@@ -271,65 +277,93 @@ async def _floor_once(vm: QemuVM, vg: str, lv: str, target: int) -> dict[str, fl
 
 
 class FloorSide:
-    """The daemon's calls for one extension after another, on a QEMU with no daemon."""
+    """The daemon's calls for one extension after another, on a QEMU with no daemon.
 
-    def __init__(self, vm: QemuVM, vg: VG, lv: str) -> None:
+    ``lvm_shell``: LVM's calls in a persistent shell, as the daemon makes them;
+    else one process per command (the naive floor). One event loop serves
+    every sample, so that the shell lives from one to the next.
+    """
+
+    def __init__(self, vm: QemuVM, vg: VG, lv: str, *, lvm_shell: bool) -> None:
         self.vm = vm
         self.vg = vg
         self.lv = lv
         self.size = INITIAL
         self.samples: list[dict[str, float]] = []
+        self.loop = asyncio.Runner()
+        self.shells = LvmShells() if lvm_shell else None
+        if self.shells is not None:
+            # Its start-up is paid once, before the samples, as the daemon's is.
+            self.loop.run(lvm.lv_info(vg.name, lv, shells=self.shells))
+            if not self.shells.pids():
+                raise RuntimeError("floor: the lvm shell did not start (see the warning)")
 
     def sample(self) -> None:
         self.size += CHUNK
-        self.samples.append(asyncio.run(_floor_once(self.vm, self.vg.name, self.lv, self.size)))
+        self.samples.append(self.loop.run(_floor_once(self.vm, self.vg.name, self.lv,
+                                                      self.size, self.shells)))
+
+    def close(self) -> None:
+        if self.shells is not None:
+            self.loop.run(self.shells.close())
+        self.loop.close()
 
 
 @contextlib.contextmanager
-def floor_side(out: Path, extensions: int) -> Iterator[FloorSide]:
-    logs = out / "floor"
+def floor_side(out: Path, extensions: int, *, lvm_shell: bool = True) -> Iterator[FloorSide]:
+    name = "floor" if lvm_shell else "naive_floor"
+    logs = out / name
     logs.mkdir(parents=True, exist_ok=True)
     with one_at_a_time(loop_vg(vg_size(extensions), prefix="flr")) as vg, \
             tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         disk = thin_disk(vg, VMID)
         lv = f"vm-{VMID}-disk-0.qcow2"
         with QemuVM(VMID, Path(tmp), disks=[disk], log_path=logs / "qemu.log") as vm:
-            side = FloorSide(vm, vg, lv)
-            yield side
+            side = FloorSide(vm, vg, lv, lvm_shell=lvm_shell)
+            try:
+                yield side
+            finally:
+                side.close()
             final = vg.lv_size(lv)
             if final != side.size or vg.device_size(lv) != final:
-                raise RuntimeError(f"floor: LV is {final}, device {vg.device_size(lv)}, "
+                raise RuntimeError(f"{name}: LV is {final}, device {vg.device_size(lv)}, "
                                    f"expected {side.size}")
 
 
-def floor(out: Path, extensions: int) -> dict[str, Any]:
+def floor(out: Path, extensions: int, *, lvm_shell: bool = True) -> dict[str, Any]:
     """Scenario 2 alone: the daemon's calls for ``extensions`` extensions, in a tight loop."""
-    with floor_side(out, extensions) as side:
+    with floor_side(out, extensions, lvm_shell=lvm_shell) as side:
         for _ in range(extensions):
             side.sample()
     return {"summary": split_summary(side.samples), "samples": side.samples}
 
 
 def side_by_side(out: Path, extensions: int) -> dict[str, dict[str, Any]]:
-    """Scenarios 1, 2 and 3 set up together and sampled in turn: their raw results by name."""
+    """Scenarios 1, 2, 3 and 4's naive floor set up together and sampled in turn:
+    their raw results by name."""
     with contextlib.ExitStack() as stack:
         sides = enter_together(stack, [
             daemon_side(out, "latency", extensions),
-            floor_side(out, extensions),
+            floor_side(out, extensions, lvm_shell=True),
+            floor_side(out, extensions, lvm_shell=False),
             daemon_side(out, "original", extensions, ORIGINAL_ARGS, storeid="sanorig")])
         ours: DaemonSide = sides[0]
         floor_: FloorSide = sides[1]
-        original: DaemonSide = sides[2]
-        turns: list[Callable[[], None]] = [ours.sample, floor_.sample, original.sample]
+        naive: FloorSide = sides[2]
+        original: DaemonSide = sides[3]
+        turns: list[Callable[[], None]] = [ours.sample, floor_.sample, naive.sample,
+                                           original.sample]
         for round_ in range(extensions):
             # Rotated each round: no side always follows the same other side.
             shift = round_ % len(turns)
             for turn in turns[shift:] + turns[:shift]:
                 turn()
-    order = "sampled in turn with the other two sides (rotating order), all set up at once"
+    order = "sampled in turn with the other three sides (rotating order), all set up at once"
     return {
         "latency": {**daemon_result(ours, ()), "interleaved": order},
         "floor": {"summary": split_summary(floor_.samples), "samples": floor_.samples,
                   "interleaved": order},
+        "naive_floor": {"summary": split_summary(naive.samples), "samples": naive.samples,
+                        "interleaved": order},
         "original": {**daemon_result(original, ORIGINAL_ARGS), "interleaved": order},
     }

@@ -3,13 +3,16 @@
 LVM's start-up dominates an ``lvextend`` under emulation (NODE-GUEST.md).
 ``lvm`` with no arguments is a shell that reads commands on stdin and keeps
 its configuration and library state between them; lvmdbusd keeps one
-running for the same reason. Both sides here use pvestord's ``--config``
-(pvestord.lvm.FAST_CONFIG); the plain side is pvestord's own code
-(:func:`pvestord.lvm.lv_info`, :func:`pvestord.lvm.extend`). Rounds
-interleave the two, on two LVs of one VG, so both see the same load. After
-every shell extension the LV's size is checked in LVM and in device-mapper.
+running for the same reason, and so does pvestord (:mod:`pvestord.lvmshell`).
+Both sides here are pvestord's own calls (:func:`pvestord.lvm.lv_info`,
+:func:`pvestord.lvm.extend`, with pvestord's ``--config``): the plain side
+as one process per command, the shell side through
+:class:`pvestord.lvmshell.LvmShells`. Rounds interleave the two, on two LVs
+of one VG, so both see the same load. After every round the LVs' sizes are
+checked in LVM and in device-mapper.
 
-Measured only: the daemon does not use the shell.
+:class:`LvmShell` below is the fleet's set-up helper (bench/drives.py): a
+blocking shell for ``lvcreate``, which pvestord's shells do not run.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Any
 from bench.report import summary
 from pvestord import lvm
 from pvestord.command import binary
+from pvestord.lvmshell import LvmShells
 from tests.harness.lvmbed import MiB, loop_vg, sh
 
 #: Budget for one command in the shell (as pvestord.lvm.CHANGE_TIMEOUT).
@@ -103,23 +107,6 @@ def quoted_config() -> str:
     return f'"{lvm.FAST_CONFIG}"'
 
 
-def shell_lvs(shell: LvmShell, vg: str, lv: str) -> None:
-    # The shell keeps its own report format (it ignores --reportformat json
-    # per command): the LV's row in columns is what we check for.
-    out = shell.run(f"lvs --config {quoted_config()} --reportformat json --units b "
-                    "--nosuffix -o vg_name,lv_name,lv_size,vg_extent_size,vg_free,lv_active,"
-                    f"lv_device_open {vg}/{lv}")
-    if not any(line.split()[:2] == [vg, lv] for line in out if line.strip()):
-        raise LvmShellError(f"lvs in the shell did not report {vg}/{lv}: {out}")
-
-
-def shell_lvextend(shell: LvmShell, vg: str, lv: str, size: int) -> None:
-    # -q does not quieten the shell: it reports the resize like a verbose run.
-    out = shell.run(f"lvextend --config {quoted_config()} -q --size {size}b {vg}/{lv}")
-    if not any("successfully resized" in line for line in out):
-        raise LvmShellError(f"lvextend in the shell did not resize {vg}/{lv}: {out}")
-
-
 def lv_sizes(vg: str) -> dict[str, int]:
     """Every LV's size in ``vg``, from one ``lvs`` (each ``lvs`` costs LVM's start-up)."""
     out = sh("lvs", "--reportformat", "json", "--units", "b", "--nosuffix", "-o",
@@ -133,39 +120,33 @@ def compare(rounds: int) -> dict[str, Any]:
 
 
 async def _compare(rounds: int) -> dict[str, Any]:
-    # One event loop for the plain side, as in the daemon; the shell's calls
-    # block it, which is harmless here.
     times: dict[str, list[float]] = {k: [] for k in (
         "plain_lvextend", "shell_lvextend", "plain_lvs_lvextend", "shell_lvs_lvextend")}
     with loop_vg(2 * rounds * STEP + 256 * MiB, prefix="shl") as vg:
         vg.create_lv("plain", STEP)
         vg.create_lv("shell", STEP)
-        shell = LvmShell()
+        shells = LvmShells()
         try:
-            shell.run("version")  # start-up is paid once, as a daemon would
+            await lvm.lv_info(vg.name, "shell", shells=shells)  # start-up paid once, as pvestord
+            if not shells.pids():
+                raise RuntimeError("the lvm shell did not start (see the warning above)")
             size = STEP
             for _ in range(rounds):
                 size += STEP
-                began = time.perf_counter()
-                await lvm.lv_info(vg.name, "plain")
-                listed = time.perf_counter()
-                await lvm.extend(vg.name, "plain", size)
-                ended = time.perf_counter()
-                times["plain_lvextend"].append(ended - listed)
-                times["plain_lvs_lvextend"].append(ended - began)
-                began = time.perf_counter()
-                shell_lvs(shell, vg.name, "shell")
-                listed = time.perf_counter()
-                shell_lvextend(shell, vg.name, "shell", size)
-                ended = time.perf_counter()
-                times["shell_lvextend"].append(ended - listed)
-                times["shell_lvs_lvextend"].append(ended - began)
+                for side, pool in (("plain", None), ("shell", shells)):
+                    began = time.perf_counter()
+                    await lvm.lv_info(vg.name, side, shells=pool)
+                    listed = time.perf_counter()
+                    await lvm.extend(vg.name, side, size, shells=pool)
+                    ended = time.perf_counter()
+                    times[f"{side}_lvextend"].append(ended - listed)
+                    times[f"{side}_lvs_lvextend"].append(ended - began)
                 in_lvm = lv_sizes(vg.name)
                 for lv in ("plain", "shell"):
                     if not in_lvm.get(lv) == vg.device_size(lv) == size:
                         raise RuntimeError(f"LV {lv}: LVM says {in_lvm.get(lv)}, device-mapper "
                                            f"{vg.device_size(lv)}, expected {size}")
         finally:
-            shell.close()
+            await shells.close()
     return {"rounds": rounds, "step": STEP, "summary": {k: summary(v) for k, v in times.items()},
             "samples": times}

@@ -80,6 +80,7 @@ def synthetic_results() -> dict[str, object]:
     return {
         "latency": latency([1.0, 1.2, 1.1]),
         "floor": {"summary": {"total": summary([1.0, 0.9, 1.0])}},
+        "naive_floor": {"summary": {"total": summary([2.0, 1.9, 2.1])}},
         "original": latency([2.0, 1.5, 1.6]),
         "lvm_shell": {"summary": {k: summary(v) for k, v in {
             "plain_lvextend": [0.8, 0.8], "shell_lvextend": [0.4, 0.4],
@@ -105,8 +106,10 @@ def test_figures_compute_the_issue_ratios_and_judge_them() -> None:
     assert figures["daemon/floor p50"].status == "met"
     assert figures["original/ours p50"].value == pytest.approx(1.6 / 1.1)
     assert figures["original/ours p50"].status == "missed"
+    assert figures["ours/naive-floor p50"].value == pytest.approx(1.1 / 2.0)
+    assert figures["ours/naive-floor p50"].status == "met"
     assert figures["shell/plain lvextend p50"].value == pytest.approx(0.5)
-    assert figures["shell/plain lvextend p50"].status == "met"
+    assert figures["shell/plain lvextend p50"].status == "-"
     assert figures["two-VG/one-VG"].value == pytest.approx(0.65)
     assert figures["two-VG/one-VG"].status == "missed"
     assert figures["pvestord CPU % with its LVM children"].status == "missed"
@@ -162,10 +165,11 @@ def test_table_has_a_row_per_figure_with_its_status() -> None:
 def test_ratios_of_sides_sampled_in_turn_say_so_in_their_note() -> None:
     results = synthetic_results()
     assert by_name(run.figures_for(results))["daemon/floor p50"].note == ""
-    for name in ("latency", "floor", "original"):
+    for name in ("latency", "floor", "naive_floor", "original"):
         results[name] = {**results[name], "interleaved": "in turn"}  # type: ignore[dict-item]
     figures = by_name(run.figures_for(results))
     assert "in turn" in figures["daemon/floor p50"].note
+    assert "in turn" in figures["ours/naive-floor p50"].note
     assert "in turn" in figures["original/ours p50"].note
     assert "daemon/floor p50: both sides sampled in turn" in table(list(figures.values()))
 
@@ -218,11 +222,12 @@ def test_a_failed_scenario_marks_every_result_it_would_have_produced(
     assert run.main(["--out", str(tmp_path), "--quick", "--only", "floor",
                      "--only", "lvm_shell"]) == 1
     report = json.loads((tmp_path / "bench.json").read_text())
-    assert set(report["not_done"]) == {"latency", "floor", "original"}
+    assert set(report["not_done"]) == {"latency", "floor", "naive_floor", "original"}
     assert "guest too slow" in report["not_done"]["floor"]
     assert report["scenarios"]["lvm_shell"]["seconds"] >= 0
     statuses = {f["name"]: f["status"] for f in report["figures"]}
-    assert statuses["shell/plain lvextend p50"] == "met"
+    assert statuses["shell/plain lvextend p50"] == "-"
+    assert statuses["ours/naive-floor p50"] == "not measured"
     assert statuses["daemon/floor p50"] == "not measured"
 
 
