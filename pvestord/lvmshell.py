@@ -211,6 +211,11 @@ class LvmShell:
         args = list(argv)
         async with self._lock:
             try:
+                if self._proc is not None and self._proc.returncode is not None:
+                    log.warning("lvm shell for %s exited with status %d since its last "
+                                "command; starting a new lvm shell", self.name,
+                                self._proc.returncode)
+                    await self._kill()
                 if not self.running:
                     await self._start()
                 answer = await self._send(args[1:], timeout, argv=args)
