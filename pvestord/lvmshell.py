@@ -159,9 +159,11 @@ class LvmShell:
         return self._proc.pid if self._proc is not None else None
 
     async def start(self) -> None:
-        """Start the shell and check that it answers; :class:`LvmShellError` if not."""
+        """Start the shell (unless it runs) and check that it answers;
+        :class:`LvmShellError` if not."""
         async with self._lock:
-            await self._start()
+            if not self.running:
+                await self._start()
 
     async def _start(self) -> None:
         read_end, write_end = os.pipe()
