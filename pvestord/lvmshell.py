@@ -162,8 +162,16 @@ class LvmShell:
         """Start the shell (unless it runs) and check that it answers;
         :class:`LvmShellError` if not."""
         async with self._lock:
-            if not self.running:
-                await self._start()
+            await self._ensure_started()
+
+    async def _ensure_started(self) -> None:
+        """A running shell: this one, or a new one if it exited since its last command."""
+        if self._proc is not None and self._proc.returncode is not None:
+            log.warning("lvm shell for %s exited with status %d since its last command; "
+                        "starting a new lvm shell", self.name, self._proc.returncode)
+            await self._kill()
+        if not self.running:
+            await self._start()
 
     async def _start(self) -> None:
         read_end, write_end = os.pipe()
@@ -213,13 +221,7 @@ class LvmShell:
         args = list(argv)
         async with self._lock:
             try:
-                if self._proc is not None and self._proc.returncode is not None:
-                    log.warning("lvm shell for %s exited with status %d since its last "
-                                "command; starting a new lvm shell", self.name,
-                                self._proc.returncode)
-                    await self._kill()
-                if not self.running:
-                    await self._start()
+                await self._ensure_started()
                 answer = await self._send(args[1:], timeout, argv=args)
             except _NotDelivered as err:
                 # It died between two commands (killed, OOM): it never saw this one.
