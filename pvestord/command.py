@@ -80,12 +80,12 @@ async def run_async(argv: Sequence[str], *, timeout: float, check: bool = True, 
             out, err_out = await proc.communicate(
                 input.encode() if input is not None else None)
     except TimeoutError:
-        _kill_group(proc.pid)
+        kill_group(proc.pid)
         _, err_out = await proc.communicate()
         raise CommandError(args, None, err_out.decode(errors="replace"),
                            timed_out=True, timeout=timeout) from None
     except asyncio.CancelledError:
-        _kill_group(proc.pid)
+        kill_group(proc.pid)
         with contextlib.suppress(Exception):
             await asyncio.shield(proc.wait())
         raise
@@ -97,6 +97,7 @@ async def run_async(argv: Sequence[str], *, timeout: float, check: bool = True, 
     return done
 
 
-def _kill_group(pid: int) -> None:
+def kill_group(pid: int) -> None:
+    """SIGKILL the process group ``pid`` leads (started with ``start_new_session``)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)

@@ -43,14 +43,13 @@ import json
 import logging
 import os
 import re
-import signal
 import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pvestord.command import Completed, binary, run_async
+from pvestord.command import Completed, binary, kill_group, run_async
 from pvestord.errors import CommandError, PvestordError
 
 log = logging.getLogger(__name__)
@@ -316,8 +315,7 @@ class LvmShell:
         proc, self._proc = self._proc, None
         if proc is not None:
             if proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, signal.SIGKILL)
+                kill_group(proc.pid)
                 await proc.wait()
             if proc.stdin is not None:
                 proc.stdin.close()
