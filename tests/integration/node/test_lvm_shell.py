@@ -66,6 +66,13 @@ async def shells() -> AsyncIterator[LvmShells]:
     await pool.close()
 
 
+async def shell_serving_lv_a(vg: VG, shells: LvmShells) -> int:
+    """An 8 MiB LV "a" in ``vg``, read once through ``vg``'s shell; the shell's pid."""
+    vg.create_lv("a", 8 * MiB)
+    await lvm.lv_info(vg.name, "a", shells=shells)
+    return shells.pids()[vg.name]
+
+
 async def test_the_shell_reads_and_extends_as_processes_do(vg: VG, shells: LvmShells) -> None:
     vg.create_lv("a", 8 * MiB)
     in_shell = await lvm.lv_info(vg.name, "a", shells=shells)
@@ -100,9 +107,7 @@ async def test_changes_made_elsewhere_are_seen_and_kept(vg: VG, shells: LvmShell
 
 async def test_lvm_errors_come_back_typed_and_the_shell_stays(vg: VG,
                                                                shells: LvmShells) -> None:
-    vg.create_lv("a", 8 * MiB)
-    await lvm.lv_info(vg.name, "a", shells=shells)
-    pid = shells.pids()[vg.name]
+    pid = await shell_serving_lv_a(vg, shells)
     with pytest.raises(lvm.VgFullError, match="volume group is full"):
         await lvm.extend(vg.name, "a", 64 * 1024 * MiB, shells=shells)
     with pytest.raises(lvm.LvMissingError):
@@ -118,9 +123,7 @@ async def test_lvm_errors_come_back_typed_and_the_shell_stays(vg: VG,
 async def test_a_shell_killed_between_commands_is_replaced(vg: VG, shells: LvmShells,
                                                            caplog: pytest.LogCaptureFixture
                                                            ) -> None:
-    vg.create_lv("a", 8 * MiB)
-    await lvm.lv_info(vg.name, "a", shells=shells)
-    first = shells.pids()[vg.name]
+    first = await shell_serving_lv_a(vg, shells)
     os.kill(first, signal.SIGKILL)
     await wait_gone(first)
     with caplog.at_level(logging.WARNING, logger="pvestord.lvmshell"):
@@ -132,9 +135,7 @@ async def test_a_shell_killed_between_commands_is_replaced(vg: VG, shells: LvmSh
 
 async def test_a_command_over_its_budget_kills_the_shell_and_the_next_works(
         vg: VG, shells: LvmShells) -> None:
-    vg.create_lv("a", 8 * MiB)
-    await lvm.lv_info(vg.name, "a", shells=shells)
-    first = shells.pids()[vg.name]
+    first = await shell_serving_lv_a(vg, shells)
     with holding_vg_lock(vg):
         with pytest.raises(lvm.LvmError, match="timed out after 3 s"):
             await lvm.extend(vg.name, "a", 16 * MiB, timeout=3, shells=shells)
@@ -148,9 +149,7 @@ async def test_a_command_over_its_budget_kills_the_shell_and_the_next_works(
 
 async def test_a_shell_killed_during_a_command_fails_that_command_only(
         vg: VG, shells: LvmShells) -> None:
-    vg.create_lv("a", 8 * MiB)
-    await lvm.lv_info(vg.name, "a", shells=shells)
-    first = shells.pids()[vg.name]
+    first = await shell_serving_lv_a(vg, shells)
     with holding_vg_lock(vg):
         extension = asyncio.create_task(lvm.extend(vg.name, "a", 16 * MiB, shells=shells))
         await asyncio.sleep(2)  # lvextend now waits for the VG lock in the shell
