@@ -98,8 +98,13 @@ def vng_argv(command: str, out: Path, *, memory: str, cpus: int, name: str = "no
     return argv
 
 
+#: The guest's memory; ``PVESTORD_GUEST_MEMORY`` lowers it where several guests
+#: share one machine (a developer running two tiers side by side).
+DEFAULT_MEMORY = os.environ.get("PVESTORD_GUEST_MEMORY", "6G")
+
+
 def run_guest(command: list[str], out: Path, *, timeout: float = DEFAULT_TIMEOUT,
-              memory: str = "6G", cpus: int = 2, echo: bool = True) -> GuestResult:
+              memory: str = DEFAULT_MEMORY, cpus: int = 2, echo: bool = True) -> GuestResult:
     """Boot the node guest, run ``command`` in it, and return its exit status.
 
     ``command`` runs as root in the repository folder through
