@@ -166,6 +166,10 @@ def parse_qemu_io(node: str, command: str, lines: Sequence[str]) -> QemuIoResult
     return QemuIoResult(node, command, tuple(lines), error is None, error)
 
 
+#: Events tolerated before a QMP greeting (see :meth:`_Qmp._read_greeting`).
+EVENTS_BEFORE_GREETING = 64
+
+
 class _Qmp:
     """A minimal synchronous QMP client on a unix socket (test code only)."""
 
@@ -175,11 +179,29 @@ class _Qmp:
         self.sock.connect(str(path))
         self._buf = b""
         self.events: list[dict[str, Any]] = []
-        self.greeting = self._read()
-        if "QMP" not in self.greeting:
-            raise QemuError(f"unexpected QMP greeting: {self.greeting}")
+        self.greeting = self._read_greeting()
         self.lock = threading.Lock()
         self.execute("qmp_capabilities", {}, timeout)
+
+    def _read_greeting(self) -> dict[str, Any]:
+        """The greeting, keeping the events QEMU may send before it.
+
+        QEMU's QMP monitor goes back to capabilities negotiation only when
+        it handles the new connection's OPENED event (``monitor_qmp_event``
+        in QEMU's monitor/qmp.c); closing the previous connection leaves it in
+        command mode. The monitor runs in an I/O thread while events come
+        from the main loop, so an event emitted as a client connects (a
+        RESUME just after another client's ``cont``) can reach that client
+        before its greeting. The fleet benchmark failed on exactly that.
+        """
+        for _ in range(EVENTS_BEFORE_GREETING):
+            msg = self._read()
+            if "QMP" in msg:
+                return msg
+            if "event" not in msg:
+                break
+            self.events.append(msg)
+        raise QemuError(f"unexpected QMP greeting: {msg}")
 
     def _read(self) -> dict[str, Any]:
         # Our own buffer: a socket file object is unusable after one timeout.
