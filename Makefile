@@ -51,11 +51,13 @@ node: deps
 	$(PY) -m tests.harness.nodeguest --out $(OUT)/node -- tests/integration/node
 
 # The fault suite with every kill moment (the node tier runs its quick set),
-# then docs/reliability.md rendered from what it measured.
+# and the faults of the reliability review (test_faults_*.py, which the node
+# tier runs whole), then docs/reliability.md rendered from what it measured.
 faults: deps
 	rm -f $(OUT)/faults/faults.jsonl
 	$(PY) -m tests.harness.nodeguest --out $(OUT)/faults -- \
-		tests/integration/node/test_faults.py --faults=full
+		tests/integration/node/test_faults.py \
+		$(wildcard tests/integration/node/test_faults_*.py) --faults=full
 	$(PY) -m tests.harness.reliability $(OUT)/faults/faults.jsonl
 
 # Two-node tier: two node guests sharing one SAN image, driven from the host
