@@ -28,6 +28,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from qemu.qmp import ExecuteError, QMPClient, QMPError
+from qemu.qmp.qmp_client import GreetingError
 
 from pvestord.errors import PvestordError
 
@@ -39,6 +40,9 @@ log = logging.getLogger(__name__)
 #: long HMP command on another monitor delays ours (one main loop serves all).
 CONNECT_TIMEOUT = 10.0
 CALL_TIMEOUT = 10.0
+#: Connections tried when QEMU sends an event before its greeting (see
+#: :meth:`VmMonitor.__aenter__`): the race needs one more, never many.
+GREETING_ATTEMPTS = 2
 
 
 class QmpError(PvestordError):
@@ -139,6 +143,24 @@ class VmMonitor:
     async def __aenter__(self) -> Self:
         if not self.socket_path.exists():
             raise VmGoneError(f"{self.name}: no QMP socket at {self.socket_path}")
+        for attempt in range(1, GREETING_ATTEMPTS + 1):
+            try:
+                await self._connect()
+                return self
+            except QmpError as err:
+                if not isinstance(getattr(err.__cause__, "exc", None), GreetingError) \
+                        or attempt == GREETING_ATTEMPTS:
+                    raise
+                # QEMU resets its monitor to capabilities negotiation only when
+                # the I/O thread handles the new connection; an event emitted
+                # from the main loop just before (a RESUME after another
+                # client's cont) can come first. The next connection is clean.
+                log.debug("%s: an event came before the QMP greeting: connecting again",
+                          self.name)
+                self._client = QMPClient(self.name)
+        raise AssertionError("unreachable")
+
+    async def _connect(self) -> None:
         try:
             async with asyncio.timeout(self.timeout):
                 await self._client.connect(str(self.socket_path))
@@ -153,7 +175,6 @@ class VmMonitor:
             if isinstance(cause, ConnectionRefusedError | FileNotFoundError):
                 raise VmGoneError(f"{self.name}: QMP socket refuses connections") from err
             raise QmpError(f"{self.name}: cannot connect to {self.socket_path}: {err}") from err
-        return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None,
                         exc: BaseException | None, tb: TracebackType | None) -> None:
