@@ -23,8 +23,8 @@ REPO = Path(__file__).resolve().parents[2]
     ("tests/unit/test_policy.py", None),
     ("tests/integration/host/test_qmeventd.py", None),
     ("tests/integration/host/test_nodeguest_harness.py", 900.0),
-    ("tests/integration/node/test_engine.py", 900.0),
-    ("tests/integration/cluster/test_migration.py", 1800.0),
+    ("tests/integration/node/test_engine.py", 1200.0),
+    ("tests/integration/cluster/test_migration.py", 2400.0),
     ("tests/packaging/test_deb.py", 3600.0),
     ("bench/latency.py", None),
 ])
