@@ -1,6 +1,6 @@
 """Scenario 4: a persistent ``lvm`` process against one ``lvm`` command per call.
 
-LVM's start-up dominates an ``lvextend`` under emulation (NODE-GUEST.md).
+LVM's start-up dominates an ``lvextend`` under emulation (docs/design.md, "LVM").
 ``lvm`` with no arguments is a shell that reads commands on stdin and keeps
 its configuration and library state between them; lvmdbusd keeps one
 running for the same reason, and so does pvestord (:mod:`pvestord.lvmshell`).

@@ -37,7 +37,7 @@ from pvestord import paths
 from pvestord.errors import ConfigError
 from pvestord.sizes import GiB, MiB, format_size, parse_size
 
-#: Defaults of our ``lvm:`` options (DESIGN.md, "Storage configuration").
+#: Defaults of our ``lvm:`` options (docs/design.md, "Storage configuration").
 DEFAULT_CHUNKSIZE = 1 * GiB
 DEFAULT_CHUNK_PERCENTAGE = 0.5
 DEFAULT_INITIAL_SIZE = 2 * GiB

@@ -311,7 +311,7 @@ class Extender:
             if run.status == "inmigrate":
                 # The destination of a live migration: its QEMU takes the
                 # devices' sizes at the switchover, so catch up now with
-                # whatever the source grew (DESIGN.md, Live migration).
+                # whatever the source grew (docs/design.md, "Live migration").
                 await self._catch_up_incoming(vm, monitor)
             if run.status in MIGRATION_STATES:
                 raise VmBusyError(f"VM {vm.vmid} is in state {run.status}: later")

@@ -3,7 +3,7 @@
 Only what pvestord needs: read an LV's and its VG's sizes, grow an LV to an
 absolute size, and refresh an LV's device-mapper table (after another node
 grew it). Every command runs with a ``--config`` that skips work an
-``lvextend`` of a linear LV does not need (NODE-GUEST.md measured the gain).
+``lvextend`` of a linear LV does not need (docs/design.md, "LVM", has the figures).
 The two commands of an extension (:func:`lv_info`, :func:`extend`) can run
 in a persistent ``lvm`` shell instead of a process each
 (:mod:`pvestord.lvmshell`); everything else is rare and runs as a process.
@@ -39,7 +39,7 @@ CHANGE_TIMEOUT = 40.0
 #: - scan /dev directly instead of asking udev for the device list;
 #: - no dmeventd monitoring and no lvmpolld: both serve mirror, snapshot, thin
 #:   pool and pvmove LVs, never a linear LV.
-#: Not used, although NODE-GUEST.md measured them faster:
+#: Not used, although they measured faster (docs/design.md, "LVM"):
 #: - ``udev_rules = 0`` / ``udev_sync = 0``: where udev runs (every Proxmox
 #:   node), the table reload of a resize sends udev a change event flagged
 #:   "rules disabled", and udev then drops ``/dev/VG/LV``: seen in the node
@@ -189,7 +189,7 @@ async def extend(vg: str, lv: str, size: int, *, timeout: float = CHANGE_TIMEOUT
     """Grow ``vg/lv`` to exactly ``size`` bytes (extent-aligned by the caller).
 
     Callers hold the storage lock: LVM's own lock is per node, and two nodes
-    writing one VG's metadata at once lose an extension (TWO-NODES.md).
+    writing one VG's metadata at once lose an extension (docs/design.md, "Locks").
     """
     await _change(vg, lv, f"extending LV {vg}/{lv} to {size} bytes", "lvextend",
                   "--size", f"{size}b", done_if="matches existing size", timeout=timeout,

@@ -1,7 +1,7 @@
 """A persistent ``lvm`` shell per VG: LVM's start-up paid once, not per command.
 
 Most of an ``lvextend``'s time on a node is LVM starting: reading its
-configuration, loading its libraries, finding devices (NODE-GUEST.md;
+configuration, loading its libraries, finding devices (docs/design.md, "LVM";
 ``bench/lvm_shell.py`` measures it). ``lvm`` with no arguments is a shell that
 keeps that state between commands, and lvmdbusd keeps one for the same reason.
 We talk to it the way lvmdbusd does:

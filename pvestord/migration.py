@@ -1,4 +1,4 @@
-"""Live migration of a VM with thin drives: the rules of DESIGN.md, "Live migration".
+"""Live migration of a VM with thin drives: the rules of docs/design.md, "Live migration".
 
 During a live migration the VM's LVs are active on two nodes, and an LV grown
 on one is seen by the other only after ``lvchange --refresh`` there. A

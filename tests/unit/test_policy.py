@@ -1,4 +1,4 @@
-"""The extension policy: examples from DESIGN.md, then properties with hypothesis."""
+"""The extension policy: examples from docs/design.md, then properties with hypothesis."""
 
 from __future__ import annotations
 

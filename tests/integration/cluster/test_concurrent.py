@@ -1,7 +1,7 @@
 """Two nodes extending LVs of one shared VG at the same moment lose nothing.
 
 Without a cluster-wide lock, two ``lvextend``s on one VG from two nodes both
-succeed and one is lost (the last metadata writer wins: TWO-NODES.md). Here
+succeed and one is lost (the last metadata writer wins: docs/design.md, "Locks"). Here
 both nodes' drives cross their thresholds together, round after round; every
 extension must be in the final metadata, and each node's device-mapper table
 must agree with it.

@@ -6,7 +6,7 @@ the VM as a real guest would be paused. The migration is throttled
 (``max-bandwidth``) so that it is still in pre-copy while the harness fills
 the image to 2 MiB short of the LV's end and the guest then writes 3 MiB
 past it. A must defer (an extension on the source that B has not refreshed
-before the switchover is the corruption of TWO-NODES.md), so the VM pauses
+before the switchover is the corruption of docs/design.md, "Live migration"), so the VM pauses
 on A; the migration completes with the VM paused, and B, which receives the
 run state ``io-error`` but not the device's io-status (QEMU does not migrate
 it), must extend the LV on B and resume the guest, whose write then lands.

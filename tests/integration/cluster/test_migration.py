@@ -1,6 +1,6 @@
 """Live migration of a VM with a thin drive between the two nodes, without corruption.
 
-The corruption this guards against (reproduced in TWO-NODES.md): an LV grown
+The corruption this guards against (reproduced in docs/design.md, "Live migration"): an LV grown
 on the source while it is active on the destination leaves the destination's
 device-mapper table short; the destination QEMU takes that size at the
 switchover and reads the data past it as zeros, with no error.
@@ -122,7 +122,7 @@ def guest(daemons: Cluster) -> Iterator[Guest]:
 def test_extension_before_migration_verifies_on_b(guest: Guest, hint: bool) -> None:
     cluster, a, b = guest.cluster, guest.cluster.a, guest.cluster.b
     if hint:
-        # The case of TWO-NODES.md: the LV is active on B while A grows it.
+        # The case of docs/design.md, "Live migration": the LV is active on B while A grows it.
         guest.activate_on_b()
     write(a, guest.vmid, 0, 56 * MiB, 0x3C)                  # crosses 48 MiB
     wait_until(lambda: threshold(a, guest.vmid) == 96 * MiB - CHUNK // 2, EXTEND_TIMEOUT,

@@ -90,7 +90,7 @@ async def test_the_shell_reads_and_extends_as_processes_do(vg: VG, shells: LvmSh
 async def test_changes_made_elsewhere_are_seen_and_kept(vg: VG, shells: LvmShells) -> None:
     """Another LVM process (as another node would) changes the VG between the
     shell's commands: the shell reads the new metadata, and its own change
-    keeps the other one (a stale copy written back would lose it, TWO-NODES.md)."""
+    keeps the other one (a stale copy written back would lose it, docs/design.md, "Locks")."""
     vg.create_lv("mine", 8 * MiB)
     vg.create_lv("theirs", 8 * MiB)
     await lvm.extend(vg.name, "mine", 12 * MiB, shells=shells)
