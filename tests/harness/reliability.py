@@ -99,8 +99,9 @@ FAULTS = [
           "test_a_vm_whose_resume_is_blocked_gets_one_extension_per_new_enospc",
           "real guest: thin ENOSPC answered 64 -> 324 MiB and resumed; rebooted into a "
           "write past a 16 MiB non-thin LV: both devices nospace; over 7 blocked passes "
-          "(3 s reconciles) the thin LV stayed 324 MiB, VM kept paused, RESUME_BLOCKED "
-          "warned once; a restarted daemon gave it one chunk (580 MiB) and no more"),
+          "(3 s reconciles) the thin LV stayed 324 MiB, VM kept paused, each pass logged "
+          "RESUME_BLOCKED=not-thin with the device (WARNING first, then DEBUG); a restarted "
+          "daemon gave it one chunk (580 MiB) and no more"),
     Fault("pvestord extend or a manual entry naming no thin drive",
           "tests/integration/node/test_faults_engine.py::"
           "test_extend_with_a_wrong_name_touches_no_drive",
