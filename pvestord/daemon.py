@@ -265,6 +265,7 @@ class Daemon:
             self._reconcile_due.add(vmid)
         for vmid in self._known_vms - current:
             self._retry.pop(vmid, None)
+            self.extender.forget(vmid)
             self._reconcile_due.discard(vmid)
         self._known_vms = current
 

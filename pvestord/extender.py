@@ -32,7 +32,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from pvestord import lvm, migration, policy, qemu_img
@@ -41,10 +41,16 @@ from pvestord.errors import PvestordError
 from pvestord.locks import Lock, storage_lock
 from pvestord.lvmshell import LvmShells
 from pvestord.nodereport import LvmHealth
-from pvestord.policy import Decision, DriveState, ExtensionState, Reason
+from pvestord.policy import (
+    Decision,
+    DriveIdentity,
+    DriveState,
+    ExtensionState,
+    Reason,
+    TableState,
+)
 from pvestord.qmp import (
     MIGRATION_STATES,
-    RunState,
     ThinDriveView,
     VmBusyError,
     VmMonitor,
@@ -69,6 +75,10 @@ STORAGE_LOCK_TIMEOUT = 10.0
 MIGRATING = frozenset({"setup", "active", "postcopy-active", "postcopy-paused",
                        "postcopy-recover", "pre-switchover", "device", "wait-unplug",
                        "cancelling"})
+
+
+class StaleTableError(PvestordError):
+    """This node's device-mapper table of an LV is larger than the LV's metadata."""
 
 
 @dataclass(frozen=True)
@@ -96,6 +106,11 @@ class Drive:
             chunk_percentage=storage.chunk_percentage if storage else 0.5,
             paused_nospace=paused_nospace, reason=reason, thin=storage is not None)
 
+    @property
+    def identity(self) -> DriveIdentity:
+        return DriveIdentity(self.view.path,
+                             frozenset({self.view.file_node, self.view.format_node}))
+
 
 @dataclass(frozen=True)
 class DriveReport:
@@ -113,6 +128,8 @@ class DriveReport:
     maximum: int
     virtual_size: int
     state: ExtensionState
+    #: Why the drive needs an operator or a refresh (a stale table); None when fine.
+    problem: str | None = None
 
 
 @dataclass
@@ -164,6 +181,29 @@ class Extender:
         self.lvm_health = LvmHealth()
         #: Persistent ``lvm`` shells for the extension path, if configured.
         self.lvm_shells = LvmShells() if settings.lvm_shell else None
+        #: The LV size we left after answering a drive's ENOSPC, by (vmid,
+        #: QEMU pid, file node): a ``nospace`` that stays (a VM whose resume is
+        #: blocked, sticky io-status) is answered once (policy.enospc_is_new).
+        self._answered: dict[tuple[int, int, str], int] = {}
+        #: The last message logged per (vmid, node, topic), for conditions that
+        #: last many passes: logged at their level once per change, then at DEBUG.
+        self._said: dict[tuple[int, str, str], str] = {}
+
+    def forget(self, vmid: int) -> None:
+        """``vmid`` no longer runs here: drop what was remembered of its drives."""
+        for key in [k for k in self._answered if k[0] == vmid]:
+            del self._answered[key]
+        for said in [k for k in self._said if k[0] == vmid]:
+            del self._said[said]
+
+    def _say(self, key: tuple[int, str, str], level: int, message: str, *args: object,
+             extra: dict[str, str]) -> None:
+        text = message % args
+        if self._said.get(key) == text:
+            log.debug(message, *args, extra=extra)
+        else:
+            self._said[key] = text
+            log.log(level, message, *args, extra=extra)
 
     async def close(self) -> None:
         """Stop the LVM shells (a daemon's shutdown)."""
@@ -268,15 +308,34 @@ class Extender:
         reports = []
         for drive in drives:
             info = await lvm.lv_info(drive.vg, drive.lv, timeout=self.settings.lvm_timeout)
-            state = drive.state(lv_size=info.size, paused_nospace=run.nospace_on(drive.view.path))
+            table = lvm.device_size(drive.vg, drive.lv)
+            verdict = policy.table_state(info.size, table)
+            state = drive.state(lv_size=info.size, paused_nospace=run.nospace_on(
+                drive.view.path, drive.identity.node_names))
             reports.append(DriveReport(
                 vm.vmid, drive.view.file_node, drive.view.format_node, drive.view.path,
                 drive.storage.storeid if drive.storage else None, info.size,
-                lvm.device_size(drive.vg, drive.lv), drive.view.allocation, drive.view.threshold,
+                table, drive.view.allocation, drive.view.threshold,
                 drive.maximum, drive.view.virtual_size,
                 policy.classify(state, extending=(vm.vmid, drive.view.file_node)
-                                in self.extending) if drive.storage else ExtensionState.IDLE))
+                                in self.extending, failed=verdict is TableState.AHEAD)
+                if drive.storage else ExtensionState.IDLE,
+                _table_problem(verdict, info.size, table) if drive.storage else None))
         return reports
+
+    async def thin_node_names(self, vm: LocalVm) -> tuple[set[str], set[str]]:
+        """(every node-name of ``vm``, the node-names of its thin drives), from
+        QMP and storage.cfg only: ``pvestord extend`` checks its argument with
+        this before any LVM command."""
+        config = self._storage_config()
+        async with self._monitor(vm) as monitor:
+            views, names = await monitor.thin_drives()
+        thin: set[str] = set()
+        for view in views:
+            vg_lv = lvm.lv_from_path(view.path)
+            if vg_lv is not None and config.by_vg(vg_lv[0], self.settings.node) is not None:
+                thin |= {view.file_node, view.format_node}
+        return names, thin
 
     # -- the pass
 
@@ -286,11 +345,15 @@ class Extender:
         ``requests`` maps node-names named by queue entries to their reasons;
         None means every thin drive (reconcile). A node-name may name a file
         node (threshold events) or any node above it (a ``nospace`` event names
-        the device's root node): a request that matches no thin drive by name
-        is applied to every thin drive of the VM, which is always safe because
-        the policy does nothing for a drive with headroom.
+        the device's root node): a ``nospace`` request that matches no thin
+        drive by name is applied to every thin drive of the VM, which is safe
+        because the policy does nothing for a drive with headroom, and answers
+        each drive's ENOSPC once (:func:`pvestord.policy.enospc_is_new`).
+        Any other request naming no thin drive does nothing.
         """
         outcome = VmOutcome()
+        for key in [k for k in self._answered if k[0] == vm.vmid and k[1] != vm.pid]:
+            del self._answered[key]  # a QEMU that ended: its ENOSPCs were answered
         for number in range(MAX_ROUNDS):
             # A reconcile's first look may share a VG report with the other
             # passes of its sweep; a later round follows our own change and
@@ -317,22 +380,41 @@ class Extender:
                 raise VmBusyError(f"VM {vm.vmid} is in state {run.status}: later")
             if await self._migrating_away(vm, monitor):
                 raise VmBusyError(f"VM {vm.vmid} is migrating away: extensions deferred")
-            drives = await self._drives(monitor, outcome, fresh=requests is None,
-                                        shared=shared)
-            thin_nodes = {name for d in drives for name in (d.view.file_node, d.view.format_node)}
+            fresh = requests is None
+            drives = await self._drives(monitor, outcome, fresh=fresh, shared=shared)
+            thin_nodes = {name for d in drives if d.storage is not None
+                          for name in (d.view.file_node, d.view.format_node)}
+            if requests:
+                self._note_requests_for_no_thin_drive(vm, requests, thin_nodes, outcome)
+            if not run.paused_for_room:
+                self._said.pop((vm.vmid, "", "resume"), None)
+            # Figures just read from LVM are compared with this node's table
+            # (an lseek each); a drive whose table differs gets nothing else
+            # until it is settled under the lock: never a threshold past the
+            # device's end, never an extension over a lost one.
+            stale = {d.view.file_node for d in drives
+                     if fresh and d.view.file_node not in outcome.errors
+                     and self._table_differs(vm, d, outcome)}
             planned: list[tuple[Drive, Decision, DriveState]] = []
             for drive in drives:
                 outcome.drives.add(drive.view.file_node)
-                reason = _reason_for(drive, requests, thin_nodes)
+                if drive.view.file_node in stale or drive.view.file_node in outcome.errors:
+                    continue
+                reason = reason_for(drive, requests, thin_nodes)
                 if reason is None:
                     continue
-                state = drive.state(paused_nospace=run.nospace_on(drive.view.path),
+                paused = run.nospace_on(drive.view.path, drive.identity.node_names)
+                state = drive.state(paused_nospace=paused and self._enospc_is_new(vm, drive),
                                     reason=reason)
                 planned.append((drive, policy.decide(state), state))
             # Cheap actions first, inside this QMP session.
             for drive, decision, _ in planned:
                 await self._arm_or_disarm(monitor, vm, drive, decision)
         timings.observe_ms = _ms_since(timings.started)
+        refreshed = False
+        for drive in drives:
+            if drive.view.file_node in stale:
+                refreshed |= await self._settle_table(vm, drive, outcome)
         extended = False
         for drive, decision, state in planned:
             if isinstance(decision, policy.Extend | policy.ExtendPastMaximum):
@@ -340,13 +422,101 @@ class Extender:
                     extended |= await self._extend(vm, drive, decision, state, timings)
                 except PvestordError as err:
                     outcome.errors[drive.view.file_node] = err
+                    continue
+                if state.paused_nospace:
+                    self._answered[(vm.vmid, vm.pid, drive.view.file_node)] = \
+                        self._lv_sizes.get((drive.vg, drive.lv), decision.target)
         if extended:
             outcome.extensions += 1
         # Re-arm and resume on a fresh observation: sizes changed, and a fast
         # writer may already be past the new threshold.
-        if extended or run.paused_for_room:
+        if extended or refreshed or run.paused_for_room:
             return await self._settle(vm, outcome, extended)
         return False
+
+    def _enospc_is_new(self, vm: LocalVm, drive: Drive) -> bool:
+        answered = self._answered.get((vm.vmid, vm.pid, drive.view.file_node))
+        chunksize = drive.storage.chunksize if drive.storage else 1
+        return policy.enospc_is_new(answered, drive.lv_size, drive.view.allocation, chunksize)
+
+    def _note_requests_for_no_thin_drive(self, vm: LocalVm, requests: dict[str, Reason],
+                                         thin_nodes: set[str], outcome: VmOutcome) -> None:
+        """An entry naming a node of the VM that is no thin drive's does nothing
+        (only ``nospace``, which names a device's root node, means every thin
+        drive); say so. One naming no node at all is the daemon's to drop."""
+        for name, reason in requests.items():
+            if (name not in thin_nodes and reason is not Reason.NOSPACE
+                    and name in outcome.known_nodes):
+                log.warning("VM %d: entry %s (%s) names no thin drive: nothing done", vm.vmid,
+                            name, reason.value,
+                            extra=fields(VMID=vm.vmid, NODE_NAME=name, REASON=reason.value))
+
+    def _table_differs(self, vm: LocalVm, drive: Drive, outcome: VmOutcome) -> bool:
+        """Whether this node's table of a thin drive's LV differs from the size
+        just read from LVM (confirmed, and acted on, under the lock)."""
+        if drive.storage is None:
+            return False
+        try:
+            table = lvm.device_size(drive.vg, drive.lv)
+        except PvestordError as err:
+            outcome.errors[drive.view.file_node] = err
+            return False
+        if policy.table_state(drive.lv_size, table) is TableState.MATCH:
+            self._said.pop((vm.vmid, drive.view.file_node, "table"), None)
+            return False
+        return True
+
+    async def _settle_table(self, vm: LocalVm, drive: Drive, outcome: VmOutcome) -> bool:
+        """Compare the table with the metadata under the lock; refresh a table
+        that is behind (True), refuse one that is ahead (an error for the drive)."""
+        assert drive.storage is not None
+        node = drive.view.file_node
+        try:
+            async with self._vg_gate(drive.vg), \
+                    self._storage_lock(drive.storage).acquire_async(STORAGE_LOCK_TIMEOUT):
+                info = await lvm.lv_info(drive.vg, drive.lv, timeout=self.settings.lvm_timeout,
+                                         shells=self.lvm_shells)
+                self._remember(info)
+                table = lvm.device_size(drive.vg, drive.lv)
+                verdict = policy.table_state(info.size, table)
+                if verdict is TableState.BEHIND:
+                    await lvm.refresh(drive.vg, drive.lv, timeout=self.settings.lvm_timeout)
+                    self._changed(drive.vg)
+        except PvestordError as err:
+            outcome.errors[node] = err
+            return False
+        if verdict is TableState.AHEAD:
+            outcome.errors[node] = self._table_ahead(vm, drive, info.size, table)
+            return False
+        if verdict is TableState.BEHIND:
+            self._log_refreshed(vm, drive, table, info.size)
+            return True
+        return False
+
+    def _log_refreshed(self, vm: LocalVm, drive: Drive, table: int, size: int) -> None:
+        node = drive.view.file_node
+        self._said.pop((vm.vmid, node, "table"), None)
+        log.info("VM %d %s: LV %s was grown elsewhere to %s (this node's table had %s):"
+                 " refreshed", vm.vmid, node, drive.view.path, format_size(size),
+                 format_size(table), extra=fields(
+                     VMID=vm.vmid, NODE_NAME=node, LV=drive.view.path, TABLE="refreshed",
+                     OLD_SIZE=table, NEW_SIZE=size))
+
+    def _table_ahead(self, vm: LocalVm, drive: Drive, size: int,
+                     table: int) -> StaleTableError:
+        node = drive.view.file_node
+        self._say((vm.vmid, node, "table"), logging.ERROR,
+                  "VM %d %s: this node's device-mapper table of LV %s (%s) is larger than the"
+                  " LV in LVM's metadata (%s): an extension was lost or the LV was shrunk"
+                  " elsewhere; the extents past the metadata's end are free in the VG and may"
+                  " hold guest data. Not extended, not resumed: an operator must look",
+                  vm.vmid, node, drive.view.path, format_size(table), format_size(size),
+                  extra=fields(VMID=vm.vmid, NODE_NAME=node, LV=drive.view.path,
+                               TABLE="ahead", TABLE_SIZE=table, LV_SIZE=size))
+        return StaleTableError(
+            f"VM {vm.vmid} {node}: device-mapper table of {drive.view.path} "
+            f"({format_size(table)}) is larger than the LV ({format_size(size)}): "
+            "not extended, not resumed")
 
     async def _arm_or_disarm(self, monitor: VmMonitor, vm: LocalVm, drive: Drive,
                              decision: Decision) -> None:
@@ -355,7 +525,8 @@ class Extender:
             await monitor.set_threshold(node, decision.threshold)
             log.info("VM %d %s: threshold armed at %s (LV %s)", vm.vmid, node,
                      format_size(decision.threshold), format_size(drive.lv_size),
-                     extra=fields(VMID=vm.vmid, NODE_NAME=node, LV=drive.view.path))
+                     extra=fields(VMID=vm.vmid, NODE_NAME=node, LV=drive.view.path,
+                                  THRESHOLD=decision.threshold))
         elif isinstance(decision, policy.AtMaximum) and decision.disarm:
             await monitor.set_threshold(node, 0)
             log.info("VM %d %s: LV holds the whole image (%s): threshold removed", vm.vmid,
@@ -385,26 +556,33 @@ class Extender:
         """:meth:`_extend`'s work, under the VG gate and the storage lock."""
         assert drive.storage is not None
         node = drive.view.file_node
+        # QMP before the lock, never under it: a slow QEMU must not hold the
+        # cluster-wide lock (REVIEW 1.1).
+        if await self._migrating_away(vm):
+            raise VmBusyError(f"VM {vm.vmid} started migrating away: extension of "
+                              f"{node} deferred")
+        observed = time.monotonic()
         async with self._vg_gate(drive.vg), \
                 self._storage_lock(drive.storage).acquire_async(STORAGE_LOCK_TIMEOUT):
             locked = time.monotonic()
-            # Under the lock, so that a migration's begin (which takes
-            # this lock after marking the VM) is a barrier for us.
-            if await self._migrating_away(vm):
+            # Under the lock only the mark: a migration's begin marks the VM
+            # and then takes this lock, so the mark is a barrier for us.
+            if migration.outgoing_marked(self.settings.run_dir, vm.vmid):
                 raise VmBusyError(f"VM {vm.vmid} started migrating away: extension of "
                                   f"{node} deferred")
             checked = time.monotonic()
             info = await lvm.lv_info(drive.vg, drive.lv, timeout=self.settings.lvm_timeout,
                                      shells=self.lvm_shells)
             self._remember(info)
-            if info.size > lvm.device_size(drive.vg, drive.lv):
-                # The metadata is ahead of this node's device-mapper table:
-                # another node grew it. Catch up instead of growing again.
+            table = lvm.device_size(drive.vg, drive.lv)
+            verdict = policy.table_state(info.size, table)
+            if verdict is TableState.AHEAD:
+                raise self._table_ahead(vm, drive, info.size, table)
+            if verdict is TableState.BEHIND:
+                # Another node grew it. Catch up instead of growing again.
                 await lvm.refresh(drive.vg, drive.lv, timeout=self.settings.lvm_timeout)
                 self._changed(drive.vg)
-                log.info("VM %d %s: LV %s was grown elsewhere to %s: refreshed", vm.vmid,
-                         node, drive.view.path, format_size(info.size),
-                         extra=fields(VMID=vm.vmid, NODE_NAME=node, LV=drive.view.path))
+                self._log_refreshed(vm, drive, table, info.size)
                 fresh = policy.decide(drive.state(
                     lv_size=info.size, paused_nospace=state.paused_nospace,
                     reason=state.reason))
@@ -432,8 +610,8 @@ class Extender:
                      VMID=vm.vmid, NODE_NAME=node, LV=drive.view.path, VG=drive.vg,
                      OLD_SIZE=info.size, NEW_SIZE=decision.target, DURATION_MS=elapsed_ms,
                      REASON=state.reason.value, ROUND_STARTED=f"{timings.started_wall:.6f}",
-                     QMP_MS=timings.observe_ms + round((checked - locked) * 1000),
-                     LOCK_WAIT_MS=round((locked - started) * 1000), LVM_MS=_ms_since(checked)))
+                     QMP_MS=timings.observe_ms + round((observed - started) * 1000),
+                     LOCK_WAIT_MS=round((locked - observed) * 1000), LVM_MS=_ms_since(checked)))
         return True
 
     async def _migrating_away(self, vm: LocalVm, monitor: VmMonitor | None = None) -> bool:
@@ -473,9 +651,20 @@ class Extender:
                 if isinstance(decision, policy.Extend | policy.ExtendPastMaximum):
                     need_more = True  # a fast writer is already past the new threshold
                 await self._arm_or_disarm(monitor, vm, drive, decision)
-            if run.paused_for_room and not need_more and _may_resume(run, drives, outcome):
+            blocker = None
+            if run.paused_for_room and not need_more:
+                thin = [d for d in drives if d.storage is not None]
+                blocker = policy.resume_blocker(
+                    run.nospace_devices,
+                    [d.identity for d in thin if d.view.file_node not in outcome.errors],
+                    [d.identity for d in thin if d.view.file_node in outcome.errors],
+                    unowned_pause=run.paused_on_unowned_error)
+                if blocker is not None:
+                    self._say_blocked(vm, blocker, outcome)
+            if run.paused_for_room and not need_more and blocker is None:
                 await monitor.cont()
                 outcome.resumed = True
+                self._said.pop((vm.vmid, "", "resume"), None)
                 if run.paused_on_nospace:
                     log.warning("VM %d: resumed after it paused on ENOSPC", vm.vmid,
                                 extra=fields(VMID=vm.vmid))
@@ -485,6 +674,25 @@ class Extender:
                                 " devices' io-status); its thin drives were given room first",
                                 vm.vmid, extra=fields(VMID=vm.vmid))
         return need_more or (run.paused_for_room and not outcome.resumed and extended)
+
+    def _say_blocked(self, vm: LocalVm, blocker: policy.ResumeBlocker,
+                     outcome: VmOutcome) -> None:
+        """Why a VM paused for room stays paused (the thin drives got their
+        one extension per new ENOSPC, and no more)."""
+        extra = fields(VMID=vm.vmid, DEVICE=blocker.device,
+                       RESUME_BLOCKED=blocker.because.value)
+        if blocker.because is policy.BlockedBecause.NOT_THIN:
+            self._say((vm.vmid, "", "resume"), logging.WARNING,
+                      "VM %d stays paused: device %s has io-status nospace and is not a thin"
+                      " drive: it is out of space, or that status is left over from an"
+                      " earlier pause (QEMU keeps it after cont on -blockdev devices). Its"
+                      " thin drives got room; resume the VM by hand once %s has room too",
+                      vm.vmid, blocker.device, blocker.device, extra=extra)
+        else:
+            errors = "; ".join(str(e) for e in outcome.errors.values())
+            self._say((vm.vmid, "", "resume"), logging.WARNING,
+                      "VM %d stays paused: thin drive %s failed: %s", vm.vmid,
+                      blocker.device, errors, extra=extra)
 
 
 async def migrating_away(monitor: VmMonitor) -> bool:
@@ -508,28 +716,28 @@ def _ms_since(start: float) -> int:
     return round((time.monotonic() - start) * 1000)
 
 
-def _reason_for(drive: Drive, requests: dict[str, Reason] | None,
+def reason_for(drive: Drive, requests: dict[str, Reason] | None,
                 thin_nodes: set[str]) -> Reason | None:
     """The reason to look at ``drive``, or None to leave it alone this pass.
 
-    A request naming no thin drive's node (a device's root node, as
-    ``BLOCK_IO_ERROR`` reports it) applies to every thin drive.
+    A ``nospace`` request naming no thin drive's node (a device's root node,
+    as ``BLOCK_IO_ERROR`` reports it) applies to every thin drive; any other
+    reason applies only to the drive it names (a typo in ``pvestord extend``
+    must not grow every drive of the VM).
     """
     if requests is None:
         return Reason.ARM
     names = {drive.view.file_node, drive.view.format_node}
     relevant = [reason for name, reason in requests.items()
-                if name in names or name not in thin_nodes]
+                if name in names or (name not in thin_nodes and reason is Reason.NOSPACE)]
     return max(relevant, key=lambda r: r.strength) if relevant else None
 
 
-def _may_resume(run: RunState, drives: Iterable[Drive], outcome: VmOutcome) -> bool:
-    """Resume only a VM whose every ENOSPC pause sits on a thin drive that now has room.
-
-    A device paused on ENOSPC that is not one of our thin drives (a qcow2 on a
-    full file system, say) would pause again at once; a real I/O error
-    (io-status ``failed``) is never ours to resume (``paused_on_nospace`` is
-    False then).
-    """
-    ours = [d for d in drives if d.storage is not None and d.view.file_node not in outcome.errors]
-    return all(any(d.view.path in label for d in ours) for label in run.nospace_devices)
+def _table_problem(verdict: TableState, size: int, table: int) -> str | None:
+    if verdict is TableState.AHEAD:
+        return (f"device-mapper table ({format_size(table)}) larger than the LV "
+                f"({format_size(size)}): never extended or resumed until an operator looks")
+    if verdict is TableState.BEHIND:
+        return (f"device-mapper table ({format_size(table)}) smaller than the LV "
+                f"({format_size(size)}): the next pass refreshes it")
+    return None

@@ -24,7 +24,9 @@ shrank): it can never be armed, so it must grow first.
 from __future__ import annotations
 
 import enum
+import json
 import math
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 
 # Re-exported: the queue entry's reason is the policy's input. ``MANUAL``
@@ -70,7 +72,10 @@ class DriveState:
     extent_size: int
     chunksize: int
     chunk_percentage: float
-    #: The VM is paused with io-status ``nospace`` on this drive.
+    #: The VM is paused with io-status ``nospace`` on this drive, and that
+    #: ENOSPC is one to answer (:func:`enospc_is_new`): the engine passes
+    #: False for an ENOSPC it already answered, so that a VM whose resume is
+    #: blocked elsewhere is not grown on every pass.
     paused_nospace: bool = False
     reason: Reason = Reason.ARM
     #: A ``host_device`` on a thin-enabled storage under a writable qcow2 node.
@@ -119,11 +124,12 @@ class Extend:
 
 @dataclass(frozen=True)
 class ExtendPastMaximum:
-    """The drive hit ENOSPC although its LV already holds the measured maximum.
+    """The drive hit ENOSPC at the very end of an LV that already holds the
+    measured maximum (:func:`may_pass_maximum`).
 
-    A fragmented image can outgrow ``qemu-img measure`` (Proxmox bug 6543); a
-    VM must never be left paused, so it gets one more chunk, no threshold,
-    and the caller logs a loud warning.
+    A fragmented image can outgrow ``qemu-img measure`` (Proxmox bug 6543);
+    the write that failed at the end proves it did, so it gets one more
+    chunk, no threshold, and the caller logs a loud warning.
     """
 
     target: int
@@ -194,6 +200,33 @@ def exceeded(state: DriveState) -> bool:
     return limit == 0 or state.allocation > limit
 
 
+def may_pass_maximum(state: DriveState) -> bool:
+    """Whether the allocation reaches the LV's last extent: a write failed at
+    the very end of the LV (QEMU counts the failed write in ``wr_highest_offset``).
+
+    Only that proves an image needs more than its measured maximum. A pause
+    that no device owns (a migration's) or a sticky ``nospace`` says nothing
+    about where the image ends, and must never grow an LV past the maximum.
+    """
+    return state.allocation + state.extent_size > state.lv_size
+
+
+def enospc_is_new(answered: int | None, lv_size: int, allocation: int, chunksize: int) -> bool:
+    """Whether a drive's ``nospace`` is an ENOSPC still to answer with an extension.
+
+    ``answered``: the LV size the engine left after it last answered an
+    ENOSPC of this drive in this QEMU process, None if it never did.
+
+    QEMU keeps a ``-blockdev`` device's io-status at ``nospace`` after ``cont``,
+    and a VM whose resume is blocked (another device out of space) stays
+    paused with it: the same ``nospace`` is seen on every pass. It is new only
+    when never answered, or when the allocation has come within a chunk of
+    the LV's end again (an extension leaves at least a chunk past it, so the
+    guest must have written since: a fresh ENOSPC at the new end).
+    """
+    return answered is None or allocation + chunksize > lv_size
+
+
 def decide(state: DriveState) -> Decision:
     """What to do for a drive in ``state``. Idempotent: deciding again after
     carrying out the decision, with the same allocation, yields :class:`Nothing`
@@ -203,7 +236,9 @@ def decide(state: DriveState) -> Decision:
 
     1. not thin: :class:`NotThin`;
     2. the LV holds the maximum: :class:`ExtendPastMaximum` if paused on
-       ENOSPC, else :class:`AtMaximum`;
+       ENOSPC at the very end of the LV (:func:`may_pass_maximum`), else
+       :class:`AtMaximum` (an ENOSPC elsewhere, or a pause that no device
+       owns, proves nothing about this image's size);
     3. paused on ENOSPC, or a manual request: :class:`Extend`, whatever the
        headroom looks like (``wr_highest_offset`` counts only writes that
        succeeded, so the failed one is not in it);
@@ -219,8 +254,10 @@ def decide(state: DriveState) -> Decision:
         return NotThin()
     cap = align_up(state.maximum, state.extent_size)
     if state.lv_size >= cap:
-        if state.paused_nospace:
-            target = align_up(state.lv_size + state.chunksize, state.extent_size)
+        if state.paused_nospace and may_pass_maximum(state):
+            # From the allocation too: a failed write past the end counts in it.
+            target = align_up(max(state.lv_size, state.allocation) + state.chunksize,
+                              state.extent_size)
             return ExtendPastMaximum(target)
         return AtMaximum(disarm=state.threshold != 0)
     if state.paused_nospace or state.reason is Reason.MANUAL or exceeded(state):
@@ -232,6 +269,30 @@ def decide(state: DriveState) -> Decision:
     if state.threshold == wanted:
         return Nothing()
     return Arm(wanted)
+
+
+class TableState(enum.Enum):
+    """This node's device-mapper table of an LV against the LV's metadata."""
+
+    MATCH = "match"
+    #: Smaller than the metadata: another node grew the LV; refresh before
+    #: anything else (a threshold armed past the table's end never fires, and
+    #: reads past it return zeros).
+    BEHIND = "behind"
+    #: Larger than the metadata: an extension was lost, or the LV was shrunk
+    #: elsewhere. The PEs past the metadata's end are free in the VG, and an
+    #: ``lvextend`` would map others over data the guest wrote there: never
+    #: extend, never resume; an operator must look.
+    AHEAD = "ahead"
+
+
+def table_state(lv_size: int, table_size: int) -> TableState:
+    """Compare the LV's size in LVM's metadata with its device-mapper table's."""
+    if table_size < lv_size:
+        return TableState.BEHIND
+    if table_size > lv_size:
+        return TableState.AHEAD
+    return TableState.MATCH
 
 
 def classify(state: DriveState, *, extending: bool = False,
@@ -248,8 +309,108 @@ def classify(state: DriveState, *, extending: bool = False,
     if failed:
         return ExtensionState.FAILED
     if state.lv_size >= align_up(state.maximum, state.extent_size):
-        return (ExtensionState.EXCEEDED if state.paused_nospace
+        return (ExtensionState.EXCEEDED if state.paused_nospace and may_pass_maximum(state)
                 else ExtensionState.AT_MAXIMUM)
     if state.paused_nospace or exceeded(state):
         return ExtensionState.EXCEEDED
     return ExtensionState.ARMED if state.threshold != 0 else ExtensionState.IDLE
+
+
+# --- resuming a VM paused on ENOSPC -------------------------------------------
+
+@dataclass(frozen=True)
+class BlockDevice:
+    """A device of ``query-block``, as far as pausing and resuming go."""
+
+    #: The device's name (``device``, or its ``qdev`` path), for messages.
+    name: str
+    #: ``inserted.node-name``: the device's root node (PVE 9: a throttle filter
+    #: above the format node; plain ``-blockdev``: the format node itself).
+    node_name: str | None
+    #: ``inserted.file``, and for a ``json:`` pseudo-filename every
+    #: ``filename`` inside it: the paths the device's nodes sit on.
+    filenames: frozenset[str]
+
+
+def device_filenames(file: object) -> frozenset[str]:
+    """The paths named by a node's ``file`` (``inserted.file``), exactly as written.
+
+    A plain filename is itself. A ``json:{...}`` one (a node whose options do
+    not fit a plain name) holds the path in a nested ``filename`` member.
+    """
+    if not isinstance(file, str) or not file:
+        return frozenset()
+    if not file.startswith("json:"):
+        return frozenset({file})
+    try:
+        tree = json.loads(file[len("json:"):])
+    except ValueError:
+        return frozenset()
+    return frozenset(_filenames_in(tree))
+
+
+def _filenames_in(tree: object) -> Iterator[str]:
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            if key == "filename" and isinstance(value, str):
+                yield value
+            else:
+                yield from _filenames_in(value)
+    elif isinstance(tree, list):
+        for item in tree:
+            yield from _filenames_in(item)
+
+
+@dataclass(frozen=True)
+class DriveIdentity:
+    """How a thin drive is recognised in ``query-block``: its LV path and node-names."""
+
+    path: str
+    node_names: frozenset[str]
+
+
+def device_on(device: BlockDevice, drive: DriveIdentity) -> bool:
+    """Whether ``device`` sits on ``drive``: exact names only, never a substring
+    (``/dev/san1/vm-101-disk-1`` is not ``/dev/san1/vm-101-disk-10``)."""
+    return drive.path in device.filenames or (
+        device.node_name is not None and device.node_name in drive.node_names)
+
+
+class BlockedBecause(enum.Enum):
+    """Why a VM paused for room is not resumed (a journal field's value)."""
+
+    #: A device out of space that is none of our thin drives (a qcow2 on a
+    #: full directory storage), or one whose ``nospace`` is left over from an
+    #: earlier pause (QEMU keeps it after ``cont`` on ``-blockdev`` devices).
+    NOT_THIN = "not-thin"
+    #: One of our thin drives failed this pass (LVM error, stale table).
+    DRIVE_FAILED = "drive-failed"
+
+
+@dataclass(frozen=True)
+class ResumeBlocker:
+    device: str
+    because: BlockedBecause
+
+
+def resume_blocker(nospace: Sequence[BlockDevice], usable: Collection[DriveIdentity],
+                   failing: Collection[DriveIdentity], *,
+                   unowned_pause: bool) -> ResumeBlocker | None:
+    """What keeps a VM paused for room from being resumed; None: resume it.
+
+    ``nospace``: the devices with io-status ``nospace``; ``usable``: thin
+    drives that have room now; ``failing``: thin drives whose work failed.
+    Resumed only when every device out of space is a usable thin drive; a
+    pause no device owns (``unowned_pause``, a migration's) only when no thin
+    drive failed.
+    """
+    for device in nospace:
+        if any(device_on(device, drive) for drive in usable):
+            continue
+        if any(device_on(device, drive) for drive in failing):
+            return ResumeBlocker(device.name, BlockedBecause.DRIVE_FAILED)
+        return ResumeBlocker(device.name, BlockedBecause.NOT_THIN)
+    if unowned_pause and failing:
+        return ResumeBlocker(sorted(failing, key=lambda d: d.path)[0].path,
+                             BlockedBecause.DRIVE_FAILED)
+    return None

@@ -19,9 +19,8 @@ What this module knows about QEMU's block layer:
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -31,6 +30,7 @@ from qemu.qmp import ExecuteError, QMPClient, QMPError
 from qemu.qmp.qmp_client import GreetingError
 
 from pvestord.errors import PvestordError
+from pvestord.policy import BlockDevice, DriveIdentity, device_filenames, device_on
 
 log = logging.getLogger(__name__)
 
@@ -87,13 +87,14 @@ class ThinDriveView:
 class RunState:
     running: bool
     status: str
-    #: Filenames (``json:`` or plain) of devices whose io-status is ``nospace``.
-    nospace_devices: tuple[str, ...]
+    #: Devices whose io-status is ``nospace``.
+    nospace_devices: tuple[BlockDevice, ...]
     #: Devices whose io-status is ``failed``: a real I/O error, never resumed by us.
-    failed_devices: tuple[str, ...]
+    failed_devices: tuple[BlockDevice, ...]
 
-    def nospace_on(self, path: str) -> bool:
-        """Whether the VM is paused on ENOSPC on a device that sits on ``path``.
+    def nospace_on(self, path: str, node_names: Collection[str] = ()) -> bool:
+        """Whether the VM is paused on ENOSPC on a device that sits on the
+        drive at ``path`` with ``node_names`` (matched exactly).
 
         Only while it is paused: QEMU 7.2 keeps a ``-blockdev`` device's
         io-status at ``nospace`` after ``cont``, so a running VM would look
@@ -102,7 +103,8 @@ class RunState:
         """
         if self.paused_on_unowned_error:
             return True
-        return self.paused_on_nospace and any(path in label for label in self.nospace_devices)
+        drive = DriveIdentity(path, frozenset(node_names))
+        return self.paused_on_nospace and any(device_on(d, drive) for d in self.nospace_devices)
 
     @property
     def paused_on_nospace(self) -> bool:
@@ -274,22 +276,30 @@ def thin_drives_from(nodes: object, stats: object) -> list[ThinDriveView]:
 def run_state_from(status: object, block: object) -> RunState:
     running = isinstance(status, dict) and status.get("running") is True
     state = status.get("status") if isinstance(status, dict) else None
-    nospace: list[str] = []
-    failed: list[str] = []
+    nospace: list[BlockDevice] = []
+    failed: list[BlockDevice] = []
     if isinstance(block, list):
         for device in block:
             if not isinstance(device, dict):
                 continue
             io_status = device.get("io-status")
-            inserted = device.get("inserted")
-            label = json.dumps(inserted) if isinstance(inserted, dict) else str(
-                device.get("device"))
             if io_status == "nospace":
-                nospace.append(label)
+                nospace.append(block_device_from(device))
             elif io_status == "failed":
-                failed.append(label)
+                failed.append(block_device_from(device))
     return RunState(running, state if isinstance(state, str) else "unknown",
                     tuple(nospace), tuple(failed))
+
+
+def block_device_from(device: Mapping[str, Any]) -> BlockDevice:
+    """One ``query-block`` entry as a :class:`BlockDevice`; junk fields become empty."""
+    inserted = device.get("inserted")
+    inserted = inserted if isinstance(inserted, dict) else {}
+    name = next((n for n in (device.get("device"), device.get("qdev"))
+                 if isinstance(n, str) and n), "?")
+    node_name = inserted.get("node-name")
+    return BlockDevice(name, node_name if isinstance(node_name, str) else None,
+                       device_filenames(inserted.get("file")))
 
 
 def migration_status_from(reply: object) -> str | None:

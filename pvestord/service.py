@@ -19,7 +19,9 @@ log = logging.getLogger(__name__)
 
 #: Journal fields our log calls may carry (``extra=``); shown on stderr too.
 FIELDS = ("VMID", "NODE_NAME", "LV", "VG", "OLD_SIZE", "NEW_SIZE", "DURATION_MS", "REASON",
-          "ROUND_STARTED", "QMP_MS", "LOCK_WAIT_MS", "LVM_MS")
+          "ROUND_STARTED", "QMP_MS", "LOCK_WAIT_MS", "LVM_MS",
+          # stale device-mapper tables and blocked resumes (extender.py)
+          "THRESHOLD", "TABLE", "TABLE_SIZE", "LV_SIZE", "DEVICE", "RESUME_BLOCKED")
 
 
 class _FieldsFormatter(logging.Formatter):

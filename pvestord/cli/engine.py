@@ -140,6 +140,9 @@ def _drives(args: argparse.Namespace) -> int:
     widths = [max(len(c) for c in col) for col in zip(header, *rows, strict=True)]
     for row in (header, *rows):
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    for r in reports:
+        if r.problem:
+            print(f"VM {r.vmid} {r.node_name}: {r.problem}")
     if not rows:
         print("(no thin drives on this node)")
     return 0
@@ -153,9 +156,16 @@ def _extend(args: argparse.Namespace) -> int:
 
     async def extend() -> int:
         extender = Extender(settings, StorageConfigSource(settings.storage_config).get)
-        outcome = await extender.handle(vm, {args.node_name: Reason.MANUAL})
-        if args.node_name not in outcome.known_nodes:
+        # Checked before any LVM command: a name that is no thin drive's must
+        # not fall back to every drive of the VM.
+        known, thin = await extender.thin_node_names(vm)
+        if args.node_name not in known:
             raise PvestordError(f"VM {args.vmid} has no block node {args.node_name!r}")
+        if args.node_name not in thin:
+            raise PvestordError(
+                f"VM {args.vmid}: block node {args.node_name!r} is not a thin drive's "
+                f"(thin drives: {', '.join(sorted(thin)) or 'none'})")
+        outcome = await extender.handle(vm, {args.node_name: Reason.MANUAL})
         if outcome.errors:
             raise PvestordError("; ".join(str(e) for e in outcome.errors.values()))
         print(f"VM {args.vmid} {args.node_name}: "

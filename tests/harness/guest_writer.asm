@@ -14,6 +14,7 @@
 ;   -DSTART_LBA=n   first sector to write on drive 81h
 ;   -DSECTORS=n     how many sectors (at most 127 per INT 13h call, EDD's limit)
 ;   -DPATTERN=0xNN  the byte every written sector is filled with
+;   -DDATA_DISK=0xNN  the BIOS drive to write (default 81h, the second disk)
 ;
 ; Progress and result on the isa-debugcon port 0E9h (one byte each):
 ;   'G'             the program runs (SeaBIOS booted it)
@@ -37,7 +38,9 @@
         org 0x7c00
 
 DEBUGCON  equ 0xe9
-DATA_DISK equ 0x81
+%ifndef DATA_DISK
+%define DATA_DISK 0x81
+%endif
 CHUNK     equ 127              ; EDD: at most 127 sectors per call
 BUF_SEG   equ 0x1000           ; 64 KiB buffer at 0x10000, clear of us and the stack
 

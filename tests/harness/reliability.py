@@ -82,6 +82,32 @@ FAULTS = [
           "hypothesis: parsers return a result or their own error type, good entries "
           "survive any garbage, and every error a parser raises is one the daemon's "
           "per-VM pass handles"),
+    Fault("device-mapper table smaller than the LV's metadata (stale after a migration)",
+          "tests/integration/node/test_faults_engine.py::"
+          "test_table_smaller_than_the_metadata_is_refreshed_before_anything_is_armed",
+          "metadata 128 MiB, table reloaded to 64 MiB, 80 MiB written: QEMU read zeros past "
+          "64 MiB; the first reconcile refreshed the table (64 -> 128 MiB) before arming, "
+          "then armed at 96 MiB; no lvextend; every byte read back"),
+    Fault("device-mapper table larger than the LV's metadata (lost extension)",
+          "tests/integration/node/test_faults_engine.py::"
+          "test_table_larger_than_the_metadata_is_never_extended_over",
+          "table 128 MiB, metadata 64 MiB, 80 MiB written: 5 refusals logged (TABLE=ahead, "
+          "one at ERROR), a threshold entry left queued, LV still 64 MiB, no lvextend, "
+          "`drives` state failed, every byte read back"),
+    Fault("VM paused with a non-thin device out of space and a sticky nospace thin drive",
+          "tests/integration/node/test_faults_engine.py::"
+          "test_a_vm_whose_resume_is_blocked_gets_one_extension_per_new_enospc",
+          "real guest: thin ENOSPC answered 64 -> 324 MiB and resumed; rebooted into a "
+          "write past a 16 MiB non-thin LV: both devices nospace; over 7 blocked passes "
+          "(3 s reconciles) the thin LV stayed 324 MiB, VM kept paused, each pass logged "
+          "RESUME_BLOCKED=not-thin with the device (WARNING first, then DEBUG); a restarted "
+          "daemon gave it one chunk (580 MiB) and no more"),
+    Fault("pvestord extend or a manual entry naming no thin drive",
+          "tests/integration/node/test_faults_engine.py::"
+          "test_extend_with_a_wrong_name_touches_no_drive",
+          "`extend` with a typo, a non-thin format node and its file node: exit 1 each, "
+          "both thin LVs still 64 MiB; manual entries for both handled and dropped, nothing "
+          "extended; the right name then extended 64 -> 128 MiB"),
 ]
 
 

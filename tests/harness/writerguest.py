@@ -82,7 +82,7 @@ class WriterGuest:
 
 
 def build_writer(tmp: Path, logs: Path, name: str, *, start: int, length: int,
-                 pattern: int) -> WriterGuest:
+                 pattern: int, data_disk: int = 0x81) -> WriterGuest:
     nasm = shutil.which("nasm")
     if nasm is None:
         pytest.fail("nasm not found: scripts/install-deps installs it")
@@ -90,7 +90,8 @@ def build_writer(tmp: Path, logs: Path, name: str, *, start: int, length: int,
     boot_bin = tmp / f"{name}.bin"
     subprocess.run(  # noqa: S603 - argument list
         [nasm, "-f", "bin", f"-DSTART_LBA={start // SECTOR}",
-         f"-DSECTORS={length // SECTOR}", f"-DPATTERN={pattern:#x}", "-o", str(boot_bin),
+         f"-DSECTORS={length // SECTOR}", f"-DPATTERN={pattern:#x}",
+         f"-DDATA_DISK={data_disk:#x}", "-o", str(boot_bin),
          str(ASM)], check=True, timeout=60, capture_output=True)
     code = boot_bin.read_bytes()
     assert len(code) == SECTOR and code[-2:] == b"\x55\xaa"

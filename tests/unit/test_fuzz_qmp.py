@@ -24,6 +24,7 @@ from qemu.qmp.models import Greeting
 
 from pvestord.errors import PvestordError
 from pvestord.extender import MIGRATING, Drive
+from pvestord.policy import BlockDevice
 from pvestord.qemu_img import (
     CheckStatus,
     Measure,
@@ -140,7 +141,8 @@ BLOCK = [{"device": "drive-scsi0", "io-status": "nospace", "locked": False,
 def test_status_replies_give_a_run_state(status: Any, block: Any) -> None:
     state = run_state_from(status, block)
     assert isinstance(state.status, str) and isinstance(state.running, bool)
-    assert all(isinstance(label, str) for label in state.nospace_devices + state.failed_devices)
+    assert all(isinstance(device, BlockDevice)
+               for device in state.nospace_devices + state.failed_devices)
     assert isinstance(state.nospace_on(LV), bool)
     if status == STATUS and block == BLOCK:
         assert state.paused_on_nospace and state.nospace_on(LV)

@@ -11,7 +11,10 @@ from hypothesis import strategies as st
 from pvestord.policy import (
     Arm,
     AtMaximum,
+    BlockDevice,
+    BlockedBecause,
     Decision,
+    DriveIdentity,
     DriveState,
     Extend,
     ExtendPastMaximum,
@@ -19,11 +22,19 @@ from pvestord.policy import (
     Nothing,
     NotThin,
     Reason,
+    ResumeBlocker,
+    TableState,
     classify,
     decide,
+    device_filenames,
+    device_on,
+    enospc_is_new,
     exceeded,
     extend_target,
     maximum_size,
+    may_pass_maximum,
+    resume_blocker,
+    table_state,
     threshold,
     wanted_headroom,
 )
@@ -125,9 +136,76 @@ def test_nospace_at_maximum_gets_one_more_chunk() -> None:
     state = drive(lv_size=top, allocation=top, paused_nospace=True, reason=Reason.NOSPACE)
     assert decide(state) == ExtendPastMaximum(top + 256 * MiB, resume=True)
     assert classify(state) is ExtensionState.EXCEEDED
-    # And again, if it still does not fit: a VM is never left paused.
-    again = dataclasses.replace(state, lv_size=top + 256 * MiB)
-    assert decide(again) == ExtendPastMaximum(top + 512 * MiB, resume=True)
+    # And again if a write fails at the new end once more (the failed write
+    # counts in the allocation): the image proves it needs it.
+    again = dataclasses.replace(state, lv_size=top + 256 * MiB, allocation=top + 257 * MiB)
+    assert decide(again) == ExtendPastMaximum(top + 516 * MiB, resume=True)
+    # Not when the allocation is where it was: that ENOSPC was answered.
+    assert decide(dataclasses.replace(again, allocation=top)) == AtMaximum(disarm=False)
+
+
+def test_enospc_not_at_the_end_never_passes_the_maximum() -> None:
+    """REVIEW R3: a pause no device owns (a migration's), or a sticky nospace,
+    treats every thin drive as paused on ENOSPC; one at its maximum whose
+    allocation is far from the LV's end must not grow past it."""
+    top = maximum_size(8591507456, EXTENT)
+    state = drive(lv_size=top, allocation=3 * GiB, paused_nospace=True, reason=Reason.NOSPACE)
+    assert decide(state) == AtMaximum(disarm=False)
+    assert classify(state) is ExtensionState.AT_MAXIMUM
+    assert not may_pass_maximum(state)
+    assert may_pass_maximum(dataclasses.replace(state, allocation=top - EXTENT + 1))
+    assert not may_pass_maximum(dataclasses.replace(state, allocation=top - EXTENT))
+
+
+def test_an_enospc_is_new_until_answered_or_when_the_end_is_near_again() -> None:
+    chunk = 256 * MiB
+    assert enospc_is_new(None, 512 * MiB, 0, chunk)  # never answered here
+    # Answered: the LV got a chunk past the allocation; the same nospace
+    # (a blocked resume, a sticky io-status) asks for nothing more...
+    assert not enospc_is_new(768 * MiB, 768 * MiB, 500 * MiB, chunk)
+    assert not enospc_is_new(768 * MiB, 768 * MiB, 512 * MiB, chunk)
+    # ...until the guest wrote to within a chunk of the end again.
+    assert enospc_is_new(768 * MiB, 768 * MiB, 512 * MiB + 1, chunk)
+    assert enospc_is_new(768 * MiB, 768 * MiB, 769 * MiB, chunk)
+
+
+def test_table_against_metadata() -> None:
+    assert table_state(2 * GiB, 2 * GiB) is TableState.MATCH
+    assert table_state(4 * GiB, 2 * GiB) is TableState.BEHIND  # grown elsewhere: refresh
+    assert table_state(2 * GiB, 4 * GiB) is TableState.AHEAD   # lost extension: refuse
+
+
+def test_exact_device_matching() -> None:
+    """REVIEW R2: a device on /dev/san1/vm-101-disk-10 is not on vm-101-disk-1."""
+    disk1 = DriveIdentity("/dev/san1/vm-101-disk-1", frozenset({"e1", "f1"}))
+    disk10 = BlockDevice("drive-scsi1", "drive-scsi1", device_filenames("/dev/san1/vm-101-disk-10"))
+    assert not device_on(disk10, disk1)
+    assert device_on(BlockDevice("scsi0", None, device_filenames(disk1.path)), disk1)
+    # The root node named as one of the drive's nodes (a plain -blockdev device).
+    assert device_on(BlockDevice("scsi0", "f1", frozenset()), disk1)
+    # A json: pseudo-filename holds the path in a nested member, exactly.
+    nested = ('json:{"driver": "throttle", "file": {"driver": "qcow2", "file": '
+              '{"driver": "host_device", "filename": "/dev/san1/vm-101-disk-1"}}}')
+    assert device_filenames(nested) == frozenset({disk1.path})
+    assert device_on(BlockDevice("scsi0", "drive-scsi0", device_filenames(nested)), disk1)
+    assert not device_on(BlockDevice("scsi0", "drive-scsi0", device_filenames(
+        nested.replace("disk-1", "disk-10"))), disk1)
+    assert device_filenames("json:{broken") == frozenset()
+
+
+def test_resume_is_blocked_by_a_device_that_is_not_a_usable_thin_drive() -> None:
+    thin = DriveIdentity("/dev/san/vm-101-disk-0", frozenset({"e0", "f0"}))
+    on_thin = BlockDevice("scsi0", "drive-scsi0", frozenset({thin.path}))
+    local = BlockDevice("scsi2", "drive-scsi2", frozenset({"/var/lib/vz/images/101/d.qcow2"}))
+    assert resume_blocker([on_thin], [thin], [], unowned_pause=False) is None
+    assert resume_blocker([on_thin, local], [thin], [], unowned_pause=False) == ResumeBlocker(
+        "scsi2", BlockedBecause.NOT_THIN)
+    assert resume_blocker([on_thin], [], [thin], unowned_pause=False) == ResumeBlocker(
+        "scsi0", BlockedBecause.DRIVE_FAILED)
+    # A migration's pause owned by no device: resumed only if no thin drive failed.
+    assert resume_blocker([], [thin], [], unowned_pause=True) is None
+    assert resume_blocker([], [], [thin], unowned_pause=True) == ResumeBlocker(
+        thin.path, BlockedBecause.DRIVE_FAILED)
 
 
 def test_not_thin_is_never_touched() -> None:
@@ -208,8 +286,10 @@ def test_never_past_maximum_except_explicit_enospc_case(state: DriveState) -> No
         assert decision.target <= cap(state)
     if isinstance(decision, ExtendPastMaximum):
         assert state.paused_nospace and state.lv_size >= cap(state)
-        assert decision.target == state.lv_size + state.chunksize + (
-            -(state.lv_size + state.chunksize) % state.extent_size)
+        # Only a failed write at the very end of the LV proves the image needs more.
+        assert state.allocation + state.extent_size > state.lv_size
+        wanted = max(state.lv_size, state.allocation) + state.chunksize
+        assert decision.target == wanted + (-wanted % state.extent_size)
 
 
 @SETTINGS
@@ -274,7 +354,8 @@ def test_idempotent_for_duplicates(state: DriveState) -> None:
 @given(states())
 def test_a_vm_paused_on_nospace_is_always_resumed(state: DriveState) -> None:
     decision = decide(state)
-    if state.thin and state.paused_nospace:
+    if state.thin and state.paused_nospace and not (
+            state.lv_size >= cap(state) and not may_pass_maximum(state)):
         assert isinstance(decision, Extend | ExtendPastMaximum) and decision.resume
     if isinstance(decision, Extend | ExtendPastMaximum) and decision.resume:
         assert state.paused_nospace
@@ -300,3 +381,64 @@ def test_classify_agrees_with_decide(state: DriveState) -> None:
         assert isinstance(decision, Nothing | Arm) or state.reason is Reason.MANUAL
     if isinstance(decision, Nothing):
         assert status is ExtensionState.ARMED
+
+
+@SETTINGS
+@given(states(), st.sampled_from([None, 0]))
+def test_a_vm_whose_resume_is_blocked_is_grown_a_bounded_number_of_times(
+        state: DriveState, answered: int | None) -> None:
+    """REVIEW 2.1: the VM stays paused with io-status nospace on the drive
+    (another device blocks its resume, or the status is sticky) and the guest
+    writes nothing. Pass after pass, the engine answers that ENOSPC once, and
+    never grows past the maximum unless the allocation is at the LV's very end."""
+    assume(state.thin)
+    lv, remembered, extensions = state.lv_size, answered, 0
+    for _ in range(5):
+        now = dataclasses.replace(state, lv_size=lv, reason=Reason.NOSPACE)
+        paused = enospc_is_new(remembered, lv, state.allocation, state.chunksize)
+        decision = decide(dataclasses.replace(now, paused_nospace=paused))
+        if isinstance(decision, Extend | ExtendPastMaximum):
+            assert paused
+            if isinstance(decision, ExtendPastMaximum):
+                assert may_pass_maximum(now)
+            lv = remembered = decision.target
+            extensions += 1
+    # An extension to the maximum, then one past it for a write that failed at its end.
+    assert extensions <= 2
+    assert lv <= max(state.lv_size, cap(state)) or (
+        state.allocation + state.extent_size > cap(state))
+
+
+@SETTINGS
+@given(st.integers(min_value=0, max_value=2**50), st.integers(min_value=0, max_value=2**50))
+def test_exactly_one_table_state(size: int, table: int) -> None:
+    verdict = table_state(size, table)
+    assert (verdict is TableState.MATCH) == (size == table)
+    assert (verdict is TableState.BEHIND) == (table < size)
+
+
+paths = st.sampled_from(["/dev/san1/vm-101-disk-1", "/dev/san1/vm-101-disk-10",
+                         "/dev/san1/vm-101-disk-1.qcow2", "/dev/san2/vm-101-disk-1"])
+
+
+@SETTINGS
+@given(st.lists(st.tuples(paths, st.sampled_from(["f1", "drive-scsi1", None]),
+                          st.booleans()), max_size=4),
+       st.lists(paths, max_size=3, unique=True), st.lists(paths, max_size=3, unique=True),
+       st.booleans())
+def test_resumed_only_when_every_device_out_of_space_is_a_usable_thin_drive(
+        devices: list[tuple[str, str | None, bool]], usable_paths: list[str],
+        failing_paths: list[str], unowned: bool) -> None:
+    def named(path: str, as_json: bool) -> frozenset[str]:
+        return device_filenames(f'json:{{"file": {{"filename": "{path}"}}}}' if as_json else path)
+    nospace = [BlockDevice(f"d{i}", node, named(path, as_json))
+               for i, (path, node, as_json) in enumerate(devices)]
+    usable = [DriveIdentity(p, frozenset({f"e-{p}"})) for p in usable_paths]
+    failing = [DriveIdentity(p, frozenset({f"e-{p}"})) for p in failing_paths
+               if p not in usable_paths]
+    blocker = resume_blocker(nospace, usable, failing, unowned_pause=unowned)
+    if blocker is None:
+        assert all(path in usable_paths for path, _, _ in devices)
+        assert not (unowned and failing)
+    else:
+        assert any(path not in usable_paths for path, _, _ in devices) or (unowned and failing)

@@ -57,6 +57,31 @@ def test_run_state_tells_nospace_from_other_pauses() -> None:
     assert not failed.paused_for_room and not failed.nospace_on(LV)
 
 
+def test_nospace_devices_are_matched_exactly_never_by_substring() -> None:
+    """REVIEW R2: a pause on vm-101-disk-10 is not a pause on vm-101-disk-1."""
+    disk1, disk10 = "/dev/san1/vm-101-disk-1", "/dev/san1/vm-101-disk-10"
+    status = {"running": False, "status": "io-error"}
+    paused = run_state_from(status, [
+        {"device": "drive-scsi10", "io-status": "nospace",
+         "inserted": {"file": disk10, "node-name": "drive-scsi10"}},
+        {"device": "drive-scsi1", "io-status": "ok",
+         "inserted": {"file": disk1, "node-name": "drive-scsi1"}}])
+    assert paused.paused_on_nospace
+    assert paused.nospace_on(disk10) and not paused.nospace_on(disk1, {"e1", "f1"})
+    # PVE 9: the device's root is a throttle filter; its json: filename holds the path.
+    throttled = run_state_from(status, [
+        {"device": "", "qdev": "/machine/peripheral/scsi1/virtio-backend",
+         "io-status": "nospace", "inserted": {"node-name": "drive-scsi1", "file": (
+             'json:{"driver": "throttle", "file": {"driver": "qcow2", "file": '
+             f'{{"driver": "host_device", "filename": "{disk10}"}}}}}}')}}])
+    assert throttled.nospace_devices[0].name == "/machine/peripheral/scsi1/virtio-backend"
+    assert throttled.nospace_on(disk10) and not throttled.nospace_on(disk1)
+    # A plain -blockdev device whose root is the drive's format node.
+    by_node = run_state_from(status, [
+        {"device": "scsi0", "io-status": "nospace", "inserted": {"node-name": "f1"}}])
+    assert by_node.nospace_on(disk1, {"e1", "f1"}) and not by_node.nospace_on(disk1, {"e10"})
+
+
 def test_an_io_error_pause_no_device_owns_asks_for_room_on_every_drive() -> None:
     """What a live migration brings: QEMU migrates the run state, not io-status."""
     block = [{"device": "scsi0", "io-status": "ok", "inserted": {"file": LV}}]
