@@ -16,8 +16,7 @@ from typing import Any
 from pvestord.errors import PvestordError
 from pvestord.placement.events import sim_events
 from pvestord.placement.model import Cluster, Event, NodeFacts, ServiceConfig, ServiceStatus
-from pvestord.placement.rules import Group, groups_from_sections, normalize_sid, \
-    rules_from_sections
+from pvestord.placement.rules import Group, groups_from_sections, normalize_sid, rules_from_sections
 from pvestord.placement.scores import GuestSize, NodeCapacity
 from pvestord.placement.sectionconfig import parse_sections
 
@@ -256,3 +255,29 @@ def read_pve_dir(folder: Path, guests_file: Path | None = None,
         quorate=None if quorate is None else bool(quorate),
         disarmed=bool(manager.get("disarm")), locked=frozenset(locked),
         source=f"cluster folder {folder}")
+
+
+_DISK_KEY = re.compile(r"^(scsi|virtio|sata|ide|efidisk|tpmstate|unused|rootfs|mp)\d*$")
+
+
+def read_guest_storages(folder: Path) -> dict[str, set[str]]:
+    """{sid: storage ids its volumes are on}, from the guest configs of a cluster folder."""
+    out: dict[str, set[str]] = {}
+    vmlist = (_json(folder / ".vmlist", {}) or {}).get("ids") or {}
+    for vmid, entry in vmlist.items():
+        kind = "ct" if entry.get("type") == "lxc" else "vm"
+        conf_dir = "lxc" if kind == "ct" else "qemu-server"
+        text = _text(folder / "nodes" / str(entry.get("node")) / conf_dir / f"{vmid}.conf")
+        stores: set[str] = set()
+        for line in text.splitlines():
+            if line.startswith("["):
+                break
+            key, sep, value = line.partition(":")
+            if not sep or not _DISK_KEY.match(key.strip()):
+                continue
+            volume = value.strip().split(",", 1)[0]
+            storeid, colon, _ = volume.partition(":")
+            if colon and storeid and storeid != "none":
+                stores.add(storeid)
+        out[f"{kind}:{vmid}"] = stores
+    return out

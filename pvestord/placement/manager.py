@@ -129,6 +129,8 @@ class _Manager:
         self.static = cluster.crs == "static" and all(
             n in cluster.capacity for n in cluster.nodes)
         self.changed = False
+        #: Resources already reported as not returning to their maintenance node.
+        self.kept_away: set[str] = set()
 
     # ---- hardware and LRMs
 
@@ -183,9 +185,7 @@ class _Manager:
             return
         self.shutdown[node] = reboot
         policy = self.cluster.shutdown_policy
-        if node in self.requests or self.lrm_mode.get(node) == "maintenance":
-            self.lrm_mode[node] = "maintenance"
-        elif policy == "migrate":
+        if node in self.requests or self.lrm_mode.get(node) == "maintenance" or policy == "migrate":
             self.lrm_mode[node] = "maintenance"
         elif policy == "freeze" or (policy == "conditional" and reboot):
             self.lrm_mode[node] = "restart"
@@ -298,17 +298,15 @@ class _Manager:
             if state == "online":
                 if mode == "maintenance":
                     self.ns[node] = "maintenance"
-            elif state in (None, "unknown", "gone"):
-                self.ns[node] = "online"
-            elif state == "maintenance" and mode != "maintenance":
+            elif state in (None, "unknown", "gone") or (
+                    state == "maintenance" and mode != "maintenance"):
                 self.ns[node] = "online"
         for node in sorted(self.ns):
             if self.member(node):
                 continue
             state = self.ns[node]
-            if state == "online":
-                self.ns[node] = "unknown"
-            elif state == "maintenance" and self.lrm_mode.get(node) != "maintenance":
+            if state == "online" or (
+                    state == "maintenance" and self.lrm_mode.get(node) != "maintenance"):
                 self.ns[node] = "unknown"
         return changed_list
 
@@ -468,10 +466,9 @@ class _Manager:
         elif state == "freeze":
             if self.lrm_mode.get(sd.node) == "active" and self.member(sd.node):
                 self.set_state(sid, "started" if cd.state == "started" else "request_stop")
-        elif state == "error":
-            if cd.state == "disabled":
-                sd.failed_nodes = []
-                self.set_state(sid, "stopped")
+        elif state == "error" and cd.state == "disabled":
+            sd.failed_nodes = []
+            self.set_state(sid, "stopped")
 
     def next_stopped(self, sid: str, cd: ServiceConfig) -> None:
         sd = self.ss[sid]
@@ -544,6 +541,13 @@ class _Manager:
             self.record(replace(decision, kind=kind))
             self.set_state(sid, kind, node=sd.node, target=node)
             return
+        fallback = sd.maintenance_node
+        if node is not None and node == sd.node and fallback is not None \
+                and fallback != sd.node and self.ns.get(fallback) == "online" \
+                and sid not in self.kept_away:
+            self.kept_away.add(sid)
+            self.record(replace(decision, kind="kept-away",
+                                note=f"does not return to maintenance node {fallback}"))
         if node is None and node_state == "maintenance":
             previous = self.last_kind.get(sid)
             if previous is None or previous.kind != "stuck":
@@ -585,6 +589,7 @@ class _Manager:
 
     def run_event(self, event: Event) -> EventResult:
         start = len(self.decisions)
+        self.kept_away = set()
         for command in event.commands:
             self.apply(command)
         for _ in range(MAX_STEPS):

@@ -112,7 +112,9 @@ class Decision:
     (an admin's command carried out), follow (a positive partner gets the same
     command), veto (a negative partner blocks the command), recover,
     recover-failed, back (returns to its maintenance node), rebalance-start,
-    stuck (stays on a node that is not online: no node to go to).
+    stuck (stays on a node that is not online: no node to go to), kept-away (its
+    maintenance node is back but it stays), move-stopped (a manual motion of a
+    stopped resource).
     """
 
     kind: str

@@ -113,16 +113,16 @@ def migrate_groups(ids: dict[str, RuleData], order: dict[str, int],
                    groups: Mapping[str, Group], resource_groups: Mapping[str, str]) -> None:
     """Add a ``ha-group-<group>`` node-affinity rule for every group a resource uses."""
     members: dict[str, set[str]] = {}
-    for sid, group in sorted(resource_groups.items()):
-        members.setdefault(group, set()).add(sid)
+    for sid, group_name in sorted(resource_groups.items()):
+        members.setdefault(group_name, set()).add(sid)
     for group_name, sids in sorted(members.items()):
-        group = groups.get(group_name)
-        if group is None:
+        found = groups.get(group_name)
+        if found is None:
             continue
         rule_id = f"ha-group-{group_name}"
         ids[rule_id] = {"type": "node-affinity", "resources": set(sids),
-                        "nodes": dict(group.nodes), "strict": int(group.restricted),
-                        "comment": group.comment or f"Generated from HA group '{group_name}'."}
+                        "nodes": dict(found.nodes), "strict": int(found.restricted),
+                        "comment": found.comment or f"Generated from HA group '{group_name}'."}
         order[rule_id] = next_ordinal(order)
 
 

@@ -83,7 +83,7 @@ def model_steps(decisions: Iterable[Decision]) -> list[Step]:
     """The model's decisions in the normalised form of :func:`parse_log`."""
     out: list[Step] = []
     for d in decisions:
-        if d.kind in ("stuck", "move-stopped"):
+        if d.kind in ("stuck", "move-stopped", "kept-away"):
             continue
         node = "" if d.kind == "recover-failed" else (d.target or "")
         out.append((_KIND.get(d.kind, d.kind), d.sid, node))
@@ -105,9 +105,13 @@ class ScenarioResult:
         return self.not_modelled is None and self.expected == self.predicted
 
 
+def _crs(folder: Path) -> dict[str, object]:
+    crs = (_read_json(folder / "datacenter.cfg") or {}).get("crs")
+    return crs if isinstance(crs, dict) else {}
+
+
 def _not_modelled(folder: Path, steps: Sequence[Sequence[str]], log: str) -> str | None:
-    dc = _read_json(folder / "datacenter.cfg") or {}
-    crs = dc.get("crs") or {}
+    crs = _crs(folder)
     if crs.get("ha-auto-rebalance") or "auto rebalance - " in log:
         return "auto-rebalance"
     if crs.get("ha") == "dynamic":
@@ -149,8 +153,7 @@ def run_scenario(folder: Path) -> ScenarioResult:
     log = (folder / "log.expect").read_text()
     steps = json.loads((folder / "cmdlist").read_text())
     expected = tuple(parse_log(log))
-    dc = _read_json(folder / "datacenter.cfg") or {}
-    crs = str((dc.get("crs") or {}).get("ha", "basic"))  # type: ignore[union-attr]
+    crs = str(_crs(folder).get("ha", "basic"))
     reason = _not_modelled(folder, steps, log)
     single = is_single_trigger(steps)
     if reason is not None:
