@@ -61,7 +61,6 @@ _SIM_UNSUPPORTED = {
     "cfs": "cfs failure", "skip-round": "simulator timing", "restart-lrm": "LRM restart",
     "pve-manager-version": "version upgrade (group migration)",
     "set-static-stats": "changing guest stats", "set-dynamic-stats": "changing guest stats",
-    "add": "adding or deleting resources", "delete": "adding or deleting resources",
     "manual-migrate": "migration outside HA",
 }
 
@@ -94,6 +93,10 @@ def sim_command(text: str) -> Command:
                             "ignored": "ignore"}[action], sid)
         if action in ("migrate", "relocate") and len(words) == 4:
             return Command(action, sid, words[3])
+        if action == "add" and 4 <= len(words) <= 6:
+            return Command("add", sid, " ".join(words[3:]))
+        if action == "delete" and len(words) == 3:
+            return Command("delete", sid)
         if action == "stop" and len(words) == 4:
             return Command("stop-now", sid, words[3])
         raise Unsupported(_SIM_UNSUPPORTED.get(action, "other service command"), text)

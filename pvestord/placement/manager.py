@@ -109,13 +109,16 @@ class _Manager:
         self.lrm_mode = {n: f.lrm_mode for n, f in cluster.nodes.items()}
         #: Does the node's LRM hold its agent lock (fencing waits until it is free)?
         self.lock = {n: f.power and f.network for n, f in cluster.nodes.items()}
+        #: Guests already running though the manager has not started them (``add ... 1``).
+        self.running: set[str] = set()
         #: Pending shutdown: node -> reboot?
         self.shutdown: dict[str, bool] = {}
         self.power_on_next: set[str] = set()
         self.ns: dict[str, str] = dict(cluster.node_status)
         self.delayed: set[str] = set()
         self.requests: set[str] = set(cluster.maintenance_requests)
-        self.sc: dict[str, ServiceConfig] = dict(cluster.services)
+        self.sc: dict[str, ServiceConfig] = {
+            sid: self._group_failback(cd) for sid, cd in cluster.services.items()}
         self.ss: dict[str, _Service] = {
             sid: _Service(st.state, st.node, st.target, st.maintenance_node,
                           list(st.failed_nodes)) for sid, st in cluster.service_status.items()}
@@ -171,10 +174,24 @@ class _Manager:
                      "ignore": "ignored"}[verb]
             if subject in self.sc:
                 self.sc[subject] = replace(self.sc[subject], state=state)
+        elif verb == "add" and subject not in self.sc:
+            node, *rest = arg.split()
+            state = rest[0] if rest else "started"
+            self.sc[subject] = ServiceConfig(subject, node,
+                                             "started" if state == "enabled" else state)
+            if len(rest) > 1 and rest[1] == "1":
+                self.running.add(subject)
+        elif verb == "delete":
+            self.sc.pop(subject, None)
         elif verb == "stop-now":
             self.commands.append(("stop", subject, arg))
         elif verb in ("migrate", "relocate"):
             self.commands.append((verb, subject, arg))
+
+    def _group_failback(self, cd: ServiceConfig) -> ServiceConfig:
+        # A legacy group's nofailback overrides the resource's failback (groups migration).
+        group = self.cluster.groups.get(cd.group) if cd.group else None
+        return replace(cd, failback=not group.nofailback) if group is not None else cd
 
     def _lrm_start(self, node: str) -> None:
         # A (re)started LRM comes up active, or in maintenance if that is still requested.
@@ -448,6 +465,11 @@ class _Manager:
             if sd.lrm_done and sd.state != "request_start_balance" and cd.node != sd.node:
                 # The guest is not where the manager thinks: the LRM answers EWRONG_NODE.
                 self.set_state(sid, "error")
+                return
+            if sd.lrm_done and sd.state == "request_start_balance" and sid in self.running:
+                # The LRM does not move a running guest: IGNORED, it starts where it is.
+                req = "started" if cd.state == "started" else "request_stop"
+                self.set_state(sid, req, node=sd.node)
                 return
             if sd.lrm_done:
                 req = "started" if cd.state == "started" else "request_stop"

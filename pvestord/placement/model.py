@@ -90,7 +90,8 @@ class Command:
 
     Verbs: maintenance, end-maintenance, fail, return, shutdown, reboot,
     power-on, power-off, network-on, network-off, start, stop, disable,
-    stop-now (ha-manager crm-command stop SID TIMEOUT), migrate, relocate, delay.
+    stop-now (ha-manager crm-command stop SID TIMEOUT), migrate, relocate, delay,
+    add (``arg``: "NODE [STATE [RUNNING]]"), delete.
     """
 
     verb: str

@@ -121,8 +121,6 @@ def _not_modelled(folder: Path, steps: Sequence[Sequence[str]], log: str) -> str
         return "failure injection (fa: resources)"
     if (_read_json(folder / "manager_status") or {}).get("disarm"):
         return "disarm"
-    if (folder / "groups").exists() and "ha groups migration" in log:
-        return "HA group to rules migration (version upgrade)"
     if any((folder / name).exists() for name in ("service_status_node1", "service_status_node2",
                                                   "service_status_node3")):
         return "LRM state given by the test"
