@@ -24,8 +24,14 @@ from pvestord.placement import MODEL, scores
 from pvestord.placement.events import EventError, parse_event, sim_command
 from pvestord.placement.explain import cannot_place, render_json, render_text
 from pvestord.placement.manager import predict
-from pvestord.placement.model import Cluster, Event, NodeFacts, Prediction, ServiceConfig, \
-    ServiceStatus
+from pvestord.placement.model import (
+    Cluster,
+    Event,
+    NodeFacts,
+    Prediction,
+    ServiceConfig,
+    ServiceStatus,
+)
 from pvestord.placement.rules import RuleData
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "placement"
@@ -158,7 +164,8 @@ def clusters(draw: st.DrawFn) -> tuple[Cluster, list[Event]]:
     if verb in ("end-maintenance", "return"):
         events.insert(0, parse_event(f"{'maintenance' if verb == 'end-maintenance' else 'fail'}"
                                      f"={node}"))
-    return cluster_from_facts(facts), events
+    # First the manager settles what the random start violates; then the trigger.
+    return cluster_from_facts(facts), [Event("(settle)", ()), *events]
 
 
 PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -171,6 +178,8 @@ def test_no_decision_targets_a_node_that_is_not_online(case: tuple[Cluster, list
     prediction = predict(cluster, events)
     for event, result in zip(events, prediction.events, strict=True):
         gone = {c.subject for c in event.commands if c.verb in ("maintenance", "fail")}
+        if event.label == "(settle)":
+            continue
         for d in result.decisions:
             if d.selection is None or d.target is None or d.kind in ("kept-away",):
                 continue
