@@ -64,12 +64,16 @@ class _Usage:
         self.cpu: dict[str, float] = {n: 0.0 for n in online}
         self.mem: dict[str, float] = {n: 0.0 for n in online}
         self.where: dict[str, tuple[str, ...]] = {}
+        #: Bumped on every change; scores are cached per resource and version.
+        self.version = 0
+        self.cache: dict[str, tuple[int, dict[str, float]]] = {}
 
     def add(self, sid: str, placed: Placed) -> None:
         nodes = tuple(n for n in used_nodes(self.online_set, placed) if n is not None)
         self.add_on(sid, nodes)
 
     def add_on(self, sid: str, nodes: tuple[str, ...]) -> None:
+        self.version += 1
         self.where[sid] = nodes
         size = self.sizes.get(sid)
         for node in nodes:
@@ -80,6 +84,7 @@ class _Usage:
                 self.mem[node] += size.maxmem
 
     def remove(self, sid: str) -> None:
+        self.version += 1
         size = self.sizes.get(sid)
         for node in self.where.pop(sid, ()):
             self.users[node].discard(sid)
@@ -89,6 +94,14 @@ class _Usage:
                 self.mem[node] -= size.maxmem
 
     def score(self, sid: str) -> dict[str, float]:
+        cached = self.cache.get(sid)
+        if cached is not None and cached[0] == self.version:
+            return cached[1]
+        result = self._score(sid)
+        self.cache[sid] = (self.version, result)
+        return result
+
+    def _score(self, sid: str) -> dict[str, float]:
         if not self.static:
             return basic_scores({n: len(u) for n, u in self.users.items()})
         size = self.sizes.get(sid)
@@ -283,7 +296,8 @@ class _Manager:
         self.decisions.append(decision)
         self.last_kind[decision.sid] = decision
 
-    def choose(self, sid: str, preference: str) -> tuple[str | None, Decision | None]:
+    def choose(self, sid: str, preference: str,
+               explain: bool = True) -> tuple[str | None, Decision]:
         sd = self.ss[sid]
         assert self.rules is not None
         placed = {s: self.placed(s) for s in self._partners(sid)}
@@ -291,8 +305,17 @@ class _Manager:
         selection = select_service_node(
             self.rules.compiled, self.ns, self.usage.online_set, sid, placed,
             self.sc[sid].failback, preference, sd.maintenance_node, tuple(sd.failed_nodes),
-            self.usage.score, self.static, self.storage)
+            self.usage.score, self.static, self.storage, explain)
         return selection.node, Decision("", sid, sd.node, selection.node, selection)
+
+    def stays_trivially(self, sid: str) -> bool:
+        """No rule, no fallback, on an online node: the manager keeps it there, always."""
+        assert self.rules is not None
+        compiled = self.rules.compiled
+        sd = self.ss[sid]
+        return (self.storage is None and sd.maintenance_node is None
+                and sd.node in self.usage.online_set and sid not in compiled.node_affinity
+                and sid not in compiled.positive and sid not in compiled.negative)
 
     def _partners(self, sid: str) -> Iterable[str]:
         assert self.rules is not None
@@ -517,7 +540,6 @@ class _Manager:
         sd = self.ss[sid]
         if self.cluster.rebalance_on_start:
             node, decision = self.choose(sid, "best-score")
-            assert decision is not None
             chosen = node if node is not None else sd.node
             self.record(replace(decision, kind="rebalance-start", target=chosen))
             if chosen != sd.node:
@@ -550,8 +572,13 @@ class _Manager:
                 self.set_state(sid, "request_stop")
                 self.sc[sid] = replace(cd, state="stopped")
             return
-        node, decision = self.choose(sid, "none")
-        assert decision is not None
+        if self.stays_trivially(sid):
+            return
+        node, decision = self.choose(sid, "none", explain=False)
+        fallback = sd.maintenance_node
+        if node != sd.node or (fallback is not None and fallback != sd.node):
+            # A move, no node, or a fallback not taken: worth its reasons.
+            node, decision = self.choose(sid, "none")
         if node is not None and node != sd.node:
             if sd.maintenance_node is not None:
                 if node == sd.maintenance_node:
@@ -563,7 +590,6 @@ class _Manager:
             self.record(replace(decision, kind=kind))
             self.set_state(sid, kind, node=sd.node, target=node)
             return
-        fallback = sd.maintenance_node
         if node is not None and node == sd.node and fallback is not None \
                 and fallback != sd.node and self.ns.get(fallback) == "online" \
                 and sid not in self.kept_away:
@@ -583,7 +609,6 @@ class _Manager:
         sd = self.ss[sid]
         fenced = sd.node
         node, decision = self.choose(sid, "best-score")
-        assert decision is not None
         if node is not None:
             self.record(replace(decision, kind="recover", source=fenced))
             sd.node = node

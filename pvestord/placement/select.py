@@ -80,33 +80,40 @@ def select_service_node(rules: CompiledRules, node_states: Mapping[str, str],
                         failback: bool, preference: str, maintenance_node: str | None,
                         failed_nodes: tuple[str, ...],
                         score: Callable[[str], Mapping[str, float]], fragile: bool,
-                        storage: StorageFilter | None = None) -> Selection:
+                        storage: StorageFilter | None = None, explain: bool = True) -> Selection:
     """The node the manager picks for ``sid`` (None: none), and the reasons.
 
     ``node_states`` is the manager's view of every node (for the reasons),
     ``online`` the nodes in state online, ``placed`` every resource's state,
-    ``score`` the CRS score of each online node for ``sid``.
+    ``score`` the CRS score of each online node for ``sid``. With ``explain`` False
+    the node and step are the same, but the reasons (``excluded``) are left empty:
+    the manager asks that for every resource every round.
     """
     current = placed[sid].node
-    excluded: dict[str, str] = {node: (state if state != "unknown" else "offline")
-                                for node, state in node_states.items() if node not in online}
+    excluded: dict[str, str] = {}
+    if explain:
+        excluded = {node: (state if state != "unknown" else "offline")
+                    for node, state in node_states.items() if node not in online}
     affinity = rules.node_affinity.get(sid)
     if affinity is None:
         allowed = set(online)
         pri = set(online)
     else:
         allowed = {n for n in affinity.priorities if n in online}
-        for node in online:
+        for node in online if explain else ():
             if node not in affinity.priorities:
                 excluded[node] = f"not in strict rule {affinity.rule}"
         top = max((affinity.priorities[n] for n in allowed), default=None)
         pri = {n for n in allowed if affinity.priorities[n] == top}
-        for node in allowed - pri:
+        for node in allowed - pri if explain else ():
             excluded[node] = (f"lower priority class ({affinity.priorities[node]}) than "
                               f"{{{','.join(sorted(pri))}}} in rule {affinity.rule}")
     rule_id = affinity.rule if affinity else None
 
     def answer(node: str | None, step: str, **extra: object) -> Selection:
+        if not explain:
+            return Selection(sid, preference, current, node, step, (), {},
+                             **extra)  # type: ignore[arg-type]
         return Selection(sid, preference, current, node, step,
                          tuple(sorted(pri)), dict(sorted(excluded.items())),
                          together=dict(sorted(together.items())),
@@ -158,7 +165,7 @@ def select_service_node(rules: CompiledRules, node_states: Mapping[str, str],
     if reachable:
         majority = sorted(sorted(reachable), key=lambda n: -reachable[n])[0]
         partners = [p for p in sorted(rules.positive.get(sid, {})) if p in placed]
-        for node in sorted(pri - {majority}):
+        for node in sorted(pri - {majority}) if explain else ():
             excluded[node] = (f"not the positive-affinity majority node ({majority}, "
                               f"{reachable[majority]} of {','.join(partners)})")
         pri = {majority}

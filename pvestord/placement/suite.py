@@ -14,6 +14,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pvestord.placement.events import Unsupported, sim_command
 from pvestord.placement.inputs import read_sim_test
@@ -168,7 +169,7 @@ def run_suite(test_dir: Path) -> list[ScenarioResult]:
             if (folder / "log.expect").is_file() and (folder / "cmdlist").is_file()]
 
 
-def summary(results: Sequence[ScenarioResult]) -> dict[str, object]:
+def summary(results: Sequence[ScenarioResult]) -> dict[str, Any]:
     modelled = [r for r in results if r.not_modelled is None]
     reasons: dict[str, list[str]] = {}
     for r in results:
