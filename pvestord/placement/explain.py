@@ -26,6 +26,7 @@ _ACTION = {
 
 
 def _score(value: float) -> str:
+    value += 0.0  # no "-0" for a negated zero
     return f"{value:g}" if value == int(value) else f"{value:.6f}"
 
 
@@ -37,6 +38,8 @@ def selection_lines(sel: Selection) -> list[str]:
         lines.append(f"  {node}: {reason}")
     if sel.node_affinity:
         lines.append(f"node affinity: rule {sel.node_affinity}")
+    if sel.maintenance_node and sel.maintenance_node != sel.current:
+        lines.append(f"maintenance fallback: {sel.maintenance_node}")
     if sel.together:
         lines.append("positive affinity partners on: " + ", ".join(
             f"{n} ({c})" for n, c in sel.together.items()))
@@ -162,7 +165,7 @@ def selection_json(sel: Selection) -> dict[str, Any]:
             "scores": dict(sel.scores), "step": sel.step, "tie": sel.tie,
             "fragile_tie": sel.fragile_tie, "node_affinity": sel.node_affinity,
             "affinity": {"together": dict(sel.together), "separate": dict(sel.separate)},
-            "preference": sel.preference}
+            "maintenance_node": sel.maintenance_node, "preference": sel.preference}
 
 
 def decision_json(d: Decision, storage: StorageView | None) -> dict[str, Any]:

@@ -182,9 +182,14 @@ def read_pve_dir(folder: Path, guests_file: Path | None = None,
     nodes_dir = folder / "nodes"
     if nodes_dir.is_dir():
         node_names |= {p.name for p in nodes_dir.iterdir() if p.is_dir()}
+    known = dict(manager.get("node_status") or {})
     nodes = {}
     for name in sorted(node_names):
-        online = bool((nodelist.get(name) or {}).get("online"))
+        if nodelist:
+            online = bool((nodelist.get(name) or {}).get("online"))
+        else:
+            # No .members (a copied tree): the manager's view of the node is all there is.
+            online = known.get(name) in ("online", "maintenance")
         lrm = _json(nodes_dir / name / "lrm_status", {}) or {}
         nodes[name] = NodeFacts(name, power=online, network=online,
                                 lrm_mode=str(lrm.get("mode") or "active"))

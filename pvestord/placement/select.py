@@ -68,6 +68,8 @@ class Selection:
     #: {node: partner} for negative affinity, over online nodes.
     separate: Mapping[str, str] = field(default_factory=dict)
     node_affinity: str | None = None
+    #: The node it left for maintenance and may return to (step 5), if any.
+    maintenance_node: str | None = None
 
 
 #: Left out by a storage hook (``--as-if-storage-hook``): {node: reason}, and a rank
@@ -118,6 +120,7 @@ def select_service_node(rules: CompiledRules, node_states: Mapping[str, str],
                          tuple(sorted(pri)), dict(sorted(excluded.items())),
                          together=dict(sorted(together.items())),
                          separate=dict(sorted(separate.items())), node_affinity=rule_id,
+                         maintenance_node=maintenance_node,
                          **extra)  # type: ignore[arg-type]
 
     together: dict[str, int] = {}

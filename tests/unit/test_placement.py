@@ -23,6 +23,7 @@ from pvestord.nodereport import NodeReport, StorageView, publish
 from pvestord.placement import MODEL, scores
 from pvestord.placement.events import EventError, parse_event, sim_command
 from pvestord.placement.explain import cannot_place, render_json, render_text
+from pvestord.placement.inputs import read_pve_dir
 from pvestord.placement.manager import predict
 from pvestord.placement.model import (
     Cluster,
@@ -316,3 +317,42 @@ def test_storage_view_and_hook(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert decision["excluded"]["node2"] == "storage: storage san: VG san is missing 3 of 4 " \
         "PVs here"
     assert "NOT what Proxmox does today" in out["storage_hook"]
+
+
+def test_cluster_folder_in_maintenance_returns_after_end_maintenance(tmp_path: Path) -> None:
+    facts = {"nodes": ["node1", "node2", "node3"],
+             "services": {"vm:101": {"node": "node2"}, "vm:102": {"node": "node1"}},
+             "rules": []}
+    pve = write_pve_dir(tmp_path / "pve", facts)
+    status = json.loads((pve / "ha" / "manager_status").read_text())
+    status["node_status"]["node3"] = "maintenance"
+    status["node_request"] = {"node3": {"maintenance": 1}}
+    status["service_status"]["vm:101"]["maintenance_node"] = "node3"
+    (pve / "ha" / "manager_status").write_text(json.dumps(status))
+    (pve / "nodes" / "node3" / "lrm_status").write_text('{"mode": "maintenance"}')
+    (pve / ".members").unlink()  # a copied tree without it: the manager's view decides
+    cluster = read_pve_dir(pve)
+    assert cluster.maintenance_requests == frozenset({"node3"})
+    nothing = predict(cluster, [])
+    assert nothing.events[0].decisions == ()
+    back = predict(cluster, [parse_event("end-maintenance=node3")])
+    assert steps(back, 0) == [["back", "vm:101", "node3"], ["migrate", "vm:101", "node3"]]
+    decision = back.events[0].decisions[0]
+    assert decision.selection is not None
+    assert decision.selection.step == "maintenance fallback"
+
+
+def test_what_is_not_modelled_is_warned(tmp_path: Path) -> None:
+    facts = {"nodes": ["node1", "node2", "node3"], "services": {"vm:101": {"node": "node1"}},
+             "rules": []}
+    pve = write_pve_dir(tmp_path / "pve", facts)
+    (pve / "datacenter.cfg").write_text("crs: ha=static,ha-auto-rebalance=1\n")
+    conf = pve / "nodes" / "node1" / "qemu-server" / "101.conf"
+    conf.write_text(conf.read_text() + "lock: backup\n")
+    members = json.loads((pve / ".members").read_text())
+    members["cluster"]["quorate"] = 0
+    (pve / ".members").write_text(json.dumps(members))
+    warnings = " / ".join(predict(read_pve_dir(pve), []).warnings)
+    for part in ("ha-auto-rebalance", "falls back to 'basic'", "vm:101 has a lock",
+                 "no quorum"):
+        assert part in warnings
