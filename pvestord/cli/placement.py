@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -122,11 +123,8 @@ def _storage(args: argparse.Namespace, pve_dir: Path) -> tuple[StorageView, Stor
     return view, hook
 
 
-def _events(args: argparse.Namespace, sim_events: list[Event]) -> list[Event]:
-    try:
-        given = [parse_event(text) for text in args.events]
-    except EventError as err:
-        raise PlacementError(str(err)) from err
+def _events(args: argparse.Namespace, given: list[Event],
+            sim_events: list[Event]) -> list[Event]:
     if args.sim_test is None:
         return given
     if not given:
@@ -135,6 +133,11 @@ def _events(args: argparse.Namespace, sim_events: list[Event]) -> list[Event]:
 
 
 def _run(args: argparse.Namespace) -> int:
+    try:
+        given = [parse_event(text) for text in args.events]
+    except EventError as err:
+        print(f"pvestord placement: {err}", file=sys.stderr)
+        return 2
     if args.sim_test is not None:
         try:
             cluster, sim_events = read_sim_test(args.sim_test)
@@ -147,7 +150,7 @@ def _run(args: argparse.Namespace) -> int:
         pve_dir = args.pve_dir
         cluster = read_pve_dir(pve_dir, args.guests, args.crs, args.shutdown_policy)
         sim_events = []
-    events = _events(args, sim_events)
+    events = _events(args, given, sim_events)
     view: StorageView | None = None
     hook: StorageFilter | None = None
     if args.storage_view or args.as_if_storage_hook:

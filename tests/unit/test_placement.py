@@ -289,7 +289,8 @@ def test_command_help_names_the_events(capsys: pytest.CaptureFixture[str]) -> No
         main(["placement", "--help"])
     out = capsys.readouterr().out
     assert "end-maintenance=NODE" in out and "Exit status" in out
-    assert main(["placement", "--pve-dir", "/nonexistent", "explode=1"]) == 1
+    assert main(["placement", "--pve-dir", "/nonexistent", "explode=1"]) == 2
+    assert main(["placement", "--pve-dir", "/nonexistent", "fail=node1"]) == 1
 
 
 def test_storage_view_and_hook(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
