@@ -19,6 +19,7 @@ import random
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -80,13 +81,18 @@ def measure(crs: str, event: str, runs: int) -> dict[str, Any]:
     cluster = Cluster(**{**cluster.__dict__, "service_status": {
         sid: ServiceStatus(state, node) for sid, (state, node) in placement.items()}})
     times = []
+    cpu = []
     decisions = 0
     for _ in range(runs):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         prediction = predict(cluster, [parse_event(event)])
         times.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
         decisions = len(prediction.events[0].decisions)
+    # Wall time is the figure (what an admin waits); CPU time shows the model's own cost
+    # when other work shares the machine.
     return {"crs": crs, "event": event, "seconds": times, "median": statistics.median(times),
+            "cpu_seconds": cpu, "cpu_median": statistics.median(cpu),
             "decisions": decisions, "settle_decisions": len(settled.events[-1].decisions)}
 
 
@@ -103,11 +109,12 @@ def main(argv: list[str] | None = None) -> int:
             name = f"{crs} {event.split('=')[0]}"
             scenarios[name] = result
             figures.append(Figure("placement", f"{name} ({result['decisions']} decisions)",
-                                  result["median"], "s", ("<=", TARGET_SECONDS),
-                                  note=f"{NODES} nodes, {RESOURCES} resources, "
-                                  f"{NODE_AFFINITY_RULES + POSITIVE_RULES + NEGATIVE_RULES} "
-                                  "rules; median of "
-                                  f"{args.runs}" if name == "basic maintenance" else ""))
+                                  result["median"], "s", ("<=", TARGET_SECONDS)))
+            figures.append(Figure("placement", f"{name} CPU time", result["cpu_median"], "s"))
+    figures[0] = replace(figures[0], note=(
+        f"{NODES} nodes, {RESOURCES} resources, "
+        f"{NODE_AFFINITY_RULES + POSITIVE_RULES + NEGATIVE_RULES} rules; median of {args.runs} "
+        "runs, wall clock (CPU time beside it)"))
     print(f"model: {MODEL}")
     print(table(figures))
     report = build_report(quick=False, scenarios=scenarios, figures=figures, not_done={},

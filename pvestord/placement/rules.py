@@ -302,6 +302,8 @@ class NodeAffinity:
     strict: bool
     #: {node: priority}; a non-strict rule lists every cluster node, others at -1.
     priorities: Mapping[str, int]
+    #: The nodes by priority class, highest first.
+    classes: tuple[tuple[int, frozenset[str]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -321,8 +323,10 @@ def compile_rules(ids: Mapping[str, RuleData], nodes: Sequence[str]) -> Compiled
         if not strict:
             for node in nodes:
                 priorities.setdefault(node, -1)
+        classes = tuple((prio, frozenset(n for n, p in priorities.items() if p == prio))
+                        for prio in sorted(set(priorities.values()), reverse=True))
         for sid in rule["resources"]:
-            node_affinity[sid] = NodeAffinity(rid, strict, priorities)
+            node_affinity[sid] = NodeAffinity(rid, strict, priorities, classes)
     positive: dict[str, dict[str, str]] = {}
     negative: dict[str, dict[str, str]] = {}
     for rid, rule in sorted(_enabled(ids, "resource-affinity").items()):

@@ -101,12 +101,16 @@ def select_service_node(rules: CompiledRules, node_states: Mapping[str, str],
         allowed = set(online)
         pri = set(online)
     else:
-        allowed = {n for n in affinity.priorities if n in online}
+        online_set = online if isinstance(online, (set, frozenset)) else set(online)
+        allowed = set(affinity.priorities.keys() & online_set)
         for node in online if explain else ():
             if node not in affinity.priorities:
                 excluded[node] = f"not in strict rule {affinity.rule}"
-        top = max((affinity.priorities[n] for n in allowed), default=None)
-        pri = {n for n in allowed if affinity.priorities[n] == top}
+        pri = set()
+        for _, members in affinity.classes:
+            pri = set(members & online_set)
+            if pri:
+                break
         for node in allowed - pri if explain else ():
             excluded[node] = (f"lower priority class ({affinity.priorities[node]}) than "
                               f"{{{','.join(sorted(pri))}}} in rule {affinity.rule}")
