@@ -64,6 +64,11 @@ def decision_lines(d: Decision, storage: StorageView | None) -> list[str]:
         head = f"{d.sid}  stays on {d.source}: {d.note}"
     elif d.kind == "recover-failed":
         head = f"{d.sid}  recovery from fenced {d.source} failed: no node  [cannot be placed]"
+    elif d.kind in ("retry-here", "give-up"):
+        head = f"{d.sid}  {'started again on' if d.kind == 'retry-here' else 'stays on'} " \
+            f"{d.source}: {d.note} (tried {', '.join(d.tried)})"
+        if d.kind == "give-up":
+            head += "  [cannot be placed]"
     elif d.kind == "veto":
         head = f"{d.sid}  command to {d.target} refused: {d.note}  [cannot be placed]"
     else:
@@ -114,7 +119,8 @@ def storage_warnings(prediction: Prediction, storage: StorageView | None) -> lis
         return found
     for event in prediction.events:
         for d in event.decisions:
-            if d.target and d.kind not in ("veto", "stuck", "recover-failed", "kept-away"):
+            if d.target and d.kind not in ("veto", "stuck", "recover-failed", "kept-away",
+                                           "retry-here", "give-up"):
                 verdict = storage(d.sid, d.target)
                 if verdict is not None and not verdict[0]:
                     found.append(f"HA will put {d.sid} on {d.target}, which cannot serve its "

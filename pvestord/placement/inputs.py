@@ -95,6 +95,7 @@ def read_sim_test(folder: Path) -> tuple[Cluster, list[Event]]:
                   "vm:105": {"node": "node2"}, "vm:106": {"node": "node3"}}
     services = {sid: ServiceConfig(sid, c["node"], _service_state(c.get("state"), "disabled"),
                                    failback=bool(c.get("failback", 1)),
+                                   max_restart=int(c.get("max_restart", 1)),
                                    max_relocate=int(c.get("max_relocate", 1)),
                                    group=c.get("group"))
                 for sid, c in sorted(config.items())}
@@ -209,6 +210,7 @@ def read_pve_dir(folder: Path, guests_file: Path | None = None,
         services[sid] = ServiceConfig(
             sid, node, _service_state(opts.get("state"), "started"),
             failback=(opts.get("failback") or "1").strip() != "0",
+            max_restart=int(opts.get("max_restart") or 1),
             max_relocate=int(opts.get("max_relocate") or 1), group=opts.get("group"))
     ids, order = rules_from_sections(parse_sections(_text(ha / "rules.cfg")))
     groups: dict[str, Group] = groups_from_sections(parse_sections(_text(ha / "groups.cfg")))

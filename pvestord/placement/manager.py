@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from pvestord.placement.failures import FailureCounters, InjectedFailures, injected_failures
 from pvestord.placement.model import (
     Cluster,
     Command,
@@ -48,6 +49,11 @@ class _Service:
     cmd: tuple[str, str] | None = None
     #: The LRM has reported the migration / stop as done.
     lrm_done: bool = False
+    #: ... and it failed (only resources with injected failures fail).
+    lrm_error: bool = False
+    #: The LRM's start of an ``fa:`` resource in state started: None (not tried yet),
+    #: "ok" / "error" (not yet read by the manager), "read".
+    start_result: str | None = None
 
 
 class _Usage:
@@ -147,6 +153,11 @@ class _Manager:
         self.changed = False
         #: Resources already reported as not returning to their maintenance node.
         self.kept_away: set[str] = set()
+        #: Injected failures (``fa:`` resources): try counters, the LRMs' restart
+        #: tries per (node, sid), and which of them run.
+        self.fail_tries = FailureCounters({}, {})
+        self.restart_tries: dict[tuple[str, str], int] = {}
+        self.fa_running: set[str] = set()
 
     # ---- hardware and LRMs
 
@@ -227,13 +238,27 @@ class _Manager:
             sd = self.ss[sid]
             if sd.lrm_done or not self.power.get(sd.node) or not self.member(sd.node):
                 continue
+            failures = injected_failures(sid)
             if sd.state in ("migrate", "relocate", "request_start_balance"):
                 if sd.target is not None and self.member(sd.target):
                     sd.lrm_done = True
                     self.changed = True
+                    if failures is not None and not (
+                            sd.state == "request_start_balance" and sid in self.fa_running):
+                        sd.lrm_error = not self.fail_tries.try_migrate(sid, failures, sd.node)
+                        if not sd.lrm_error:
+                            # The simulator's guest runs on no node after a move.
+                            self.fa_running.discard(sid)
             elif sd.state == "request_stop":
                 sd.lrm_done = True
                 self.changed = True
+                if failures is not None and sid in self.fa_running:
+                    sd.lrm_error = failures.stop_fails
+                    if not sd.lrm_error:
+                        self.fa_running.discard(sid)
+            elif sd.state == "started" and failures is not None and sd.start_result is None \
+                    and self.lock.get(sd.node):
+                self.lrm_start(sid, failures)
         for node in sorted(self.power):
             if not self.power[node]:
                 continue
@@ -251,6 +276,25 @@ class _Manager:
                 continue
             if mode == "shutdown" or self._active_services(node) == 0:
                 self._finish_shutdown(node)
+
+    def lrm_start(self, sid: str, failures: InjectedFailures) -> None:
+        """One LRM round's start try; the manager hears of it on success or after
+        ``max_restart`` local retries (each retry is a later round)."""
+        sd = self.ss[sid]
+        self.changed = True
+        key = (sd.node, sid)
+        if sid in self.fa_running or self.fail_tries.try_start(sid, failures, sd.node):
+            self.fa_running.add(sid)
+            self.restart_tries[key] = 0
+            sd.start_result = "ok"
+            return
+        cd = self.sc.get(sid)
+        max_restart = cd.max_restart if cd is not None else 0
+        if self.restart_tries.get(key, 0) >= max_restart:
+            self.restart_tries[key] = 0
+            sd.start_result = "error"
+            return
+        self.restart_tries[key] = self.restart_tries.get(key, 0) + 1
 
     def _active_services(self, node: str) -> int:
         return sum(1 for sd in self.ss.values() if sd.node == node
@@ -288,6 +332,8 @@ class _Manager:
             sd.node = node
         sd.target = target
         sd.lrm_done = False
+        sd.lrm_error = False
+        sd.start_result = None
         self.usage.remove(sid)
         self.usage.add(sid, self.placed(sid))
         self.changed = True
@@ -489,6 +535,11 @@ class _Manager:
                 # The guest is not where the manager thinks: the LRM answers EWRONG_NODE.
                 self.set_state(sid, "error")
                 return
+            if sd.lrm_done and sd.lrm_error:
+                # The migration failed: the resource goes on where it is.
+                req = "started" if cd.state == "started" else "request_stop"
+                self.set_state(sid, req, node=sd.node)
+                return
             if sd.lrm_done and sd.state == "request_start_balance" and sid in self.running:
                 # The LRM does not move a running guest: IGNORED, it starts where it is.
                 req = "started" if cd.state == "started" else "request_stop"
@@ -505,7 +556,7 @@ class _Manager:
             self.next_recovery(sid, cd)
         elif state == "request_stop":
             if sd.lrm_done:
-                self.set_state(sid, "stopped")
+                self.set_state(sid, "error" if sd.lrm_error else "stopped")
             elif self.offline_delayed(sd.node):
                 self.set_state(sid, "fence")
         elif state == "freeze":
@@ -572,13 +623,35 @@ class _Manager:
                 self.set_state(sid, "request_stop")
                 self.sc[sid] = replace(cd, state="stopped")
             return
-        if self.stays_trivially(sid):
+        preference = "none"
+        if sd.start_result in ("ok", "error"):
+            if sd.start_result == "ok":
+                sd.failed_nodes = []
+                sd.start_result = "read"
+            else:
+                sd.failed_nodes.append(sd.node)
+                if len(sd.failed_nodes) > cd.max_relocate:
+                    self.record(Decision("give-up", sid, sd.node, None,
+                                         note="start failed on too many nodes (max_relocate "
+                                         f"{cd.max_relocate}): error state",
+                                         tried=tuple(sd.failed_nodes)))
+                    self.set_state(sid, "error")
+                    return
+                preference = "try-next"
+                # Unless it moves, the LRM tries to start it here again.
+                sd.start_result = None
+                self.changed = True
+        if preference == "none" and self.stays_trivially(sid):
             return
-        node, decision = self.choose(sid, "none", explain=False)
+        node, decision = self.choose(sid, preference, explain=False)
         fallback = sd.maintenance_node
         if node != sd.node or (fallback is not None and fallback != sd.node):
             # A move, no node, or a fallback not taken: worth its reasons.
-            node, decision = self.choose(sid, "none")
+            node, decision = self.choose(sid, preference)
+        if node is None and preference == "try-next":
+            self.record(replace(decision, kind="retry-here", target=sd.node,
+                                note="its start failed on every node it may go to",
+                                tried=tuple(sd.failed_nodes)))
         if node is not None and node != sd.node:
             if sd.maintenance_node is not None:
                 if node == sd.maintenance_node:
@@ -610,6 +683,8 @@ class _Manager:
         fenced = sd.node
         node, decision = self.choose(sid, "best-score")
         if node is not None:
+            # The fenced node is off: nothing runs there any more.
+            self.fa_running.discard(sid)
             self.record(replace(decision, kind="recover", source=fenced))
             sd.node = node
             self.sc[sid] = replace(cd, node=node)

@@ -22,6 +22,7 @@ class ServiceConfig:
     #: started, stopped, disabled or ignored.
     state: str
     failback: bool = True
+    max_restart: int = 1
     max_relocate: int = 1
     group: str | None = None
 
@@ -115,7 +116,9 @@ class Decision:
     recover-failed, back (returns to its maintenance node), rebalance-start,
     stuck (stays on a node that is not online: no node to go to), kept-away (its
     maintenance node is back but it stays), move-stopped (a manual motion of a
-    stopped resource).
+    stopped resource), retry-here (its start failed on every node it may go to:
+    started again where it is), give-up (its start failed on more than
+    ``max_relocate`` + 1 nodes: error state, left to the admin).
     """
 
     kind: str
@@ -124,6 +127,8 @@ class Decision:
     target: str | None
     selection: Selection | None = None
     note: str = ""
+    #: retry-here, give-up: the nodes its start failed on, in order.
+    tried: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

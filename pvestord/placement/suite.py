@@ -40,6 +40,10 @@ _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
                                   r"no recovery node found$")),
     ("back", re.compile(r"^moving service '(\S+)' back to '(\S+)', node came back from "
                         r"maintenance\.$")),
+    ("retry-here", re.compile(r"^Start Error Recovery: Tried all available nodes for service "
+                              r"'(\S+)', retry start on current node\. Tried nodes: (.*)$")),
+    ("give-up", re.compile(r"^recovery policy for service (\S+) failed, entering error state\. "
+                           r"Failed nodes: (.*)$")),
     ("rebalance-start", re.compile(r"^service (\S+): re-balance selected (?:new|current) node "
                                    r"(\S+) for startup$")),
 )
@@ -67,6 +71,8 @@ def parse_log(text: str) -> list[Step]:
                 step: Step = (kind, found.group(2), found.group(1))
             elif kind == "recover-failed":
                 step = (kind, found.group(1), "")
+            elif kind in ("retry-here", "give-up"):
+                step = (kind, found.group(1), found.group(2).replace(" ", ""))
             else:
                 step = (kind, found.group(1), found.group(2))
             if kind == "recover-failed" and last.get(step[1]) == step:
@@ -86,7 +92,8 @@ def model_steps(decisions: Iterable[Decision]) -> list[Step]:
     for d in decisions:
         if d.kind in ("stuck", "move-stopped", "kept-away"):
             continue
-        node = "" if d.kind == "recover-failed" else (d.target or "")
+        node = "" if d.kind == "recover-failed" else \
+            ",".join(d.tried) if d.kind in ("retry-here", "give-up") else (d.target or "")
         out.append((_KIND.get(d.kind, d.kind), d.sid, node))
     return out
 
@@ -117,9 +124,6 @@ def _not_modelled(folder: Path, steps: Sequence[Sequence[str]], log: str) -> str
         return "auto-rebalance"
     if crs.get("ha") == "dynamic":
         return "dynamic CRS"
-    config = _read_json(folder / "service_config") or {}
-    if any(sid.startswith("fa:") for sid in config):
-        return "failure injection (fa: resources)"
     if (_read_json(folder / "manager_status") or {}).get("disarm"):
         return "disarm"
     if any((folder / name).exists() for name in ("service_status_node1", "service_status_node2",
