@@ -58,7 +58,7 @@ def parse_event(text: str) -> Event:
 
 _SIM_UNSUPPORTED = {
     "disarm-ha": "disarm", "arm-ha": "disarm", "lock": "locks", "unlock": "locks",
-    "cfs": "cfs failure", "skip-round": "simulator timing", "restart-lrm": "LRM restart",
+    "cfs": "cfs failure",
     "pve-manager-version": "version upgrade (group migration)",
     "set-static-stats": "changing guest stats", "set-dynamic-stats": "changing guest stats",
     "manual-migrate": "migration outside HA",
@@ -77,6 +77,11 @@ def sim_command(text: str) -> Command:
         return Command(head, words[1])
     if head == "delay":
         return Command("delay")
+    if head == "restart-lrm" and len(words) == 2:
+        return Command("restart-lrm", words[1])
+    if head == "skip-round" and len(words) in (2, 3) and words[1] in ("crm", "lrm") \
+            and (len(words) == 2 or words[2].isdigit()):
+        return Command(f"skip-{words[1]}", "", words[2] if len(words) == 3 else "1")
     if head == "crm" and len(words) >= 3:
         action = words[2]
         if action == "enable-node-maintenance" and len(words) == 3:

@@ -158,6 +158,10 @@ class _Manager:
         self.fail_tries = FailureCounters({}, {})
         self.restart_tries: dict[tuple[str, str], int] = {}
         self.fa_running: set[str] = set()
+        #: Nodes whose LRM restarts once their resources are frozen.
+        self.lrm_restarting: set[str] = set()
+        #: Rounds still to skip: {"crm": n, "lrm": n}.
+        self.skip = {"crm": 0, "lrm": 0}
 
     # ---- hardware and LRMs
 
@@ -193,6 +197,12 @@ class _Manager:
             self.network[subject] = True
         elif verb in ("shutdown", "reboot"):
             self._shutdown_request(subject, reboot=verb == "reboot")
+        elif verb == "restart-lrm":
+            if self.power.get(subject) and subject not in self.shutdown:
+                self.lrm_mode[subject] = "restart"
+                self.lrm_restarting.add(subject)
+        elif verb in ("skip-crm", "skip-lrm"):
+            self.skip[verb[5:]] += int(arg or "1")
         elif verb in ("start", "stop", "disable", "ignore"):
             state = {"start": "started", "stop": "stopped", "disable": "disabled",
                      "ignore": "ignored"}[verb]
@@ -262,8 +272,14 @@ class _Manager:
         for node in sorted(self.power):
             if not self.power[node]:
                 continue
-            if self.member(node) and self.quorate() and not self.lock.get(node):
+            if self.member(node) and self.quorate() and not self.lock.get(node) \
+                    and not self._fence_requested(node):
                 self.lock[node] = True
+                self.changed = True
+            if node in self.lrm_restarting and self._active_services(node) == 0:
+                # Every resource is frozen: the LRM exits and its successor comes up.
+                self.lrm_restarting.discard(node)
+                self._lrm_start(node)
                 self.changed = True
             mode = self.lrm_mode.get(node, "active")
             if node not in self.shutdown:
@@ -295,6 +311,11 @@ class _Manager:
             sd.start_result = "error"
             return
         self.restart_tries[key] = self.restart_tries.get(key, 0) + 1
+
+    def _fence_requested(self, node: str) -> bool:
+        """An LRM does not take its agent lock while the manager wants its node fenced."""
+        return self.ns.get(node) == "fence" or any(
+            sd.node == node and sd.state == "fence" for sd in self.ss.values())
 
     def _active_services(self, node: str) -> int:
         return sum(1 for sd in self.ss.values() if sd.node == node
@@ -703,8 +724,12 @@ class _Manager:
     def settle(self) -> None:
         for _ in range(MAX_STEPS):
             self.changed = False
-            self.crm_round()
-            self.lrm_round()
+            for daemon, round_of in (("crm", self.crm_round), ("lrm", self.lrm_round)):
+                if self.skip[daemon]:
+                    self.skip[daemon] -= 1
+                    self.changed = True
+                else:
+                    round_of()
             self.hardware_step()
             if not self.changed:
                 return

@@ -92,7 +92,9 @@ class Command:
     Verbs: maintenance, end-maintenance, fail, return, shutdown, reboot,
     power-on, power-off, network-on, network-off, start, stop, disable,
     stop-now (ha-manager crm-command stop SID TIMEOUT), migrate, relocate, delay,
-    add (``arg``: "NODE [STATE [RUNNING]]"), delete.
+    add (``arg``: "NODE [STATE [RUNNING]]"), delete, restart-lrm (the node's LRM
+    restarts: its resources freeze meanwhile), skip-crm / skip-lrm (``arg``: how many
+    manager / LRM rounds do not run, as the simulator's ``skip-round``).
     """
 
     verb: str
