@@ -1,9 +1,11 @@
 """``pvestord placement`` speed: one event on a 32-node cluster, 2000 resources, 200 rules.
 
 Runs on the host (pure Python, no guest): ``python -m bench.placement --out DIR``
-(``make bench-placement``). The cluster is generated with a fixed seed: resources
-spread over the nodes, 100 node-affinity rules (strict and not, one or two
-priorities), 60 positive and 40 negative resource-affinity rules. For each CRS
+(``make bench-placement``); ``make bench`` runs it too (``bench.run``, in the node
+guest, whose emulated CPU makes its times no test of the 1 s target). The cluster
+is generated with a fixed seed: resources spread over the nodes, 100
+node-affinity rules (strict and not, one or two priorities), 60 positive and
+40 negative resource-affinity rules. For each CRS
 (basic, static) and each event (maintenance, node failure) the whole prediction
 is timed (rule checks and compile, every manager round until it settles), the
 median of a few runs reported against the 1 s target. Prints a table and writes
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import random
 import statistics
@@ -37,6 +40,9 @@ NODE_AFFINITY_RULES = 100
 POSITIVE_RULES = 60
 NEGATIVE_RULES = 40
 TARGET_SECONDS = 1.0
+#: (CRS, event) of every timed case.
+CASES = tuple((crs, event) for crs in ("basic", "static")
+              for event in ("maintenance=node07", "fail=node07"))
 
 
 def make_cluster(crs: str, seed: int = 7) -> Cluster:
@@ -96,33 +102,59 @@ def measure(crs: str, event: str, runs: int) -> dict[str, Any]:
             "decisions": decisions, "settle_decisions": len(settled.events[-1].decisions)}
 
 
+def case_name(crs: str, event: str) -> str:
+    return f"{crs} {event.split('=')[0]}"
+
+
+def run(runs: int) -> dict[str, Any]:
+    """Every case, timed ``runs`` times: the raw results for :func:`figures`."""
+    return {"model": MODEL, "runs": runs,
+            "in_node_guest": os.environ.get("PVESTORD_IN_NODE_GUEST") == "1",
+            "cases": {case_name(crs, event): measure(crs, event, runs) for crs, event in CASES}}
+
+
+def figures(result: dict[str, Any] | None) -> list[Figure]:
+    """The table's rows; every case is a row even when not measured (``result`` None).
+
+    In the node guest (``make bench``) the CPU is emulated: the wall clock is shown
+    without the target, which ``make bench-placement`` on the host judges.
+    """
+    cases = result["cases"] if result else {}
+    in_guest = bool(result and result.get("in_node_guest"))
+    rows = []
+    for crs, event in CASES:
+        name = case_name(crs, event)
+        case = cases.get(name)
+        note = "" if case is None else f"{case['decisions']} decisions"
+        if in_guest:
+            note += "; in the emulated node guest: no target (see make bench-placement)"
+        rows.append(Figure("placement", name, None if case is None else case["median"], "s",
+                           None if in_guest else ("<=", TARGET_SECONDS), note=note))
+        rows.append(Figure("placement", f"{name} CPU time",
+                           None if case is None else case["cpu_median"], "s"))
+    runs = result["runs"] if result else 0
+    rows[0] = replace(rows[0], note=(
+        f"{NODES} nodes, {RESOURCES} resources, "
+        f"{NODE_AFFINITY_RULES + POSITIVE_RULES + NEGATIVE_RULES} rules; median of {runs} "
+        f"runs, wall clock (CPU time beside it); {rows[0].note}"))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.placement", description=__doc__)
     parser.add_argument("--out", type=Path, required=True, help="folder for the JSON report")
     parser.add_argument("--runs", type=int, default=3, help="timed runs per case")
     args = parser.parse_args(argv)
-    scenarios: dict[str, Any] = {}
-    figures = []
-    for crs in ("basic", "static"):
-        for event in ("maintenance=node07", "fail=node07"):
-            result = measure(crs, event, args.runs)
-            name = f"{crs} {event.split('=')[0]}"
-            scenarios[name] = result
-            figures.append(Figure("placement", f"{name} ({result['decisions']} decisions)",
-                                  result["median"], "s", ("<=", TARGET_SECONDS)))
-            figures.append(Figure("placement", f"{name} CPU time", result["cpu_median"], "s"))
-    figures[0] = replace(figures[0], note=(
-        f"{NODES} nodes, {RESOURCES} resources, "
-        f"{NODE_AFFINITY_RULES + POSITIVE_RULES + NEGATIVE_RULES} rules; median of {args.runs} "
-        "runs, wall clock (CPU time beside it)"))
+    result = run(args.runs)
+    rows = figures(result)
     print(f"model: {MODEL}")
-    print(table(figures))
-    report = build_report(quick=False, scenarios=scenarios, figures=figures, not_done={},
+    print(table(rows))
+    report = build_report(quick=False, scenarios=result["cases"], figures=rows, not_done={},
                           environment={"python": sys.version.split()[0],
                                        "machine": platform.machine(), "host": True})
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench-placement.json").write_text(json.dumps(report, indent=2) + "\n")
-    return 0 if all(f.status == "met" for f in figures) else 1
+    return 0 if all(f.status in ("met", "-") for f in rows) else 1
 
 
 if __name__ == "__main__":
