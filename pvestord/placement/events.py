@@ -60,7 +60,7 @@ _SIM_UNSUPPORTED = {
     "disarm-ha": "disarm", "arm-ha": "disarm", "lock": "locks", "unlock": "locks",
     "cfs": "cfs failure",
     "pve-manager-version": "version upgrade (group migration)",
-    "set-static-stats": "changing guest stats", "set-dynamic-stats": "changing guest stats",
+    "set-dynamic-stats": "changing guest stats",
     "manual-migrate": "migration outside HA",
 }
 
@@ -102,10 +102,25 @@ def sim_command(text: str) -> Command:
             return Command("add", sid, " ".join(words[3:]))
         if action == "delete" and len(words) == 3:
             return Command("delete", sid)
+        if action == "set-static-stats" and len(words) in (5, 7) \
+                and {words[3], *words[5:6]} <= {"maxcpu", "maxmem"}:
+            return Command("set-size", sid, _static_stats(words[3:]))
         if action == "stop" and len(words) == 4:
             return Command("stop-now", sid, words[3])
         raise Unsupported(_SIM_UNSUPPORTED.get(action, "other service command"), text)
     raise Unsupported(_SIM_UNSUPPORTED.get(head, "other simulator command"), text)
+
+
+def _static_stats(pairs: Sequence[str]) -> str:
+    """``maxcpu 8.0 maxmem 8192`` (MiB) as ``maxcpu=8.0 maxmem=8589934592`` (bytes)."""
+    out = []
+    for key, value in zip(pairs[::2], pairs[1::2], strict=True):
+        try:
+            number = float(value)
+        except ValueError as err:
+            raise Unsupported("changing guest stats", " ".join(pairs)) from err
+        out.append(f"{key}={number * 1024**2 if key == 'maxmem' else number}")
+    return " ".join(out)
 
 
 def sim_events(steps: Sequence[Sequence[str]]) -> list[Event]:

@@ -132,7 +132,7 @@ def header(prediction: Prediction, hook: bool) -> list[str]:
     opts = prediction.options
     lines = [f"model: {MODEL}; CRS {prediction.crs}; rebalance-on-start "
              f"{'on' if opts.get('rebalance_on_start') else 'off'}; auto-rebalance "
-             f"{'on (not modelled)' if opts.get('auto_rebalance') else 'off'}"]
+             f"{'on' if opts.get('auto_rebalance') else 'off'}"]
     rules = prediction.rules
     dropped = "; ".join(f"{rid} ({why})" for rid, why in rules.dropped) or "none"
     lines.append(f"rules: {len(rules.active)} active ({', '.join(rules.active) or '-'}); "

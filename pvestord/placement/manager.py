@@ -24,6 +24,7 @@ from pvestord.placement.model import (
     Prediction,
     ServiceConfig,
 )
+from pvestord.placement.rebalance import Bundle, best_move
 from pvestord.placement.rules import RuleSet, build_rules
 from pvestord.placement.scores import GuestSize, NodeCapacity, basic_scores, static_scores
 from pvestord.placement.select import (
@@ -158,6 +159,8 @@ class _Manager:
         self.fail_tries = FailureCounters({}, {})
         self.restart_tries: dict[tuple[str, str], int] = {}
         self.fa_running: set[str] = set()
+        #: Guest sizes (static CRS); the simulator's set-static-stats changes them.
+        self.sizes: dict[str, GuestSize] = dict(cluster.sizes)
         #: Nodes whose LRM restarts once their resources are frozen.
         self.lrm_restarting: set[str] = set()
         #: Rounds still to skip: {"crm": n, "lrm": n}.
@@ -201,6 +204,11 @@ class _Manager:
             if self.power.get(subject) and subject not in self.shutdown:
                 self.lrm_mode[subject] = "restart"
                 self.lrm_restarting.add(subject)
+        elif verb == "set-size":
+            old = self.sizes.get(subject, GuestSize(0.0, 0.0))
+            values = dict(part.split("=", 1) for part in arg.split())
+            self.sizes[subject] = GuestSize(float(values.get("maxcpu", old.maxcpu)),
+                                            float(values.get("maxmem", old.maxmem)))
         elif verb in ("skip-crm", "skip-lrm"):
             self.skip[verb[5:]] += int(arg or "1")
         elif verb in ("start", "stop", "disable", "ignore"):
@@ -422,7 +430,7 @@ class _Manager:
 
     def recompute_usage(self) -> None:
         self.usage = _Usage(self.online_nodes(), self.static, self.cluster.capacity,
-                            self.cluster.sizes)
+                            self.sizes)
         for sid in sorted(self.ss):
             self.usage.add(sid, self.placed(sid))
         for guest, node in sorted(self.cluster.other_guests.items()):
@@ -747,6 +755,8 @@ class _Manager:
             orphaned = set() if self.quorate() else {
                 n for n in self.power if self.power[n] and self.lock.get(n)}
             if not lost and not orphaned:
+                if self.rebalance():
+                    continue
                 break
             self.delayed |= lost
             for node in sorted(lost | orphaned):
@@ -756,6 +766,71 @@ class _Manager:
                     self.shutdown.pop(node, None)
         return EventResult(event.label, tuple(self.decisions[start:]), self.placement(),
                            self.unplaced(), dict(sorted(self.ns.items())))
+
+    def rebalance(self) -> bool:
+        """``load_balance``, once the cluster has settled: True when it queued a move."""
+        cluster = self.cluster
+        if not (cluster.auto_rebalance and self.static and self.rules is not None
+                and cluster.rebalance_method == "bruteforce" and self.quorate()):
+            return False
+        if any(sd.state in ("migrate", "relocate") or (
+                sd.cmd is not None and sd.cmd[0] in ("migrate", "relocate"))
+               for sd in self.ss.values()):
+            return False
+        usage = self.usage
+        move = best_move(self.bundles(), usage.cpu, usage.mem, cluster.capacity, self.sizes,
+                         cluster.rebalance_threshold, cluster.rebalance_margin)
+        if move is None:
+            return False
+        self.record(Decision("auto-rebalance", move.leader, move.source, move.target,
+                             note=f"node imbalance {move.before:.2f} -> {move.after:.2f}"))
+        task = "migrate" if self.sc[move.leader].kind == "vm" else "relocate"
+        self.queue_motion(task, move.leader, move.target)
+        return True
+
+    def bundles(self) -> list[Bundle]:
+        """Running resources with their running positive partners, all on one node."""
+        assert self.rules is not None
+        compiled = self.rules.compiled
+        online = self.usage.online_set
+        found: dict[str, Bundle] = {}
+        for sid in sorted(self.ss):
+            sd = self.ss[sid]
+            if sd.state != "started":
+                continue
+            members, nodes, moving = [sid], {sd.node}, False
+            for partner in compiled.positive.get(sid, {}):
+                other = self.ss.get(partner)
+                if other is None:
+                    continue
+                if other.state in ("migrate", "relocate"):
+                    moving = True
+                    break
+                if other.state == "started":
+                    members.append(partner)
+                    nodes.add(other.node)
+            if moving or len(nodes) > 1:
+                continue
+            members.sort()
+            leader = members[0]
+            if leader in found:
+                continue
+            source = self.ss[leader].node
+            affinity = compiled.node_affinity.get(leader)
+            targets = set(online)
+            if affinity is not None:
+                for _, class_nodes in affinity.classes:
+                    targets = set(class_nodes & online)
+                    if targets:
+                        break
+            for partner in compiled.negative.get(leader, {}):
+                if partner in self.ss:
+                    for node in used_nodes(online, self.placed(partner)):
+                        targets.discard(node or "")
+            targets.discard(source)
+            if targets:
+                found[leader] = Bundle(leader, tuple(members), source, tuple(sorted(targets)))
+        return [found[leader] for leader in sorted(found)]
 
     def placement(self) -> dict[str, tuple[str, str]]:
         return {sid: (sd.state, sd.node) for sid, sd in sorted(self.ss.items())}
@@ -774,9 +849,13 @@ class _Manager:
 def warnings_for(cluster: Cluster) -> list[str]:
     """What the model does not cover, when present in the facts."""
     found = []
-    if cluster.auto_rebalance:
-        found.append("ha-auto-rebalance is on: its moves (one per round, after a hold time) "
-                     "are not modelled")
+    if cluster.auto_rebalance and (cluster.crs != "static"
+                                   or cluster.rebalance_method != "bruteforce"):
+        found.append("ha-auto-rebalance is on: its moves are modelled only with the static "
+                     "CRS and the bruteforce method, not here")
+    elif cluster.auto_rebalance:
+        found.append("ha-auto-rebalance is on: its moves are predicted once the cluster has "
+                     "settled after each event; the hold time only delays them")
     if cluster.crs == "dynamic":
         found.append("CRS 'dynamic' scores measured load, which is not modelled: predicted "
                      "with the static scores instead")

@@ -71,6 +71,10 @@ class Cluster:
     crs: str = "basic"
     rebalance_on_start: bool = False
     auto_rebalance: bool = False
+    #: ``crs: ha-auto-rebalance-threshold / -margin / -method``.
+    rebalance_threshold: float = 0.3
+    rebalance_margin: float = 0.1
+    rebalance_method: str = "bruteforce"
     shutdown_policy: str = "conditional"
     #: Static CRS: node CPUs and memory, guest sizes (by sid, and by non-HA guest id).
     capacity: Mapping[str, NodeCapacity] = field(default_factory=dict)
@@ -94,7 +98,8 @@ class Command:
     stop-now (ha-manager crm-command stop SID TIMEOUT), migrate, relocate, delay,
     add (``arg``: "NODE [STATE [RUNNING]]"), delete, restart-lrm (the node's LRM
     restarts: its resources freeze meanwhile), skip-crm / skip-lrm (``arg``: how many
-    manager / LRM rounds do not run, as the simulator's ``skip-round``).
+    manager / LRM rounds do not run, as the simulator's ``skip-round``), set-size
+    (``arg``: "maxcpu=N maxmem=BYTES", either or both: a guest's size for the static CRS).
     """
 
     verb: str
@@ -120,7 +125,9 @@ class Decision:
     maintenance node is back but it stays), move-stopped (a manual motion of a
     stopped resource), retry-here (its start failed on every node it may go to:
     started again where it is), give-up (its start failed on more than
-    ``max_relocate`` + 1 nodes: error state, left to the admin).
+    ``max_relocate`` + 1 nodes: error state, left to the admin), auto-rebalance (the
+    manager moves it to even out the node loads; the move follows as manual-migrate
+    or manual-relocate).
     """
 
     kind: str

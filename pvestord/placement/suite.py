@@ -44,6 +44,8 @@ _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
                               r"'(\S+)', retry start on current node\. Tried nodes: (.*)$")),
     ("give-up", re.compile(r"^recovery policy for service (\S+) failed, entering error state\. "
                            r"Failed nodes: (.*)$")),
+    ("auto-rebalance", re.compile(r"^auto rebalance - (?:migrate|relocate) (\S+) to (\S+) "
+                                  r"\(")),
     ("rebalance-start", re.compile(r"^service (\S+): re-balance selected (?:new|current) node "
                                    r"(\S+) for startup$")),
 )
@@ -120,10 +122,11 @@ def _crs(folder: Path) -> dict[str, object]:
 
 def _not_modelled(folder: Path, steps: Sequence[Sequence[str]], log: str) -> str | None:
     crs = _crs(folder)
-    if crs.get("ha-auto-rebalance") or "auto rebalance - " in log:
-        return "auto-rebalance"
     if crs.get("ha") == "dynamic":
         return "dynamic CRS"
+    if crs.get("ha-auto-rebalance") and crs.get("ha-auto-rebalance-method",
+                                                "bruteforce") != "bruteforce":
+        return "auto-rebalance (topsis)"
     if (_read_json(folder / "manager_status") or {}).get("disarm"):
         return "disarm"
     if any((folder / name).exists() for name in ("service_status_node1", "service_status_node2",
