@@ -18,10 +18,13 @@ HOOK_NOTE = ("--as-if-storage-hook: nodes the proposed rank_nodes storage hook w
              "pve-ha-manager 5.2.0 consults storage.")
 
 _ACTION = {
-    "migrate": "migrate", "relocate": "relocate", "manual-migrate": "migrate (admin command)",
-    "manual-relocate": "relocate (admin command)", "follow": "follows (positive affinity)",
-    "recover": "recovered", "back": "returns from maintenance",
-    "rebalance-start": "start (rebalance-on-start)", "move-stopped": "moved while stopped",
+    "migrate": "migrate", "relocate": "relocate",
+    # Carried out from the manager's command queue: an admin's or auto-rebalance's.
+    "manual-migrate": "migrate (queued command)", "manual-relocate": "relocate (queued command)",
+    "follow": "follows (positive affinity)", "recover": "recovered",
+    "back": "returns from maintenance", "rebalance-start": "start (rebalance-on-start)",
+    "move-stopped": "moved while stopped",
+    "auto-rebalance": "chosen by auto-rebalance (queues the move)",
 }
 
 
@@ -219,6 +222,7 @@ def cannot_place(prediction: Prediction) -> bool:
     for event in prediction.events:
         if event.unplaced:
             return True
-        if any(d.kind in ("veto", "stuck", "recover-failed") for d in event.decisions):
+        if any(d.kind in ("veto", "stuck", "recover-failed", "give-up")
+               for d in event.decisions):
             return True
     return False

@@ -6,6 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pvestord.placement.explain import cannot_place
 from pvestord.placement.failures import FailureCounters, InjectedFailures, injected_failures
 from pvestord.placement.manager import predict
 from pvestord.placement.model import Cluster, Event, NodeFacts, ServiceConfig, ServiceStatus
@@ -72,3 +73,12 @@ def test_restart_then_relocate_then_error(start_failures: int, max_restart: int,
         assert len(moves) == failed_visits
         assert node == (moves[-1] if moves else "node1")
     assert len(set(moves)) == len(moves) and "node1" not in moves
+
+
+def test_a_resource_left_in_error_cannot_be_placed() -> None:
+    """Exit status 3: its start failed on max_relocate + 1 nodes."""
+    gives_up = predict(one_failing_resource(9, 0, 1), [Event("(settle)", ())])
+    assert [d.kind for d in gives_up.events[-1].decisions] == ["relocate", "give-up"]
+    assert cannot_place(gives_up)
+    recovers = predict(one_failing_resource(1, 0, 1), [Event("(settle)", ())])
+    assert not cannot_place(recovers)
