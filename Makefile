@@ -8,7 +8,7 @@ PYTEST    := $(PY) -m pytest
 OUT       := out
 QUICK     ?=
 
-.PHONY: all deps check lint unit host packaging node cluster faults demo bench clean
+.PHONY: all deps check lint unit host packaging node cluster faults demo bench bench-placement clean
 
 all: check
 
@@ -76,6 +76,10 @@ demo: deps
 
 bench: deps
 	$(PY) -m tests.harness.nodeguest --out $(OUT)/bench --bench $(if $(QUICK),--quick)
+
+# pvestord placement's speed: pure Python, on the host (no guest).
+bench-placement: deps
+	$(PY) -m bench.placement --out $(OUT)/bench-placement
 
 clean:
 	rm -rf $(OUT) build *.egg-info

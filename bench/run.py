@@ -1,4 +1,4 @@
-"""``make bench``: every benchmark scenario of issue 7, in the node guest, one report.
+"""``make bench``: every benchmark scenario of issue 7 and of ``pvestord placement``, one report.
 
 Run by ``python -m tests.harness.nodeguest --out out/bench --bench [--quick]``,
 which starts ``python -m bench.run --out DIR [--quick]`` inside the guest (real
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import fleet, latency, lvm_shell, pausefree
+from bench import fleet, latency, lvm_shell, pausefree, placement
 from bench.report import Figure, build_report, ratio, table
 
 
@@ -38,14 +38,16 @@ class Sizes:
     idle_seconds: float
     pause_free_total: int
     pause_free_percentages: tuple[float, ...]
+    #: Timed runs of each ``pvestord placement`` case.
+    placement_runs: int
 
 
 MiB = 1024 * 1024
 FULL = Sizes(extensions=30, shell_rounds=30, idle_seconds=60, pause_free_total=2048 * MiB,
-             pause_free_percentages=(0.9, 0.7, 0.5, 0.3))
+             pause_free_percentages=(0.9, 0.7, 0.5, 0.3), placement_runs=3)
 #: Each pause-free setting costs ~50 s in the node guest: two in quick mode.
 QUICK = Sizes(extensions=10, shell_rounds=10, idle_seconds=20, pause_free_total=512 * MiB,
-              pause_free_percentages=(0.9, 0.5))
+              pause_free_percentages=(0.9, 0.5), placement_runs=1)
 
 
 def _p50(result: dict[str, Any] | None, part: str = "total") -> float | None:
@@ -92,6 +94,7 @@ def figures_for(results: dict[str, Any]) -> list[Figure]:
                              _p50(shell, "plain_lvs_lvextend"))))
     rows += _pause_free_figures(results.get("pause_free"), ours)
     rows += _fleet_figures(results.get("fleet"))
+    rows += placement.figures(results.get("placement"))
     return rows
 
 
@@ -167,6 +170,7 @@ def scenarios(out: Path, sizes: Sizes) -> list[tuple[str, Scenario]]:
         ("pause_free", lambda: {"pause_free": pausefree.run(
             out, sizes.pause_free_total, sizes.pause_free_percentages)}),
         ("fleet", lambda: {"fleet": fleet.run(out, sizes.idle_seconds)}),
+        ("placement", lambda: {"placement": placement.run(sizes.placement_runs)}),
     ]
 
 
@@ -180,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer samples (< 10 minutes)")
     parser.add_argument("--only", action="append", default=None, metavar="SCENARIO",
                         help="run only this scenario (repeatable): latency (with floor, "
-                        "naive floor and original), lvm_shell, pause_free, fleet")
+                        "naive floor and original), lvm_shell, pause_free, fleet, placement")
     args = parser.parse_args(argv)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)

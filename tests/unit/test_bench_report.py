@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -296,3 +297,34 @@ def test_a_failing_lvm_shell_leaves_the_rest_of_its_vg_to_one_lvcreate_each(
     # Whatever the failed command left is removed before lvcreate makes it anew.
     assert fake_lvm["commands"] == ["lvremove -q -f a/vm-2-disk-0.qcow2"]
     assert len(FakeLvmShell.closed) == 1
+
+
+def test_placement_is_a_scenario_of_make_bench(tmp_path: Path) -> None:
+    """``make bench`` runs ``bench.placement`` (issue 17) with the others: one real run."""
+    assert "placement" in [name for name, _ in run.scenarios(tmp_path, run.QUICK)]
+    assert run.main(["--out", str(tmp_path), "--quick", "--only", "placement"]) == 0
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert report["not_done"] == {}
+    cases = report["scenarios"]["placement"]["cases"]
+    assert set(cases) == {"basic maintenance", "basic fail", "static maintenance",
+                          "static fail"}
+    assert all(case["decisions"] > 0 and case["median"] > 0 for case in cases.values())
+    rows = {f["name"]: f for f in report["figures"] if f["scenario"] == "placement"}
+    assert rows["basic maintenance"]["value"] == cases["basic maintenance"]["median"]
+    # Judged against the 1 s target on the host; in the emulated node guest, not judged.
+    in_guest = os.environ.get("PVESTORD_IN_NODE_GUEST") == "1"
+    assert rows["basic maintenance"]["target"] == (None if in_guest else "<= 1")
+
+
+def test_placement_rows_without_a_run_are_not_measured_and_in_the_guest_untargeted() -> None:
+    absent = by_name(run.figures_for({}))
+    assert absent["static fail"].status == "not measured"
+    case = {"median": 3.5, "cpu_median": 3.0, "decisions": 64}
+    guest = {"runs": 1, "in_node_guest": True,
+             "cases": {name: case for name in ("basic maintenance", "basic fail",
+                                                "static maintenance", "static fail")}}
+    rows = by_name(run.figures_for({"placement": guest}))
+    assert rows["static fail"].status == "-"
+    assert "emulated node guest" in rows["static fail"].note
+    host = {**guest, "in_node_guest": False}
+    assert by_name(run.figures_for({"placement": host}))["static fail"].status == "missed"

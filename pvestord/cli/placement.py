@@ -1,0 +1,168 @@
+"""``pvestord placement [EVENT ...]``: where Proxmox HA will put each resource, and why.
+
+A prediction from a model of pve-ha-manager 5.2.0 (:mod:`pvestord.placement`),
+read from a cluster folder or a simulator test folder; it never writes
+anything and never calls ``ha-manager``. ``--storage-view`` and
+``--as-if-storage-hook`` judge the targets with ``rank-nodes``' own code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+from pvestord import nodereport, ranking
+from pvestord.config import load_storage_config
+from pvestord.errors import PvestordError
+from pvestord.placement import HA_MANAGER_VERSION, MODEL
+from pvestord.placement.events import EVENT_HELP, EventError, Unsupported, parse_event
+from pvestord.placement.explain import (
+    StorageVerdict,
+    StorageView,
+    cannot_place,
+    render_json,
+    render_text,
+)
+from pvestord.placement.inputs import read_guest_storages, read_pve_dir, read_sim_test
+from pvestord.placement.manager import predict
+from pvestord.placement.model import Event
+from pvestord.placement.select import StorageFilter
+from pvestord.placement.suite import model_steps
+
+
+class PlacementError(PvestordError):
+    """The prediction cannot be made from these inputs."""
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    cmd = sub.add_parser(
+        "placement", help="predict where Proxmox HA puts each resource after an event, and why",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=f"Predict the HA manager's placement decisions ({MODEL}) for a cluster "
+        "and a list of events, each with its reasons: the candidate nodes, every node left "
+        "out and why (not online, node affinity, negative or positive resource affinity, "
+        "failed starts), the CRS scores, the step that decided (failback=0 stickiness, "
+        "maintenance fallback, stays, lowest score, tie -> alphabetical). Resources are "
+        "processed in string order of their ids (vm:1000 before vm:101), as the manager "
+        "does.\n\nEvents (applied in order; after each the manager runs until it settles):\n  "
+        + EVENT_HELP.replace(", ", "\n  ") + "\nWith no event: what the manager does next "
+        "from the current state.",
+        epilog="Not modelled (warned when present): auto-rebalance, the dynamic CRS, disarmed "
+        "HA, locks, services in error. Exit status: 0 every resource has a node, 3 some "
+        "resource cannot be placed (stuck on a maintenance node, no recovery node, a command "
+        "refused), 1 error, 2 bad arguments.")
+    cmd.add_argument("events", nargs="*", metavar="EVENT", help="see above")
+    source = cmd.add_mutually_exclusive_group()
+    source.add_argument("--pve-dir", type=Path, default=Path("/etc/pve"), metavar="DIR",
+                        help="the cluster folder: ha/*.cfg, ha/manager_status, "
+                        "nodes/*/lrm_status, .members, .vmlist, datacenter.cfg, guest "
+                        "configs (default: %(default)s)")
+    source.add_argument("--sim-test", type=Path, metavar="DIR",
+                        help="a pve-ha-manager simulator test folder (src/test/test-*/); its "
+                        "cmdlist gives the events unless EVENTs follow its first step")
+    cmd.add_argument("--guests", type=Path, metavar="FILE",
+                     help="'pvesh get /cluster/resources --output-format json': node "
+                     "CPUs/memory for the static CRS and the running non-HA guests")
+    cmd.add_argument("--crs", choices=("basic", "static", "dynamic"),
+                     help="the CRS mode (default: datacenter.cfg's)")
+    cmd.add_argument("--shutdown-policy", choices=("conditional", "freeze", "failover",
+                                                   "migrate"),
+                     help="for shutdown/reboot events (default: datacenter.cfg's)")
+    cmd.add_argument("--ha-behavior", choices=(HA_MANAGER_VERSION,), default=HA_MANAGER_VERSION,
+                     help="the pve-ha-manager behaviour to model (default: %(default)s)")
+    cmd.add_argument("--storage-view", action="store_true",
+                     help="mark every target with rank-nodes' verdict on the guest's thin "
+                     "storages")
+    cmd.add_argument("--as-if-storage-hook", action="store_true",
+                     help="drop the nodes rank-nodes leaves out, as the proposed rank_nodes "
+                     "storage hook would (NOT what Proxmox does today)")
+    cmd.add_argument("--storage-config", type=Path, metavar="PATH",
+                     help="storage.cfg (default: storage.cfg in the cluster folder)")
+    cmd.add_argument("--stale-after", type=float, default=ranking.DEFAULT_STALE_AFTER,
+                     metavar="SECONDS", help="ignore node reports older than this "
+                     "(default: %(default)s)")
+    cmd.add_argument("--replay", action="store_true",
+                     help="print only the decisions, one per line, in the normalised form "
+                     "compared with a simulator log.expect")
+    cmd.add_argument("--json", action="store_true", help="JSON for scripts")
+    cmd.set_defaults(func=_run)
+
+
+def _storage(args: argparse.Namespace, pve_dir: Path) -> tuple[StorageView, StorageFilter]:
+    config = load_storage_config(args.storage_config or pve_dir / "storage.cfg")
+    reports, problems = nodereport.read_reports(pve_dir / "nodes")
+    guest_stores = read_guest_storages(pve_dir)
+    now = time.time()
+
+    def thin(sid: str) -> list[str]:
+        return sorted(s for s in guest_stores.get(sid, set()) if config.get(s) is not None)
+
+    def view(sid: str, node: str) -> StorageVerdict | None:
+        storages = thin(sid)
+        if not storages:
+            return None
+        verdict = ranking.judge(node, reports.get(node), problems.get(node) or problems.get("*"),
+                                storages, now, args.stale_after)
+        return verdict.eligible, verdict.reasons, verdict.warnings
+
+    def hook(sid: str, candidates: list[str]) -> tuple[dict[str, str], dict[str, int]]:
+        storages = thin(sid)
+        if not storages:
+            return {}, {}
+        ranked = ranking.rank_nodes(storages, candidates, reports, problems, now=now,
+                                    stale_after=args.stale_after)
+        left_out = {r.node: "; ".join(r.reasons) for r in ranked if not r.eligible}
+        # rank-nodes puts warned nodes last: a tie-break before the node name.
+        ranks = {r.node: int(bool(r.warnings)) for r in ranked if r.eligible}
+        return left_out, ranks
+
+    return view, hook
+
+
+def _events(args: argparse.Namespace, given: list[Event],
+            sim_events: list[Event]) -> list[Event]:
+    if args.sim_test is None:
+        return given
+    if not given:
+        return sim_events
+    return [*sim_events[:1], *given]
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        given = [parse_event(text) for text in args.events]
+    except EventError as err:
+        print(f"pvestord placement: {err}", file=sys.stderr)
+        return 2
+    if args.sim_test is not None:
+        try:
+            cluster, sim_events = read_sim_test(args.sim_test)
+        except Unsupported as err:
+            raise PlacementError(f"{args.sim_test}: the model does not cover {err}") from err
+        pve_dir = args.sim_test
+        if args.crs:
+            cluster = dataclasses.replace(cluster, crs=args.crs)
+    else:
+        pve_dir = args.pve_dir
+        cluster = read_pve_dir(pve_dir, args.guests, args.crs, args.shutdown_policy)
+        sim_events = []
+    events = _events(args, given, sim_events)
+    view: StorageView | None = None
+    hook: StorageFilter | None = None
+    if args.storage_view or args.as_if_storage_hook:
+        view, storage_hook = _storage(args, pve_dir)
+        if args.as_if_storage_hook:
+            hook = storage_hook
+    prediction = predict(cluster, events, hook)
+    if args.replay:
+        for kind, sid, node in model_steps(d for e in prediction.events for d in e.decisions):
+            print(f"{kind} {sid} {node}".rstrip())
+    elif args.json:
+        print(json.dumps(render_json(prediction, view, hook is not None), indent=2))
+    else:
+        print(render_text(prediction, view, hook is not None), end="")
+    return 3 if cannot_place(prediction) else 0

@@ -1,0 +1,195 @@
+"""Checking the model against pve-ha-manager's own simulator suite.
+
+Each ``src/test/test-*/`` folder has inputs and the manager's log
+(``log.expect``). The placement lines of that log, in order, are the oracle;
+the model's decisions for the same inputs and ``cmdlist`` must equal them.
+Scenarios using what the model does not cover are counted, with the reason,
+not guessed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pvestord.placement.events import Unsupported, sim_command
+from pvestord.placement.inputs import read_sim_test
+from pvestord.placement.manager import predict
+from pvestord.placement.model import Decision
+
+#: A normalised placement decision: (kind, sid, node or "").
+Step = tuple[str, str, str]
+
+_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("migrate", re.compile(r"^migrate service '(\S+)' to node '(\S+)' \(running\)$")),
+    ("manual-migrate", re.compile(r"^migrate service '(\S+)' to node '(\S+)'$")),
+    ("relocate", re.compile(r"^relocate service '(\S+)' to node '(\S+)'$")),
+    ("follow", re.compile(r"^crm command '[^']*' - (?:migrate|relocate) service '(\S+)' to "
+                          r"node '(\S+)' \(service")),
+    ("veto", re.compile(r"^crm command '[^']*' error - service '\S+' on node '(\S+)' in "
+                        r"negative affinity with service '(\S+)'$")),
+    ("recover", re.compile(r"^recover service '(\S+)' from fenced node '\S+' to node "
+                           r"'(\S+)'$")),
+    ("recover", re.compile(r"^recover service '(\S+)' to previous failed and fenced node "
+                           r"'(\S+)' again$")),
+    ("recover-failed", re.compile(r"^recovering service '(\S+)' from fenced node '\S+' failed, "
+                                  r"no recovery node found$")),
+    ("back", re.compile(r"^moving service '(\S+)' back to '(\S+)', node came back from "
+                        r"maintenance\.$")),
+    ("retry-here", re.compile(r"^Start Error Recovery: Tried all available nodes for service "
+                              r"'(\S+)', retry start on current node\. Tried nodes: (.*)$")),
+    ("give-up", re.compile(r"^recovery policy for service (\S+) failed, entering error state\. "
+                           r"Failed nodes: (.*)$")),
+    ("auto-rebalance", re.compile(r"^auto rebalance - (?:migrate|relocate) (\S+) to (\S+) "
+                                  r"\(")),
+    ("rebalance-start", re.compile(r"^service (\S+): re-balance selected (?:new|current) node "
+                                   r"(\S+) for startup$")),
+)
+_CRM_LINE = re.compile(r"^\S+\s+\d+\s+\S+/crm: (.*)$")
+
+
+def parse_log(text: str) -> list[Step]:
+    """The manager's placement decisions in a simulator log, in order.
+
+    A failed recovery is logged every round; it counts once until the
+    resource gets another decision.
+    """
+    steps: list[Step] = []
+    last: dict[str, Step] = {}
+    for line in text.splitlines():
+        match = _CRM_LINE.match(line)
+        if not match:
+            continue
+        message = match.group(1).strip()
+        for kind, pattern in _PATTERNS:
+            found = pattern.match(message)
+            if not found:
+                continue
+            if kind == "veto":
+                step: Step = (kind, found.group(2), found.group(1))
+            elif kind == "recover-failed":
+                step = (kind, found.group(1), "")
+            elif kind in ("retry-here", "give-up"):
+                step = (kind, found.group(1), found.group(2).replace(" ", ""))
+            else:
+                step = (kind, found.group(1), found.group(2))
+            if kind == "recover-failed" and last.get(step[1]) == step:
+                break
+            steps.append(step)
+            last[step[1]] = step
+            break
+    return steps
+
+
+_KIND = {"manual-relocate": "relocate"}
+
+
+def model_steps(decisions: Iterable[Decision]) -> list[Step]:
+    """The model's decisions in the normalised form of :func:`parse_log`."""
+    out: list[Step] = []
+    for d in decisions:
+        if d.kind in ("stuck", "move-stopped", "kept-away"):
+            continue
+        node = "" if d.kind == "recover-failed" else \
+            ",".join(d.tried) if d.kind in ("retry-here", "give-up") else (d.target or "")
+        out.append((_KIND.get(d.kind, d.kind), d.sid, node))
+    return out
+
+
+@dataclass(frozen=True)
+class ScenarioResult:
+    name: str
+    #: None when modelled; else why not (a category).
+    not_modelled: str | None
+    single_trigger: bool
+    crs: str
+    expected: tuple[Step, ...]
+    predicted: tuple[Step, ...]
+
+    @property
+    def matched(self) -> bool:
+        return self.not_modelled is None and self.expected == self.predicted
+
+
+def _crs(folder: Path) -> dict[str, object]:
+    crs = (_read_json(folder / "datacenter.cfg") or {}).get("crs")
+    return crs if isinstance(crs, dict) else {}
+
+
+def _not_modelled(folder: Path, steps: Sequence[Sequence[str]], log: str) -> str | None:
+    crs = _crs(folder)
+    if crs.get("ha") == "dynamic":
+        return "dynamic CRS"
+    if crs.get("ha-auto-rebalance") and crs.get("ha-auto-rebalance-method",
+                                                "bruteforce") != "bruteforce":
+        return "auto-rebalance (topsis)"
+    if (_read_json(folder / "manager_status") or {}).get("disarm"):
+        return "disarm"
+    if any((folder / name).exists() for name in ("service_status_node1", "service_status_node2",
+                                                  "service_status_node3")):
+        return "LRM state given by the test"
+    for step in steps:
+        for command in step:
+            try:
+                sim_command(command)
+            except Unsupported as err:
+                return err.category
+    return None
+
+
+def _read_json(path: Path) -> dict[str, object] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def is_single_trigger(steps: Sequence[Sequence[str]]) -> bool:
+    """Power on, then at most one step that is not a wait."""
+    rest = [s for s in steps[1:] if s and not all(c.startswith("delay") for c in s)]
+    return len(rest) <= 1
+
+
+def run_scenario(folder: Path) -> ScenarioResult:
+    log = (folder / "log.expect").read_text()
+    steps = json.loads((folder / "cmdlist").read_text())
+    expected = tuple(parse_log(log))
+    crs = str(_crs(folder).get("ha", "basic"))
+    reason = _not_modelled(folder, steps, log)
+    single = is_single_trigger(steps)
+    if reason is not None:
+        return ScenarioResult(folder.name, reason, single, crs, expected, ())
+    cluster, events = read_sim_test(folder)
+    prediction = predict(cluster, events)
+    predicted = tuple(model_steps(d for e in prediction.events for d in e.decisions))
+    return ScenarioResult(folder.name, None, single, crs, expected, predicted)
+
+
+def run_suite(test_dir: Path) -> list[ScenarioResult]:
+    """Every ``test-*`` scenario of a pve-ha-manager ``src/test`` folder."""
+    return [run_scenario(folder) for folder in sorted(test_dir.glob("test-*"))
+            if (folder / "log.expect").is_file() and (folder / "cmdlist").is_file()]
+
+
+def summary(results: Sequence[ScenarioResult]) -> dict[str, Any]:
+    modelled = [r for r in results if r.not_modelled is None]
+    reasons: dict[str, list[str]] = {}
+    for r in results:
+        if r.not_modelled is not None:
+            reasons.setdefault(r.not_modelled, []).append(r.name)
+    return {
+        "scenarios": len(results),
+        "modelled": len(modelled),
+        "matched": sum(1 for r in modelled if r.matched),
+        "with_decisions": sum(1 for r in modelled if r.expected),
+        "decisions": sum(len(r.expected) for r in modelled),
+        "single_trigger_modelled": sum(1 for r in modelled if r.single_trigger),
+        "single_trigger_matched": sum(1 for r in modelled if r.single_trigger and r.matched),
+        "mismatched": [r.name for r in modelled if not r.matched],
+        "not_modelled": {k: sorted(v) for k, v in sorted(reasons.items())},
+    }
