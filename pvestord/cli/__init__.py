@@ -21,7 +21,7 @@ from pvestord.service import setup_logging
 #: Modules that each define ``register(subparsers)``; a sub-command sets
 #: ``func(args) -> int`` on its parser.
 COMMAND_MODULES = ("pvestord.cli.queue", "pvestord.cli.engine", "pvestord.cli.volume",
-                   "pvestord.cli.migration", "pvestord.cli.rank")
+                   "pvestord.cli.migration", "pvestord.cli.rank", "pvestord.cli.plugin")
 
 Handler = Callable[[argparse.Namespace], int]
 
