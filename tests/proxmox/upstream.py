@@ -73,14 +73,15 @@ class Upstream:
     pve_dir: Path
     lock_dir: Path
 
-    @property
-    def perl5lib(self) -> str:
+    def perl5lib(self, *, plugin: bool = True) -> str:
+        """``plugin``: the plugin from the source tree (else from wherever Perl finds it)."""
         return ":".join(str(p) for p in (
-            STANDINS, self.root / "generated", PLUGIN_LIB, self.root / "pve-storage" / "src",
-            self.root / "pve-common" / "src", self.root / "pve-cluster" / "src"))
+            STANDINS, self.root / "generated", *([PLUGIN_LIB] if plugin else []),
+            self.root / "pve-storage" / "src", self.root / "pve-common" / "src",
+            self.root / "pve-cluster" / "src"))
 
-    def env(self, **extra: str) -> dict[str, str]:
-        return {**os.environ, "PERL5LIB": self.perl5lib,
+    def env(self, *, plugin: bool = True, **extra: str) -> dict[str, str]:
+        return {**os.environ, "PERL5LIB": self.perl5lib(plugin=plugin),
                 "PVESTORD_TEST_PVE_DIR": str(self.pve_dir),
                 "PVESTORD_TEST_LOCK_DIR": str(self.lock_dir), **extra}
 
@@ -91,6 +92,18 @@ class Upstream:
         """Run ``code`` after the stand-ins loaded the real PVE::Storage."""
         return subprocess.run(  # noqa: S603 - argument list
             ["perl", "-MPvestordTest::StandIns", "-MJSON", "-e", code], env=self.env(**extra),
+            capture_output=True, text=True, timeout=PERL_TIMEOUT, check=False)
+
+    def perl_installed(self, code: str, installed_perl5: Path
+                       ) -> subprocess.CompletedProcess[str]:
+        """Run ``code`` with the plugin as a package installed it: ``installed_perl5``
+        (a root's ``usr/share/perl5``) laid over ``/usr/share/perl5`` in a private
+        mount namespace, registered by upstream's own loader, not by the stand-ins."""
+        return subprocess.run(  # noqa: S603 - argument list
+            ["unshare", "--mount", "--propagation", "private", "--", "perl",
+             "-MPvestordTest::InstalledPlugin", "-MPvestordTest::StandIns", "-MJSON", "-e", code],
+            env=self.env(plugin=False, PVESTORD_TEST_NO_REGISTER="1",
+                         PVESTORD_TEST_INSTALLED_PERL5=str(installed_perl5)),
             capture_output=True, text=True, timeout=PERL_TIMEOUT, check=False)
 
     def perl_json(self, code: str, **extra: str) -> Any:

@@ -17,11 +17,13 @@ use Fcntl qw(:flock);
 use PVE::Cluster;
 use PVE::Storage::Plugin;
 use PVE::Storage::LVMPlugin;
-use PVE::Storage::Custom::PvestordPlugin;
 
+# PVESTORD_TEST_NO_REGISTER: leave it to upstream's loader (an installed plugin).
 BEGIN {
-    PVE::Storage::Custom::PvestordPlugin->register()
-        if !$ENV{PVESTORD_TEST_NO_REGISTER};
+    if (!$ENV{PVESTORD_TEST_NO_REGISTER}) {
+        require PVE::Storage::Custom::PvestordPlugin;
+        PVE::Storage::Custom::PvestordPlugin->register();
+    }
 }
 
 use PVE::Storage;
