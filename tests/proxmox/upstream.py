@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import tarfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,13 +54,12 @@ def skip_reason() -> str | None:
     if missing:
         return (f"Proxmox sources missing in {folder} ({', '.join(missing)}); set "
                 "PVESTORD_UPSTREAM_DIR to a folder holding them")
-    absent = []
-    for module in PERL_MODULES:
-        done = subprocess.run(["perl", f"-M{module}", "-e", "1"],  # noqa: S603 - argument list
-                              capture_output=True,
-                              timeout=30, check=False)
-        if done.returncode != 0:
-            absent.append(module)
+    # One process for all (each Perl start is slow under the node guest's emulation).
+    done = subprocess.run(  # noqa: S603 - argument list
+        ["perl", "-e", 'for my $m (@ARGV) { (my $f = "$m.pm") =~ s{::}{/}g;'
+         ' eval { require $f; 1 } or print "$m\n" }', *PERL_MODULES],
+        capture_output=True, text=True, timeout=120, check=False)
+    absent = done.stdout.split()
     if absent:
         return (f"Perl modules missing: {', '.join(absent)} (install the Debian packages "
                 "listed in scripts/install-deps)")
@@ -93,6 +94,10 @@ class Upstream:
         return subprocess.run(  # noqa: S603 - argument list
             ["perl", "-MPvestordTest::StandIns", "-MJSON", "-e", code], env=self.env(**extra),
             capture_output=True, text=True, timeout=PERL_TIMEOUT, check=False)
+
+    def session(self, stderr: Path, **extra: str) -> PerlSession:
+        """A Perl process serving many requests (see ``PvestordTest/Session.pm``)."""
+        return PerlSession(self.env(**extra), stderr)
 
     def perl_installed(self, code: str, installed_perl5: Path
                        ) -> subprocess.CompletedProcess[str]:
@@ -141,3 +146,48 @@ def unpack(dest: Path) -> Upstream:
     pve_dir.mkdir()
     lock_dir.mkdir()
     return Upstream(dest, pve_dir, lock_dir)
+
+
+class PerlSession:
+    """Requests to one long-lived Perl process that loaded PVE::Storage once.
+
+    ``call(code)`` runs ``code`` (Perl, with ``$cfg`` = PVE::Storage::config())
+    and returns its result; a Perl error is an ``AssertionError`` with it.
+    """
+
+    def __init__(self, env: dict[str, str], stderr: Path) -> None:
+        self._log = stderr.open("ab")
+        self._proc = subprocess.Popen(
+            ["perl", "-MPvestordTest::Session", "-e", "PvestordTest::Session::serve()"],
+            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log)
+        self._buffer = b""
+
+    def call(self, code: str, *, timeout: float = PERL_TIMEOUT) -> Any:
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._proc.stdin.write(json.dumps(code).encode() + b"\n")
+        self._proc.stdin.flush()
+        deadline = time.monotonic() + timeout
+        fd = self._proc.stdout.fileno()
+        while b"\n" not in self._buffer:
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([fd], [], [], max(0.0, left))
+            if not ready:
+                raise AssertionError(f"perl did not answer within {timeout:g} s: {code}")
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise AssertionError(f"perl exited ({self._proc.wait()}) running: {code}")
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        answer = json.loads(line)
+        assert not answer["error"], f"perl failed: {answer['error']}\n(code: {code})"
+        return answer["result"]
+
+    def close(self) -> None:
+        assert self._proc.stdin is not None
+        self._proc.stdin.close()
+        try:
+            self._proc.wait(timeout=PERL_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        self._log.close()

@@ -36,24 +36,32 @@ WRITE = 8 * MiB
 QEMU_IO_TIMEOUT = 300.0
 
 
-@pytest.fixture
-def proxmox(tmp_path: Path) -> Iterator[tuple[upstream.Upstream, VG]]:
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory: pytest.TempPathFactory) -> upstream.Upstream:
     reason = upstream.skip_reason()
     if reason is not None:
         pytest.skip(reason)
-    pve = upstream.unpack(tmp_path / "upstream")
+    return upstream.unpack(tmp_path_factory.mktemp("upstream"))
+
+
+@pytest.fixture
+def proxmox(sources: upstream.Upstream, out_dir: Path
+            ) -> Iterator[tuple[upstream.PerlSession, VG]]:
+    """A fresh VG, a pvestord: storage on it, and Proxmox's PVE::Storage to drive.
+
+    The session's Perl code sees ``$cfg``, Proxmox's parse of that storage.cfg.
+    """
     with loop_vg(6 * GiB) as vg:
-        pve.write_storage_cfg(
+        sources.write_storage_cfg(
             f"pvestord: {STORE}\n\tvgname {vg.name}\n\tcontent images\n\tshared 1\n"
             "\tsnapshot-as-volume-chain 1\n\tchunksize 256M\n\tchunk-percentage 0.5\n"
             "\tinitial-size 512M\n")
-        yield pve, vg
-
-
-def storage(pve: upstream.Upstream, code: str) -> Any:
-    """Run ``code`` with ``$cfg`` = Proxmox's parsed storage.cfg; it prints JSON."""
-    return pve.perl_json(f"my $cfg = PVE::Storage::config(); {code}",
-                         PVESTORD_COMMAND=str(VENV_BIN / "pvestord"))
+        session = sources.session(out_dir / "perl.log",
+                                  PVESTORD_COMMAND=str(VENV_BIN / "pvestord"))
+        try:
+            yield session, vg
+        finally:
+            session.close()
 
 
 def lv_sizes(vg: VG) -> dict[str, int]:
@@ -77,11 +85,11 @@ def qemu_io(vg: VG, lv: str, command: str) -> None:
     assert "failed" not in out and "mismatch" not in out, out
 
 
-def test_disk_life_through_proxmox_stays_thin(proxmox: tuple[upstream.Upstream, VG]) -> None:
+def test_disk_life_through_proxmox_stays_thin(proxmox: tuple[upstream.PerlSession, VG]) -> None:
     pve, vg = proxmox
     # A new disk: an LV of initial-size, a qcow2 without preallocation.
-    volid = storage(pve, f'print encode_json([PVE::Storage::vdisk_alloc($cfg, "{STORE}",'
-                         f' {VMID}, "qcow2", undef, {DISK // 1024})]);')[0]
+    volid = pve.call(f'return [PVE::Storage::vdisk_alloc($cfg, "{STORE}", {VMID}, "qcow2",'
+                     f' undef, {DISK // 1024})];')[0]
     assert volid == VOLID
     assert lv_sizes(vg) == {VOLNAME: INITIAL}
     assert image(vg, VOLNAME)["virtual-size"] == DISK
@@ -89,7 +97,7 @@ def test_disk_life_through_proxmox_stays_thin(proxmox: tuple[upstream.Upstream, 
     qemu_io(vg, VOLNAME, f"write -P 0x11 0 {WRITE}")
 
     # Snapshot: the renamed LV stays as it is, the new overlay is small.
-    storage(pve, f'PVE::Storage::volume_snapshot($cfg, "{VOLID}", "snap1"); print "[]";')
+    pve.call(f'PVE::Storage::volume_snapshot($cfg, "{VOLID}", "snap1");')
     assert lv_sizes(vg) == {SNAP1: INITIAL, VOLNAME: INITIAL}
     top = image(vg, VOLNAME)
     assert (top["backing-filename"], top["virtual-size"]) == (SNAP1, DISK)
@@ -97,18 +105,17 @@ def test_disk_life_through_proxmox_stays_thin(proxmox: tuple[upstream.Upstream, 
     qemu_io(vg, VOLNAME, f"write -P 0x22 {GiB} {WRITE}")
 
     # Resize: the qcow2 grows, the LV does not become thick.
-    storage(pve, f'PVE::Storage::volume_resize($cfg, "{VOLID}", {6 * GiB}, 0); print "[]";')
+    pve.call(f'PVE::Storage::volume_resize($cfg, "{VOLID}", {6 * GiB}, 0);')
     assert image(vg, VOLNAME)["virtual-size"] == 6 * GiB
     assert lv_sizes(vg)[VOLNAME] == INITIAL
     # The daemon grew the LV meanwhile: a later Proxmox resize neither fails nor shrinks it.
     sh("lvextend", "-q", "--size", f"{GiB}b", vg.lv_path(VOLNAME))
-    storage(pve, f'PVE::Storage::volume_resize($cfg, "{VOLID}", {8 * GiB}, 0); print "[]";')
+    pve.call(f'PVE::Storage::volume_resize($cfg, "{VOLID}", {8 * GiB}, 0);')
     assert image(vg, VOLNAME)["virtual-size"] == 8 * GiB
     assert lv_sizes(vg) == {SNAP1: INITIAL, VOLNAME: GiB}
 
     # Rollback: a new small overlay on the snapshot, at the snapshot's size.
-    storage(pve, f'PVE::Storage::volume_snapshot_rollback($cfg, "{VOLID}", "snap1");'
-                 ' print "[]";')
+    pve.call(f'PVE::Storage::volume_snapshot_rollback($cfg, "{VOLID}", "snap1");')
     assert lv_sizes(vg) == {SNAP1: INITIAL, VOLNAME: INITIAL}
     top = image(vg, VOLNAME)
     assert (top["backing-filename"], top["virtual-size"]) == (SNAP1, DISK)
@@ -120,8 +127,7 @@ def test_disk_life_through_proxmox_stays_thin(proxmox: tuple[upstream.Upstream, 
     expected = plugin.commit_lv_size(INITIAL, child_end, measured_maximum(DISK, EXTENT), CHUNK,
                                      EXTENT)
     assert INITIAL < expected < measured_maximum(DISK, EXTENT)
-    storage(pve, f'PVE::Storage::volume_snapshot_delete($cfg, "{VOLID}", "snap1", 0);'
-                 ' print "[]";')
+    pve.call(f'PVE::Storage::volume_snapshot_delete($cfg, "{VOLID}", "snap1", 0);')
     assert lv_sizes(vg) == {VOLNAME: expected}
     assert qcow2_check(vg.lv_path(VOLNAME))["exit"] == 0
     assert "backing-filename" not in image(vg, VOLNAME)
@@ -130,26 +136,24 @@ def test_disk_life_through_proxmox_stays_thin(proxmox: tuple[upstream.Upstream, 
     qemu_io(vg, VOLNAME, f"read -P 0 {GiB} {WRITE}")  # rolled back
 
     # Listing: the virtual size while active, the (small) LV size when not.
-    listed = storage(pve, f'print encode_json(PVE::Storage::vdisk_list($cfg, "{STORE}",'
-                          f' {VMID}));')[STORE]
+    listed = pve.call(f'return PVE::Storage::vdisk_list($cfg, "{STORE}", {VMID});')[STORE]
     assert [(v["volid"], v["size"]) for v in listed] == [(VOLID, DISK)]
     sh("lvchange", "-aln", vg.lv_path(VOLNAME))
-    listed = storage(pve, f'print encode_json(PVE::Storage::vdisk_list($cfg, "{STORE}",'
-                          f' {VMID}));')[STORE]
+    listed = pve.call(f'return PVE::Storage::vdisk_list($cfg, "{STORE}", {VMID});')[STORE]
     assert [(v["volid"], v["approximate-size"]) for v in listed] == [(VOLID, expected)]
 
-    storage(pve, f'PVE::Storage::vdisk_free($cfg, "{VOLID}"); print "[]";')
+    pve.call(f'PVE::Storage::vdisk_free($cfg, "{VOLID}");')
     assert lv_sizes(vg) == {}
 
 
 def test_intermediate_snapshot_delete_grows_the_child_first(
-        proxmox: tuple[upstream.Upstream, VG]) -> None:
+        proxmox: tuple[upstream.PerlSession, VG]) -> None:
     pve, vg = proxmox
-    storage(pve, f'print encode_json([PVE::Storage::vdisk_alloc($cfg, "{STORE}", {VMID},'
-                 f' "qcow2", undef, {DISK // 1024})]);')
-    storage(pve, f'PVE::Storage::volume_snapshot($cfg, "{VOLID}", "snap1"); print "[]";')
+    pve.call(f'return [PVE::Storage::vdisk_alloc($cfg, "{STORE}", {VMID}, "qcow2", undef,'
+             f' {DISK // 1024})];')
+    pve.call(f'PVE::Storage::volume_snapshot($cfg, "{VOLID}", "snap1");')
     qemu_io(vg, VOLNAME, f"write -P 0x44 0 {WRITE}")
-    storage(pve, f'PVE::Storage::volume_snapshot($cfg, "{VOLID}", "snap2"); print "[]";')
+    pve.call(f'PVE::Storage::volume_snapshot($cfg, "{VOLID}", "snap2");')
     assert lv_sizes(vg) == {SNAP1: INITIAL, SNAP2: INITIAL, VOLNAME: INITIAL}
     # snap2 sits between snap1 and the top: qemu-img rebase copies its data into the top.
     source_end = image_end(vg, SNAP2)
@@ -158,19 +162,18 @@ def test_intermediate_snapshot_delete_grows_the_child_first(
         "cluster_size=128k,extended_l2=on", "--size", str(DISK)))["fully-allocated"])
         // EXTENT) * EXTENT
     expected = plugin.commit_lv_size(INITIAL, source_end, overlay_maximum, CHUNK, EXTENT)
-    storage(pve, f'PVE::Storage::volume_snapshot_delete($cfg, "{VOLID}", "snap2", 0);'
-                 ' print "[]";')
+    pve.call(f'PVE::Storage::volume_snapshot_delete($cfg, "{VOLID}", "snap2", 0);')
     assert lv_sizes(vg) == {SNAP1: INITIAL, VOLNAME: expected}
     assert image(vg, VOLNAME)["backing-filename"] == SNAP1
     qemu_io(vg, VOLNAME, f"read -P 0x44 0 {WRITE}")
 
 
-def test_copy_flows_get_a_thick_volume(proxmox: tuple[upstream.Upstream, VG]) -> None:
+def test_copy_flows_get_a_thick_volume(proxmox: tuple[upstream.PerlSession, VG]) -> None:
     """A volume qemu-server allocates to copy a disk into (here: clone_disk) holds
     the whole image at once; nobody would grow it while the copy runs."""
     pve, vg = proxmox
-    storage(pve, 'sub PVE::QemuServer::clone_disk { return PVE::Storage::vdisk_alloc(@_) }'
-                 f' print encode_json([PVE::QemuServer::clone_disk($cfg, "{STORE}", {VMID},'
-                 f' "qcow2", undef, {DISK // 1024})]);')
+    pve.call('sub PVE::QemuServer::clone_disk { return PVE::Storage::vdisk_alloc(@_) }'
+             f' return [PVE::QemuServer::clone_disk($cfg, "{STORE}", {VMID},'
+             f' "qcow2", undef, {DISK // 1024})];')
     assert lv_sizes(vg) == {VOLNAME: measured_maximum(DISK, EXTENT)}
     assert image(vg, VOLNAME)["virtual-size"] == DISK
