@@ -109,7 +109,9 @@ my sub ask {
         [pvestord_command(), 'plugin'],
         input => encode_json($request),
         outfunc => sub { $output .= shift },
-        timeout => 60,
+        # pvestord bounds each of its own commands; this only catches a hang. Generous:
+        # a cold Python start on a loaded node can take tens of seconds.
+        timeout => 300,
         errmsg => "pvestord plugin $request->{op}",
     );
     return decode_json($output);
