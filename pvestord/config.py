@@ -16,10 +16,14 @@ pvestord sees the storages Proxmox sees:
   refusing a file Proxmox itself runs with.
 
 Every section is kept (:attr:`StorageConfig.sections`), whatever its type; only
-``lvm:`` sections mean anything to us. An ``lvm:`` storage is *thin-enabled*
-when it has ``chunksize``. Our options are validated and an invalid value is a
-:class:`StorageOptionError` naming the file, line, storage, option and value;
-unknown options are kept as they are (Proxmox adds options over time).
+``lvm:`` and ``pvestord:`` sections mean anything to us. A ``pvestord:`` storage
+(the type of pvestord's Proxmox storage plugin, ``PVE::Storage::Custom::PvestordPlugin``,
+an ``lvm`` storage that declares our options) is always *thin-enabled*. An
+``lvm:`` storage with ``chunksize`` still is, with a warning: Proxmox's own
+parser does not know the option and drops it on its next write of the file.
+Our options are validated and an invalid value is a :class:`StorageOptionError`
+naming the file, line, storage, option and value; unknown options are kept as
+they are (Proxmox adds options over time).
 """
 
 from __future__ import annotations
@@ -61,8 +65,13 @@ _FALSE = frozenset({"0", "false", "no", "off"})
 #: Reports ``(option, reason)`` for the section being read.
 _Problem = Callable[[str, str], None]
 
-#: The options this module interprets in an ``lvm:`` section.
+#: The options this module interprets in an ``lvm:`` or ``pvestord:`` section.
 THIN_OPTIONS = ("chunksize", "chunk-percentage", "initial-size")
+#: The section type of pvestord's storage plugin (packaging/perl): an ``lvm``
+#: storage whose thin options Proxmox itself parses, keeps and writes back.
+PLUGIN_TYPE = "pvestord"
+#: Section types whose storages are LVM volume groups.
+_LVM_TYPES = frozenset({"lvm", PLUGIN_TYPE})
 
 
 @dataclass(frozen=True)
@@ -205,7 +214,7 @@ def parse_storage_config(text: str, source: str) -> StorageConfig:
     problems: list[OptionProblem] = []
     lvm: dict[str, LvmStorage] = {}
     for section in sections:
-        if section.type != "lvm":
+        if section.type not in _LVM_TYPES:
             continue
         storage = _lvm_storage(section, source, problems, warnings)
         if storage is not None:
@@ -280,7 +289,9 @@ def _lvm_storage(section: Section, source: str, problems: list[OptionProblem],
         problems.append(OptionProblem(source, section.option_lines.get(option, section.line),
                                       sid, option, opts.get(option), reason))
 
-    thin_enabled = "chunksize" in opts
+    thin_enabled = section.type == PLUGIN_TYPE or "chunksize" in opts
+    if section.type == "lvm" and "chunksize" in opts:
+        warnings.append(lvm_section_warning(source, section.line, sid))
     vgname = opts.get("vgname")
     if vgname is None or not _VGNAME.fullmatch(vgname):
         reason = ("missing (an lvm storage needs its volume group)" if vgname is None
@@ -308,6 +319,36 @@ def _lvm_storage(section: Section, source: str, problems: list[OptionProblem],
     if thin_enabled:
         thin = ThinStorage(sid, vgname, chunksize, percentage, initial_size, shared, opts)
     return LvmStorage(sid, vgname, shared, disabled, nodes, opts, thin)
+
+
+def lvm_section_warning(source: str, line: int, storeid: str) -> str:
+    """What to tell the admin of a thin ``lvm:`` section (see the module docstring)."""
+    return (f"{source} line {line}: storage '{storeid}' is an 'lvm:' section with chunksize:"
+            " Proxmox does not know chunksize, chunk-percentage or initial-size there and"
+            " drops them on its next edit of storage.cfg (the storage then turns thick);"
+            f" change the section header to '{PLUGIN_TYPE}: {storeid}' (pvestord's storage"
+            " plugin, see docs/proxmox.md) and keep the options as they are")
+
+
+def thin_from_options(storeid: str, vgname: str, shared: bool,
+                      options: Mapping[str, str | None], source: str) -> ThinStorage:
+    """The thin settings of one storage from its options alone (as Proxmox hands
+    them to the storage plugin), validated as in a file.
+
+    :raises StorageOptionError: an option has a value we cannot use.
+    """
+    problems: list[OptionProblem] = []
+
+    def problem(option: str, reason: str) -> None:
+        problems.append(OptionProblem(source, 0, storeid, option, options.get(option), reason))
+
+    chunksize = _size(options, "chunksize", DEFAULT_CHUNKSIZE, MIN_CHUNKSIZE, problem)
+    initial_size = _size(options, "initial-size", DEFAULT_INITIAL_SIZE, 1, problem)
+    percentage = _percentage(options, problem)
+    if problems:
+        raise StorageOptionError(problems)
+    return ThinStorage(storeid, vgname, chunksize, percentage, initial_size, shared,
+                       MappingProxyType(dict(options)))
 
 
 def _size(opts: Mapping[str, str | None], option: str, default: int, minimum: int,

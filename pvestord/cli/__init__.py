@@ -21,7 +21,8 @@ from pvestord.service import setup_logging
 #: Modules that each define ``register(subparsers)``; a sub-command sets
 #: ``func(args) -> int`` on its parser.
 COMMAND_MODULES = ("pvestord.cli.queue", "pvestord.cli.engine", "pvestord.cli.volume",
-                   "pvestord.cli.migration", "pvestord.cli.rank", "pvestord.cli.placement")
+                   "pvestord.cli.migration", "pvestord.cli.rank", "pvestord.cli.placement",
+                   "pvestord.cli.plugin")
 
 Handler = Callable[[argparse.Namespace], int]
 

@@ -75,7 +75,8 @@ def test_real_file() -> None:
     backup = cfg.sections[-1]
     assert backup.options == {"datastore": "store1", "server": "10.0.0.5",
                               "content": "backup", "username": "root@pam"}
-    assert cfg.warnings == ()
+    # The thin lvm: section still works but is told to become a pvestord: section.
+    assert len(cfg.warnings) == 1 and "'pvestord: san1'" in cfg.warnings[0]
 
 
 def test_defaults_when_only_chunksize() -> None:
@@ -88,7 +89,7 @@ def test_defaults_when_only_chunksize() -> None:
 
 def test_space_indentation_comments_crlf_and_case() -> None:
     text = ("# header comment\n"
-            "LVM:   s1  \r\n"
+            "PVESTORD:   s1  \r\n"  # the plugin type; lvm: + chunksize warns
             "    vgname   vg1\r\n"
             "  # a comment inside a section does not end it\n"
             "    chunksize 512M   \r\n"

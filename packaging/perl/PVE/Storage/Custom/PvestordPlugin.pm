@@ -1,0 +1,304 @@
+package PVE::Storage::Custom::PvestordPlugin;
+
+# pvestord's storage plugin: qcow2 volumes on thick, shared LVM whose LVs start
+# small and are grown by the pvestord daemon as the guest writes.
+#
+# A subclass of Proxmox's LVM plugin with its own section type ('pvestord'),
+# so that Proxmox itself parses, keeps and writes back the thin options. The
+# Perl here only maps Proxmox's method calls onto 'pvestord plugin' (JSON on
+# stdin and stdout, see pvestord/plugin.py), which decides every size; what it
+# answers is carried out with Proxmox's own helpers, under the storage lock
+# Proxmox's callers hold or that is taken here as LVMPlugin does.
+#
+# Every method not overridden here is LVMPlugin's: activation, listing, size
+# information, free (with saferemove), rename, export and import.
+
+use strict;
+use warnings;
+
+use File::Basename qw(basename);
+use JSON;
+use List::Util qw(max);
+
+use PVE::Tools qw(run_command);
+use PVE::Storage::Common;
+use PVE::Storage::Plugin;
+use PVE::Storage::LVMPlugin;
+
+use base qw(PVE::Storage::LVMPlugin);
+
+# The storage API this plugin is written against: pve-storage's ApiChangeLog
+# version 15 ('$snapname' in volume_resize(), 'virtual-size' in
+# volume_snapshot_info(), both used below).
+sub api {
+    return 15;
+}
+
+sub type {
+    return 'pvestord';
+}
+
+sub plugindata {
+    return {
+        content => [{ images => 1 }, { images => 1 }],
+        format => [{ qcow2 => 1 }, 'qcow2'],
+        'sensitive-properties' => {},
+    };
+}
+
+sub properties {
+    return {
+        chunksize => {
+            description => "pvestord: how much a thin LV grows at a time.",
+            type => 'string',
+            format => 'disk-size',
+        },
+        'chunk-percentage' => {
+            description => "pvestord: the share of a chunk still free when the LV is grown"
+                . " (between 0 and 1).",
+            type => 'number',
+            minimum => 0,
+            maximum => 1,
+        },
+        'initial-size' => {
+            description => "pvestord: the LV size of a new disk or snapshot overlay.",
+            type => 'string',
+            format => 'disk-size',
+        },
+    };
+}
+
+sub options {
+    my $options = { PVE::Storage::LVMPlugin->options()->%* };
+    # Thin volumes are qcow2 images, which LVM storages hold only as volume chains.
+    $options->{'snapshot-as-volume-chain'} = { fixed => 1 };
+    $options->{$_} = { optional => 1 } for keys properties()->%*;
+    return $options;
+}
+
+sub get_formats {
+    return { default => 'qcow2', valid => { qcow2 => 1 } };
+}
+
+sub on_add_hook {
+    my ($class, $storeid, $scfg, %param) = @_;
+
+    die "storage '$storeid': type 'pvestord' needs 'snapshot-as-volume-chain 1'\n"
+        if !$scfg->{'snapshot-as-volume-chain'};
+    return $class->SUPER::on_add_hook($storeid, $scfg, %param);
+}
+
+sub pvestord_command {
+    return $ENV{PVESTORD_COMMAND} // '/usr/bin/pvestord';
+}
+
+# One decision of pvestord's: the request with this storage's settings in, the answer out.
+my sub ask {
+    my ($scfg, $storeid, $request) = @_;
+
+    my %options = map { defined($scfg->{$_}) ? ($_ => "$scfg->{$_}") : () }
+        qw(chunksize chunk-percentage initial-size);
+    $request->{storage} = {
+        storeid => $storeid,
+        vgname => $scfg->{vgname},
+        shared => $scfg->{shared} ? JSON::true : JSON::false,
+        options => \%options,
+    };
+    my $output = '';
+    run_command(
+        [pvestord_command(), 'plugin'],
+        input => encode_json($request),
+        outfunc => sub { $output .= shift },
+        # pvestord bounds each of its own commands; this only catches a hang. Generous:
+        # a cold Python start on a loaded node can take tens of seconds.
+        timeout => 300,
+        errmsg => "pvestord plugin $request->{op}",
+    );
+    return decode_json($output);
+}
+
+my sub lvextend {
+    my ($path, $bytes) = @_;
+    run_command(
+        ['/sbin/lvextend', '--size', "${bytes}b", $path],
+        errmsg => "error growing volume '$path'",
+    );
+}
+
+# Create the LV $name at the size pvestord answers and format it as qcow2 of
+# $virtual_size bytes without preallocation; on top of snapshot $backing_snap
+# when given (an overlay, laid out as Proxmox lays them out).
+my sub create_volume {
+    my ($class, $storeid, $scfg, $vmid, $name, $virtual_size, $backing_snap) = @_;
+
+    my @callers;
+    for (my $depth = 1; my @frame = caller($depth); $depth++) {
+        push @callers, $frame[3];
+    }
+    my $plan = ask(
+        $scfg,
+        $storeid,
+        {
+            op => 'alloc',
+            virtual_size => int($virtual_size),
+            backing => $backing_snap ? JSON::true : JSON::false,
+            callers => \@callers,
+        },
+    );
+    my $vg = $scfg->{vgname};
+    PVE::Storage::LVMPlugin::lvcreate(
+        $vg, $name, "$plan->{lv_size}b", ["pve-vm-$vmid", "\@pve-$name"],
+    );
+    eval {
+        $class->activate_volume($storeid, $scfg, $name);
+        my $path = $class->path($scfg, $name, $storeid);
+        my $options = { preallocation => $plan->{preallocation} };
+        if ($backing_snap) {
+            my $backing = basename($class->path($scfg, $name, $storeid, $backing_snap));
+            PVE::Storage::Common::qemu_img_create_qcow2_backed($path, $backing, 'qcow2', $options);
+        } else {
+            PVE::Storage::Common::qemu_img_create('qcow2', $virtual_size / 1024, $path, $options);
+        }
+    };
+    if (my $err = $@) {
+        # Nothing is on the LV yet: no need to zero it.
+        eval { run_command(['/sbin/lvremove', '-f', "$vg/$name"]) };
+        warn $@ if $@;
+        die $err;
+    }
+}
+
+# A new top for $volname on top of its snapshot $snap, at the snapshot's virtual size.
+my sub create_top {
+    my ($class, $storeid, $scfg, $volname, $snap) = @_;
+
+    my $vmid = ($class->parse_volname($volname))[2];
+    my $snap_path = $class->path($scfg, $volname, $storeid, $snap);
+    my $size = PVE::Storage::Plugin::file_size_info($snap_path, 5, 'qcow2');
+    die "file_size_info on '$snap_path' failed\n" if !defined($size);
+    create_volume($class, $storeid, $scfg, $vmid, $volname, $size, $snap);
+}
+
+my sub assert_qcow2 {
+    my ($class, $volname) = @_;
+    my $format = ($class->parse_volname($volname))[6];
+    die "storage type 'pvestord' holds qcow2 volumes only, not '$volname'\n"
+        if $format ne 'qcow2';
+}
+
+sub alloc_image {
+    my ($class, $storeid, $scfg, $vmid, $fmt, $name, $size) = @_;
+
+    die "storage type 'pvestord' holds qcow2 volumes only, not '$fmt'\n" if $fmt ne 'qcow2';
+    $name = $class->find_free_diskname($storeid, $scfg, $vmid, $fmt) if !$name;
+    assert_qcow2($class, $name);
+    create_volume($class, $storeid, $scfg, $vmid, $name, $size * 1024, undef);
+    return $name;
+}
+
+sub volume_snapshot {
+    my ($class, $scfg, $storeid, $volname, $snap) = @_;
+
+    assert_qcow2($class, $volname);
+    return $class->cluster_lock_storage(
+        $storeid,
+        $scfg->{shared},
+        undef,
+        sub {
+            $class->activate_volume($storeid, $scfg, $volname);
+            $class->rename_snapshot($scfg, $storeid, $volname, 'current', $snap);
+            eval { create_top($class, $storeid, $scfg, $volname, $snap) };
+            if (my $err = $@) {
+                eval { $class->rename_snapshot($scfg, $storeid, $volname, $snap, 'current') };
+                warn $@ if $@;
+                die $err;
+            }
+            return;
+        },
+    );
+}
+
+sub volume_snapshot_rollback {
+    my ($class, $scfg, $storeid, $volname, $snap) = @_;
+
+    assert_qcow2($class, $volname);
+    return $class->cluster_lock_storage(
+        $storeid,
+        $scfg->{shared},
+        undef,
+        sub {
+            $class->activate_volume($storeid, $scfg, $volname);
+            my $path = $class->path($scfg, $volname, $storeid);
+            # The top of a thin volume is small: zero it here rather than in a worker.
+            run_command(['/sbin/blkdiscard', '--zeroout', $path],
+                errmsg => "zeroing '$path' failed") if $scfg->{saferemove};
+            run_command(['/sbin/lvremove', '-f', $path], errmsg => "lvremove '$path' error");
+            create_top($class, $storeid, $scfg, $volname, $snap);
+            return;
+        },
+    );
+}
+
+sub volume_resize {
+    my ($class, $scfg, $storeid, $volname, $size, $running, $snapname) = @_;
+
+    assert_qcow2($class, $volname);
+    my $path = $class->path($scfg, $volname, $storeid, $snapname);
+    $class->cluster_lock_storage(
+        $storeid,
+        $scfg->{shared},
+        undef,
+        sub {
+            my $plan = ask(
+                $scfg, $storeid,
+                { op => 'resize', lv => basename($path), virtual_size => int($size) },
+            );
+            lvextend($path, $plan->{lv_size}) if $plan->{extend};
+        },
+    );
+    # A running VM's image is grown by QEMU (block_resize), like LVMPlugin.
+    PVE::Storage::Common::qemu_img_resize($path, 'qcow2', $size, 'off', 10) if !$running;
+    return 1;
+}
+
+sub volume_snapshot_delete {
+    my ($class, $scfg, $storeid, $volname, $snap, $running) = @_;
+
+    assert_qcow2($class, $volname);
+    # Offline, LVMPlugin writes one LV into another with qemu-img (commit into the
+    # first snapshot, rebase of the child onto the parent); nobody grows a thin LV
+    # while that runs, so the target gets its room first. A running VM's block job
+    # is qemu-server's and pvestord's daemon's business.
+    if (!$running) {
+        $class->activate_volume($storeid, $scfg, $volname);
+        my $snapshots = $class->volume_snapshot_info($scfg, $storeid, $volname);
+        my $deleted = $snapshots->{$snap};
+        my $child = $deleted && $deleted->{child} ? $snapshots->{ $deleted->{child} } : undef;
+        if ($child) {
+            my ($target, $source) = $deleted->{parent} ? ($child, $deleted) : ($deleted, $child);
+            my $virtual_size =
+                max(map { $_->{'virtual-size'} // 0 } $deleted, $child);
+            $class->cluster_lock_storage(
+                $storeid,
+                $scfg->{shared},
+                undef,
+                sub {
+                    my $plan = ask(
+                        $scfg,
+                        $storeid,
+                        {
+                            op => 'commit',
+                            target_lv => basename($target->{file}),
+                            source_lv => basename($source->{file}),
+                            virtual_size => int($virtual_size),
+                        },
+                    );
+                    lvextend($target->{file}, $plan->{lv_size}) if $plan->{extend};
+                },
+            );
+        }
+    }
+    return $class->SUPER::volume_snapshot_delete($scfg, $storeid, $volname, $snap, $running);
+}
+
+1;

@@ -1,0 +1,214 @@
+"""The decisions behind pvestord's Proxmox storage plugin: JSON in, JSON out.
+
+``PVE::Storage::Custom::PvestordPlugin`` (packaging/perl) subclasses Proxmox's
+``LVMPlugin`` and maps the methods Proxmox calls onto ``pvestord plugin``:
+one JSON request on stdin, one JSON answer on stdout. The Perl carries out
+what the answer says (``lvcreate``, ``lvextend``, ``qemu-img create``) with
+Proxmox's own helpers, under the storage lock Proxmox holds; this module only
+decides, so it takes no lock (taking the storage lock here would deadlock
+against the caller).
+
+Requests (sizes in bytes; ``storage`` is ``{"storeid", "vgname", "shared",
+"options": {chunksize, chunk-percentage, initial-size}}`` as Proxmox parsed them):
+
+``alloc``: ``{"virtual_size", "backing": bool, "callers": [perl sub names]}``
+    -> ``{"lv_size", "maximum", "kind": "thin"|"thick", "preallocation": "off"}``.
+    A new disk, a snapshot overlay (``backing``: Proxmox formats overlays with
+    ``extended_l2=on,cluster_size=128k``) or the new top after a rollback.
+    When one of :data:`COPY_FLOWS` is among the callers, the new volume is
+    about to be filled at copy speed with nobody to grow it (no QEMU, or a
+    block job QEMU reports only as a job error): it is made *thick*, the LV
+    at the image's maximum, so the copy can never hit ENOSPC.
+``resize``: ``{"lv": name, "virtual_size": new}`` -> ``{"lv_size", "extend": bool}``.
+    The qcow2 grows; the LV keeps its size (it is never made thick), except
+    that it is never left below the initial size the storage gives new disks.
+``commit``: ``{"target_lv", "source_lv", "virtual_size"}`` -> ``{"lv_size",
+    "extend": bool}``. An offline snapshot delete writes ``source_lv``'s data
+    into ``target_lv`` (``qemu-img commit`` into the first snapshot, or
+    ``qemu-img rebase`` of the child). The target is grown first by what the
+    source holds (its image end) plus one chunk, capped at the target's
+    maximum for ``virtual_size``: the job never runs out of room.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pvestord import lvm, policy, qemu_img
+from pvestord.config import ThinStorage, thin_from_options
+from pvestord.errors import PvestordError
+from pvestord.sizes import KiB, align_up
+from pvestord.volumes import initial_lv_size
+
+#: ``PVE::Storage::Common::qemu_img_create_qcow2_backed``'s fixed overlay layout.
+OVERLAY_CLUSTER_SIZE = 128 * KiB
+
+#: qemu-server subroutines whose ``vdisk_alloc`` is followed by a copy of a
+#: whole disk into the new volume (full clone and move, offline or by a
+#: mirror job; local-disk migration over NBD; import; the three restores).
+COPY_FLOWS = frozenset({
+    "PVE::QemuServer::clone_disk",
+    "PVE::QemuServer::vm_migrate_alloc_nbd_disks",
+    "PVE::QemuServer::ImportDisk::do_import",
+    "PVE::QemuServer::restore_vma_archive",
+    "PVE::QemuServer::restore_proxmox_backup_archive",
+    "PVE::QemuServer::restore_external_archive",
+    "PVE::QemuServer::restore_file_archive",
+})
+
+
+class PluginRequestError(PvestordError):
+    """A request the plugin protocol does not allow (a bug in the caller)."""
+
+
+class Kind(enum.Enum):
+    THIN = "thin"
+    THICK = "thick"
+
+
+# --- pure decisions ----------------------------------------------------------------
+
+def allocation_kind(callers: Iterable[str]) -> Kind:
+    """Thick when the allocation is for a copy (see :data:`COPY_FLOWS`), else thin."""
+    return Kind.THICK if any(c in COPY_FLOWS for c in callers) else Kind.THIN
+
+
+def alloc_lv_size(kind: Kind, initial_size: int, maximum: int, extent_size: int) -> int:
+    """The LV size of a new volume: the initial size (never above the maximum)
+    when thin, the maximum when thick; whole extents either way."""
+    if kind is Kind.THICK:
+        return align_up(maximum, extent_size)
+    return initial_lv_size(initial_size, maximum, extent_size)
+
+
+def resize_lv_size(lv_size: int, new_maximum: int, initial_size: int, extent_size: int) -> int:
+    """The LV size after the image grows: unchanged, or raised to what a new
+    disk of the new size would get; never smaller than ``lv_size``."""
+    return max(lv_size, initial_lv_size(initial_size, new_maximum, extent_size))
+
+
+def commit_lv_size(target_lv_size: int, source_end: int, target_maximum: int, chunksize: int,
+                   extent_size: int) -> int:
+    """The size a commit/rebase target must have before the job writes into it.
+
+    Everything the job copies comes out of the source image, which ends at
+    ``source_end``; the target's new clusters and tables cannot take more
+    than that, and a chunk on top covers differing table layouts. Capped at
+    the target's maximum (the image cannot outgrow it) and never below the
+    LV as it is.
+    """
+    wanted = align_up(target_lv_size + source_end + chunksize, extent_size)
+    return max(target_lv_size, min(wanted, align_up(target_maximum, extent_size)))
+
+
+# --- the protocol --------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Request:
+    op: str
+    storage: ThinStorage
+    body: Mapping[str, Any]
+
+    def integer(self, key: str) -> int:
+        value = self.body.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise PluginRequestError(f"{self.op}: '{key}' must be a positive integer, "
+                                     f"got {value!r}")
+        return value
+
+    def name(self, key: str) -> str:
+        value = self.body.get(key)
+        if not isinstance(value, str):
+            raise PluginRequestError(f"{self.op}: '{key}' must be an LV name, got {value!r}")
+        return lvm.check_name("LV", value)
+
+
+def parse_request(text: str) -> Request:
+    """:raises PluginRequestError: not a request; :raises ConfigError: bad options."""
+    try:
+        data = json.loads(text)
+    except ValueError as err:
+        raise PluginRequestError(f"the request is not JSON: {err}") from err
+    if not isinstance(data, dict):
+        raise PluginRequestError("the request must be a JSON object")
+    op = data.get("op")
+    if op not in ("alloc", "resize", "commit"):
+        raise PluginRequestError(f"unknown op {op!r} (alloc, resize or commit)")
+    storage = data.get("storage")
+    if not isinstance(storage, dict):
+        raise PluginRequestError(f"{op}: 'storage' must be an object")
+    storeid, vgname = storage.get("storeid"), storage.get("vgname")
+    options = storage.get("options", {})
+    if not isinstance(storeid, str) or not isinstance(vgname, str) \
+            or not isinstance(options, dict):
+        raise PluginRequestError(f"{op}: 'storage' needs storeid, vgname and options")
+    lvm.check_name("VG", vgname)
+    texts = {k: None if v is None else str(v) for k, v in options.items()}
+    thin = thin_from_options(storeid, vgname, bool(storage.get("shared")), texts,
+                             f"storage.cfg (storage '{storeid}')")
+    return Request(op, thin, data)
+
+
+async def answer(request: Request) -> dict[str, Any]:
+    """Gather what the decision needs (LVM, qemu-img), decide, say what to do."""
+    storage = request.storage
+    vg = storage.vgname
+    if request.op == "alloc":
+        virtual_size = request.integer("virtual_size")
+        backing = bool(request.body.get("backing"))
+        callers = request.body.get("callers", [])
+        if not isinstance(callers, list):
+            raise PluginRequestError("alloc: 'callers' must be a list of names")
+        extent = (await lvm.vg_info(vg)).extent_size
+        measured = await qemu_img.measure(
+            virtual_size, cluster_size=OVERLAY_CLUSTER_SIZE if backing else None,
+            extended_l2=backing)
+        maximum = policy.maximum_size(measured.fully_allocated, extent)
+        kind = allocation_kind(str(c) for c in callers)
+        return {"lv_size": alloc_lv_size(kind, storage.initial_size, maximum, extent),
+                "maximum": maximum, "kind": kind.value, "preallocation": "off"}
+    if request.op == "resize":
+        lv = request.name("lv")
+        virtual_size = request.integer("virtual_size")
+        info = await lvm.lv_info(vg, lv)
+        image = await qemu_img.info(f"/dev/{vg}/{lv}", force_share=True)
+        maximum = await _maximum(image, virtual_size, info.extent_size)
+        target = resize_lv_size(info.size, maximum, storage.initial_size, info.extent_size)
+        return {"lv_size": target, "extend": target > info.size, "maximum": maximum}
+    target_lv, source_lv = request.name("target_lv"), request.name("source_lv")
+    virtual_size = request.integer("virtual_size")
+    info = await lvm.lv_info(vg, target_lv)
+    image = await qemu_img.info(f"/dev/{vg}/{target_lv}")
+    maximum = await _maximum(image, virtual_size, info.extent_size)
+    source = await qemu_img.check(f"/dev/{vg}/{source_lv}")
+    if source.image_end_offset is None:
+        raise PvestordError(f"qemu-img check of {vg}/{source_lv} did not report the image end")
+    target = commit_lv_size(info.size, source.image_end_offset, maximum, storage.chunksize,
+                            info.extent_size)
+    return {"lv_size": target, "extend": target > info.size, "maximum": maximum}
+
+
+async def _maximum(image: qemu_img.ImageInfo, virtual_size: int, extent_size: int) -> int:
+    """The maximum of ``image`` once it has ``virtual_size`` (bitmaps included)."""
+    grown = dataclasses.replace(image, virtual_size=virtual_size)
+    return policy.maximum_size(await qemu_img.maximum_required(grown), extent_size)
+
+
+__all__ = [
+    "COPY_FLOWS",
+    "OVERLAY_CLUSTER_SIZE",
+    "Kind",
+    "PluginRequestError",
+    "Request",
+    "alloc_lv_size",
+    "allocation_kind",
+    "answer",
+    "commit_lv_size",
+    "parse_request",
+    "resize_lv_size",
+]

@@ -1,0 +1,179 @@
+"""pvestord's storage plugin driven through Proxmox's real PVE::Storage (node guest).
+
+Real LVM on a loop device, real ``qemu-img``/``qemu-io``, Proxmox's own
+``vdisk_alloc``, ``volume_snapshot``, ``volume_resize``,
+``volume_snapshot_rollback``, ``volume_snapshot_delete`` (offline),
+``vdisk_list`` and ``vdisk_free`` from ``../shared/upstream`` with the test
+stand-ins of ``tests/proxmox``; the plugin asks the venv's ``pvestord plugin``.
+Every step asserts the LV sizes LVM reports and the image qemu-img reads.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pvestord import plugin
+from tests.harness.daemons import VENV_BIN
+from tests.harness.lvmbed import VG, GiB, MiB, loop_vg, measured_maximum, qcow2_check, sh
+from tests.proxmox import upstream
+
+CHUNK = 256 * MiB
+INITIAL = 512 * MiB
+EXTENT = 4 * MiB
+DISK = 4 * GiB
+STORE = "thin1"
+VMID = 100
+VOLNAME = "vm-100-disk-0.qcow2"
+VOLID = f"{STORE}:{VOLNAME}"
+SNAP1 = "snap_vm-100-disk-0_snap1.qcow2"
+SNAP2 = "snap_vm-100-disk-0_snap2.qcow2"
+WRITE = 8 * MiB
+QEMU_IO_TIMEOUT = 300.0
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory: pytest.TempPathFactory) -> upstream.Upstream:
+    reason = upstream.skip_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    return upstream.unpack(tmp_path_factory.mktemp("upstream"))
+
+
+@pytest.fixture
+def proxmox(sources: upstream.Upstream, out_dir: Path
+            ) -> Iterator[tuple[upstream.PerlSession, VG]]:
+    """A fresh VG, a pvestord: storage on it, and Proxmox's PVE::Storage to drive.
+
+    The session's Perl code sees ``$cfg``, Proxmox's parse of that storage.cfg.
+    """
+    with loop_vg(6 * GiB) as vg:
+        sources.write_storage_cfg(
+            f"pvestord: {STORE}\n\tvgname {vg.name}\n\tcontent images\n\tshared 1\n"
+            "\tsnapshot-as-volume-chain 1\n\tchunksize 256M\n\tchunk-percentage 0.5\n"
+            "\tinitial-size 512M\n")
+        session = sources.session(out_dir / "perl.log",
+                                  PVESTORD_COMMAND=str(VENV_BIN / "pvestord"))
+        try:
+            yield session, vg
+        finally:
+            session.close()
+
+
+def lv_sizes(vg: VG) -> dict[str, int]:
+    out = sh("lvs", "--reportformat", "json", "--units", "b", "--nosuffix", "-o",
+             "lv_name,lv_size", vg.name)
+    return {row["lv_name"]: int(row["lv_size"]) for row in json.loads(out)["report"][0]["lv"]}
+
+
+def image(vg: VG, lv: str) -> dict[str, Any]:
+    info: dict[str, Any] = json.loads(sh("qemu-img", "info", "--output=json", "-f", "qcow2",
+                                         vg.lv_path(lv)))
+    return info
+
+
+def image_end(vg: VG, lv: str) -> int:
+    return int(str(qcow2_check(vg.lv_path(lv))["image-end-offset"]))
+
+
+def qemu_io(vg: VG, lv: str, command: str) -> None:
+    out = sh("qemu-io", "-f", "qcow2", "-c", command, vg.lv_path(lv), timeout=QEMU_IO_TIMEOUT)
+    assert "failed" not in out and "mismatch" not in out, out
+
+
+def test_disk_life_through_proxmox_stays_thin(proxmox: tuple[upstream.PerlSession, VG]) -> None:
+    pve, vg = proxmox
+    # A new disk: an LV of initial-size, a qcow2 without preallocation.
+    volid = pve.call(f'return [PVE::Storage::vdisk_alloc($cfg, "{STORE}", {VMID}, "qcow2",'
+                     f' undef, {DISK // 1024})];')[0]
+    assert volid == VOLID
+    assert lv_sizes(vg) == {VOLNAME: INITIAL}
+    assert image(vg, VOLNAME)["virtual-size"] == DISK
+    assert image_end(vg, VOLNAME) < 2 * MiB  # metadata preallocation would be ~DISK
+    qemu_io(vg, VOLNAME, f"write -P 0x11 0 {WRITE}")
+
+    # Snapshot: the renamed LV stays as it is, the new overlay is small.
+    pve.call(f'PVE::Storage::volume_snapshot($cfg, "{VOLID}", "snap1");')
+    assert lv_sizes(vg) == {SNAP1: INITIAL, VOLNAME: INITIAL}
+    top = image(vg, VOLNAME)
+    assert (top["backing-filename"], top["virtual-size"]) == (SNAP1, DISK)
+    assert top["cluster-size"] == plugin.OVERLAY_CLUSTER_SIZE
+    qemu_io(vg, VOLNAME, f"write -P 0x22 {GiB} {WRITE}")
+
+    # Resize: the qcow2 grows, the LV does not become thick.
+    pve.call(f'PVE::Storage::volume_resize($cfg, "{VOLID}", {6 * GiB}, 0);')
+    assert image(vg, VOLNAME)["virtual-size"] == 6 * GiB
+    assert lv_sizes(vg)[VOLNAME] == INITIAL
+    # The daemon grew the LV meanwhile: a later Proxmox resize neither fails nor shrinks it.
+    sh("lvextend", "-q", "--size", f"{GiB}b", vg.lv_path(VOLNAME))
+    pve.call(f'PVE::Storage::volume_resize($cfg, "{VOLID}", {8 * GiB}, 0);')
+    assert image(vg, VOLNAME)["virtual-size"] == 8 * GiB
+    assert lv_sizes(vg) == {SNAP1: INITIAL, VOLNAME: GiB}
+
+    # Rollback: a new small overlay on the snapshot, at the snapshot's size.
+    pve.call(f'PVE::Storage::volume_snapshot_rollback($cfg, "{VOLID}", "snap1");')
+    assert lv_sizes(vg) == {SNAP1: INITIAL, VOLNAME: INITIAL}
+    top = image(vg, VOLNAME)
+    assert (top["backing-filename"], top["virtual-size"]) == (SNAP1, DISK)
+    qemu_io(vg, VOLNAME, f"write -P 0x33 {2 * GiB} {WRITE}")
+
+    # Offline delete of the first snapshot: qemu-img commit writes the overlay
+    # into the snapshot's LV, which gets the room for it first.
+    child_end = image_end(vg, VOLNAME)
+    expected = plugin.commit_lv_size(INITIAL, child_end, measured_maximum(DISK, EXTENT), CHUNK,
+                                     EXTENT)
+    assert INITIAL < expected < measured_maximum(DISK, EXTENT)
+    pve.call(f'PVE::Storage::volume_snapshot_delete($cfg, "{VOLID}", "snap1", 0);')
+    assert lv_sizes(vg) == {VOLNAME: expected}
+    assert qcow2_check(vg.lv_path(VOLNAME))["exit"] == 0
+    assert "backing-filename" not in image(vg, VOLNAME)
+    qemu_io(vg, VOLNAME, f"read -P 0x11 0 {WRITE}")
+    qemu_io(vg, VOLNAME, f"read -P 0x33 {2 * GiB} {WRITE}")
+    qemu_io(vg, VOLNAME, f"read -P 0 {GiB} {WRITE}")  # rolled back
+
+    # Listing: the virtual size while active, the (small) LV size when not.
+    listed = pve.call(f'return PVE::Storage::vdisk_list($cfg, "{STORE}", {VMID});')[STORE]
+    assert [(v["volid"], v["size"]) for v in listed] == [(VOLID, DISK)]
+    sh("lvchange", "-aln", vg.lv_path(VOLNAME))
+    listed = pve.call(f'return PVE::Storage::vdisk_list($cfg, "{STORE}", {VMID});')[STORE]
+    assert [(v["volid"], v["approximate-size"]) for v in listed] == [(VOLID, expected)]
+
+    pve.call(f'PVE::Storage::vdisk_free($cfg, "{VOLID}");')
+    assert lv_sizes(vg) == {}
+
+
+def test_intermediate_snapshot_delete_grows_the_child_first(
+        proxmox: tuple[upstream.PerlSession, VG]) -> None:
+    pve, vg = proxmox
+    pve.call(f'return [PVE::Storage::vdisk_alloc($cfg, "{STORE}", {VMID}, "qcow2", undef,'
+             f' {DISK // 1024})];')
+    pve.call(f'PVE::Storage::volume_snapshot($cfg, "{VOLID}", "snap1");')
+    qemu_io(vg, VOLNAME, f"write -P 0x44 0 {WRITE}")
+    pve.call(f'PVE::Storage::volume_snapshot($cfg, "{VOLID}", "snap2");')
+    assert lv_sizes(vg) == {SNAP1: INITIAL, SNAP2: INITIAL, VOLNAME: INITIAL}
+    # snap2 sits between snap1 and the top: qemu-img rebase copies its data into the top.
+    source_end = image_end(vg, SNAP2)
+    overlay_maximum = -(-int(json.loads(sh(
+        "qemu-img", "measure", "--output=json", "-O", "qcow2", "-o",
+        "cluster_size=128k,extended_l2=on", "--size", str(DISK)))["fully-allocated"])
+        // EXTENT) * EXTENT
+    expected = plugin.commit_lv_size(INITIAL, source_end, overlay_maximum, CHUNK, EXTENT)
+    pve.call(f'PVE::Storage::volume_snapshot_delete($cfg, "{VOLID}", "snap2", 0);')
+    assert lv_sizes(vg) == {SNAP1: INITIAL, VOLNAME: expected}
+    assert image(vg, VOLNAME)["backing-filename"] == SNAP1
+    qemu_io(vg, VOLNAME, f"read -P 0x44 0 {WRITE}")
+
+
+def test_copy_flows_get_a_thick_volume(proxmox: tuple[upstream.PerlSession, VG]) -> None:
+    """A volume qemu-server allocates to copy a disk into (here: clone_disk) holds
+    the whole image at once; nobody would grow it while the copy runs."""
+    pve, vg = proxmox
+    pve.call('sub PVE::QemuServer::clone_disk { return PVE::Storage::vdisk_alloc(@_) }'
+             f' return [PVE::QemuServer::clone_disk($cfg, "{STORE}", {VMID},'
+             f' "qcow2", undef, {DISK // 1024})];')
+    assert lv_sizes(vg) == {VOLNAME: measured_maximum(DISK, EXTENT)}
+    assert image(vg, VOLNAME)["virtual-size"] == DISK

@@ -1,0 +1,12 @@
+package PVE::RPCEnvironment;
+
+# TEST STAND-IN for pve-access-control's PVE::RPCEnvironment (which pulls in
+# TFA, LDAP and PAM): pve-common's real PVE::RESTEnvironment is all the storage
+# code uses (get(), is_worker(), fork_worker()).
+
+use strict;
+use warnings;
+
+use base qw(PVE::RESTEnvironment);
+
+1;
