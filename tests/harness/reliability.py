@@ -82,6 +82,28 @@ FAULTS = [
           "hypothesis: parsers return a result or their own error type, good entries "
           "survive any garbage, and every error a parser raises is one the daemon's "
           "per-VM pass handles"),
+    Fault("volume shrink of a VM running on another node, its .rrd line gone",
+          "tests/unit/test_volumes.py::"
+          "test_vm_owned_by_another_node_is_refused_whatever_rrd_says",
+          ".vmlist naming another node refuses with the .rrd line absent, stale (2023) or "
+          "fresh and 'stopped' (4 cases), as does no quorum in .members; only the owner, "
+          "quorate, with no local QEMU, may shrink (hypothesis over owner, quorum, status, "
+          "age); the node guest's shrink refusal test does the same with real LVM, the VG "
+          "metadata unchanged"),
+    Fault("pmxcfs hangs while qmeventd-py appends to the queue",
+          "tests/integration/host/test_qmeventd.py::"
+          "test_hung_queue_folder_never_holds_up_shutdown_and_cleanup",
+          "the queue on a bindfs FUSE mount whose server is SIGSTOPped: the append waits "
+          "in a thread (seen in /proc wchan request_wait_answer); meanwhile another QEMU's "
+          "SHUTDOWN got SIGTERM and 'qm cleanup' (the recorder) ran, and a second event was "
+          "taken; after SIGCONT both entries landed once (n=1 each); 1.2 s for the test. "
+          "Before the change the loop itself blocked: the QEMU was not terminated in 30 s"),
+    Fault("queue lock held by another process past qmeventd-py's lock timeout",
+          "tests/integration/host/test_qmeventd.py::"
+          "test_queue_lock_held_past_its_timeout_loses_nothing",
+          "the append gives up the lock after its 10 s timeout and is retried; the entry "
+          "lands once the lock is free, and later events still merge (11.3 s). Before the "
+          "change the LockTimeout ended the appender task: nothing was queued after it"),
 ]
 
 
