@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 
 #: Journal fields our log calls may carry (``extra=``); shown on stderr too.
 FIELDS = ("VMID", "NODE_NAME", "LV", "VG", "OLD_SIZE", "NEW_SIZE", "DURATION_MS", "REASON",
-          "ROUND_STARTED", "QMP_MS", "LOCK_WAIT_MS", "LVM_MS")
+          "ROUND_STARTED", "QMP_MS", "LOCK_WAIT_MS", "LVM_MS", "MDA_FREE", "MDA_SIZE")
 
 
 class _FieldsFormatter(logging.Formatter):
