@@ -104,6 +104,14 @@ FAULTS = [
           "the append gives up the lock after its 10 s timeout and is retried; the entry "
           "lands once the lock is free, and later events still merge (11.3 s). Before the "
           "change the LockTimeout ended the appender task: nothing was queued after it"),
+    Fault("a shared VG's LVM metadata area running full",
+          "tests/integration/node/test_faults_metadata.py::"
+          "test_metadata_running_low_is_warned_once_per_crossing",
+          "32 KiB metadata area (13824 bytes of room with two LVs), one-extent extensions "
+          "in turn: 107.5 bytes of room each; after 100 extensions (3072 bytes left) the "
+          "running pvestord warned once with VG, MDA_FREE, MDA_SIZE, not again while it "
+          "fell further; removing an LV gave one all-clear (8192 bytes), and 40 more "
+          "extensions one new warning"),
 ]
 
 
