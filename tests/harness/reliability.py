@@ -112,6 +112,14 @@ FAULTS = [
           "running pvestord warned once with VG, MDA_FREE, MDA_SIZE, not again while it "
           "fell further; removing an LV gave one all-clear (8192 bytes), and 40 more "
           "extensions one new warning"),
+    Fault("package installed beside an enabled, unmasked qmeventd",
+          "tests/packaging/test_systemd_boot.py::"
+          "test_no_two_units_fight_for_the_event_socket_at_boot",
+          "Debian 12 booted with systemd as PID 1, a stand-in qmeventd.service enabled "
+          "before dpkg -i: the postinst left qmeventd-py disabled, the boot started "
+          "qmeventd alone (no conflicting job); 'systemctl mask --now qmeventd' and "
+          "'systemctl enable --now qmeventd-py' switched in 0.8 s and a thin disk grew "
+          "(guest run 172 s); test_install.py runs the purge/install/upgrade cases"),
 ]
 
 
