@@ -289,16 +289,24 @@ class VgHealth:
     missing_pvs: int
     free: int
     extent_size: int
+    #: Room left for the VG's metadata text, as ``vg_mda_free`` reports it: LVM
+    #: keeps the old copy while it writes the new one, so this is already what
+    #: the next writes may use (at most about half of ``mda_size``). 0 if unknown.
+    mda_free: int = 0
+    #: ``vg_mda_size``: the size of the VG's (smallest) metadata area.
+    mda_size: int = 0
 
 
 async def vg_health(vg: str, *, timeout: float = REPORT_TIMEOUT) -> VgHealth:  # noqa: ASYNC109
-    """PV counts and free space of ``vg``; :class:`LvMissingError` if this node cannot see it."""
-    row = await _vg_row(vg, "vg_name,vg_free,vg_extent_size,pv_count,vg_missing_pv_count",
-                        timeout=timeout)
+    """PV counts, free space and metadata room of ``vg``; :class:`LvMissingError` if this
+    node cannot see it."""
+    row = await _vg_row(vg, "vg_name,vg_free,vg_extent_size,pv_count,vg_missing_pv_count,"
+                        "vg_mda_free,vg_mda_size", timeout=timeout)
     try:
         return VgHealth(vg=row["vg_name"], pvs=int(row["pv_count"]),
                         missing_pvs=int(row["vg_missing_pv_count"]), free=int(row["vg_free"]),
-                        extent_size=int(row["vg_extent_size"]))
+                        extent_size=int(row["vg_extent_size"]),
+                        mda_free=int(row["vg_mda_free"]), mda_size=int(row["vg_mda_size"]))
     except (KeyError, ValueError) as err:
         raise LvmError(f"reading VG {vg}: unreadable report row {row!r}") from err
 

@@ -5,7 +5,8 @@ Every pvestord writes ``<nodes_dir>/<node>/pvestord.json`` every
 keeps for each node, beside its ``qemu-server`` configs): for each thin
 storage this node may use (the storage's ``nodes`` option), whether the VG is
 visible here, how many of its PVs are missing, whether this node's last LVM
-command on it succeeded, and its free space.
+command on it succeeded, its free space and its metadata room. The same probe
+warns when a VG's LVM metadata runs low (:class:`MetadataWatch`).
 ``pvestord rank-nodes`` (:mod:`pvestord.ranking`) reads every node's file to
 tell a placement decision (the ``rank_nodes`` hook proposed for Proxmox's HA
 rebalancer) which nodes can run a guest's thin volumes.
@@ -23,6 +24,7 @@ is (:func:`pvestord.queue.write_atomically`), so a reader never sees half of one
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from collections.abc import Mapping
@@ -33,6 +35,9 @@ from typing import Any
 from pvestord import lvm
 from pvestord.config import StorageConfig
 from pvestord.queue import write_atomically
+from pvestord.service import fields
+
+log = logging.getLogger(__name__)
 
 #: The format of a report file; a reader refuses any other.
 FORMAT = 1
@@ -51,6 +56,10 @@ class StorageView:
     missing_pvs: int = 0
     free: int = 0
     extent_size: int = 0
+    #: Room left for the VG's metadata (``vg_mda_free``) and the metadata area's
+    #: size (``vg_mda_size``); 0 when unknown (see :func:`metadata_low`).
+    mda_free: int = 0
+    mda_size: int = 0
     #: This node's LVM commands on the VG succeeded: the report's own probe,
     #: and the daemon's last extension since the previous report.
     lvm_ok: bool = True
@@ -123,7 +132,8 @@ def _finite(value: object) -> bool:
 
 def _view(data: Mapping[str, Any]) -> StorageView:
     vg, visible, lvm_ok, error = data["vg"], data["visible"], data["lvm_ok"], data.get("error")
-    counts = {k: data.get(k, 0) for k in ("pvs", "missing_pvs", "free", "extent_size")}
+    counts = {k: data.get(k, 0) for k in ("pvs", "missing_pvs", "free", "extent_size",
+                                           "mda_free", "mda_size")}
     if not (isinstance(vg, str) and isinstance(visible, bool) and isinstance(lvm_ok, bool)
             and (error is None or isinstance(error, str))
             and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
@@ -187,6 +197,8 @@ class LvmHealth:
 
     def __init__(self) -> None:
         self._errors: dict[str, str | None] = {}
+        #: The metadata warnings' state, kept from one report to the next.
+        self.metadata = MetadataWatch()
 
     def record(self, vg: str, error: str | None) -> None:
         """The outcome of a command on ``vg``: None for success."""
@@ -195,6 +207,58 @@ class LvmHealth:
     def take(self, vg: str) -> str | None:
         """The last outcome recorded for ``vg`` since the previous take, if it failed."""
         return self._errors.pop(vg, None)
+
+
+#: Bytes of VG metadata one more LV segment takes: LVM's on-disk text for a
+#: linear segment is ~100 bytes (measured: 2048 bytes of ``vg_mda_free`` per 20
+#: interleaved one-extent extensions, LVM 2.03.16), rounded up for longer
+#: numbers. Each chunk extension of an LV whose neighbour grew in between is
+#: a new segment.
+SEGMENT_BYTES = 128
+#: Warn when less than this share of the metadata room is left. The room is
+#: half the area (LVM keeps the old copy while writing the new one), so with
+#: Debian's default area (~1 MiB, ~510 KiB of room, ~5000 segments) the
+#: warning comes ~1000 extensions before every lvextend in the VG fails.
+METADATA_LOW_SHARE = 0.25
+
+
+def metadata_low(mda_free: int, mda_size: int) -> bool:
+    """True when a VG's metadata has less than :data:`METADATA_LOW_SHARE` of its
+    room left (room = half the metadata area, what ``vg_mda_free`` counts down
+    from). False when LVM reported no area (``mda_size`` 0: unknown)."""
+    if mda_size <= 0:
+        return False
+    return mda_free < METADATA_LOW_SHARE * (mda_size / 2)
+
+
+def extensions_left(mda_free: int) -> int:
+    """About how many more one-segment extensions the VG's metadata takes."""
+    return max(0, mda_free) // SEGMENT_BYTES
+
+
+class MetadataWatch:
+    """Warns once when a VG's metadata room falls below :func:`metadata_low`, and
+    once when it is back above (an admin grew the area or removed LVs)."""
+
+    def __init__(self) -> None:
+        self._low: set[str] = set()
+
+    def check(self, view: StorageView) -> None:
+        if not view.visible or not view.lvm_ok or view.mda_size <= 0:
+            return
+        low = metadata_low(view.mda_free, view.mda_size)
+        extra = fields(VG=view.vg, MDA_FREE=view.mda_free, MDA_SIZE=view.mda_size)
+        if low and view.vg not in self._low:
+            self._low.add(view.vg)
+            log.warning("VG %s: LVM metadata nearly full: %d bytes left of its %d-byte area"
+                        " (room for about %d more extensions); when it is full every"
+                        " lvcreate and lvextend in the VG fails: see 'LVM metadata' in"
+                        " docs/operations.md", view.vg, view.mda_free, view.mda_size,
+                        extensions_left(view.mda_free), extra=extra)
+        elif not low and view.vg in self._low:
+            self._low.discard(view.vg)
+            log.info("VG %s: LVM metadata has room again: %d bytes left of %d", view.vg,
+                     view.mda_free, view.mda_size, extra=extra)
 
 
 async def probe(vg: str, *, timeout: float) -> StorageView:  # noqa: ASYNC109
@@ -206,7 +270,8 @@ async def probe(vg: str, *, timeout: float) -> StorageView:  # noqa: ASYNC109
     except lvm.LvmError as err:
         return StorageView(vg=vg, visible=True, lvm_ok=False, error=str(err))
     return StorageView(vg=vg, visible=True, pvs=seen.pvs, missing_pvs=seen.missing_pvs,
-                       free=seen.free, extent_size=seen.extent_size)
+                       free=seen.free, extent_size=seen.extent_size, mda_free=seen.mda_free,
+                       mda_size=seen.mda_size)
 
 
 async def make_report(node: str, config: StorageConfig, health: LvmHealth, *,
@@ -218,6 +283,7 @@ async def make_report(node: str, config: StorageConfig, health: LvmHealth, *,
     for storage in thin.values():
         if storage.vgname not in probes:
             view = await probe(storage.vgname, timeout=lvm_timeout)
+            health.metadata.check(view)
             failed = health.take(storage.vgname)
             if view.lvm_ok and failed is not None:
                 view = replace(view, lvm_ok=False, error=f"last extension failed: {failed}")

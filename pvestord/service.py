@@ -21,7 +21,9 @@ log = logging.getLogger(__name__)
 FIELDS = ("VMID", "NODE_NAME", "LV", "VG", "OLD_SIZE", "NEW_SIZE", "DURATION_MS", "REASON",
           "ROUND_STARTED", "QMP_MS", "LOCK_WAIT_MS", "LVM_MS",
           # stale device-mapper tables and blocked resumes (extender.py)
-          "THRESHOLD", "TABLE", "TABLE_SIZE", "LV_SIZE", "DEVICE", "RESUME_BLOCKED")
+          "THRESHOLD", "TABLE", "TABLE_SIZE", "LV_SIZE", "DEVICE", "RESUME_BLOCKED",
+          # the metadata watch (nodereport.py)
+          "MDA_FREE", "MDA_SIZE")
 
 
 class _FieldsFormatter(logging.Formatter):

@@ -27,19 +27,22 @@ Shrinking: when is it safe?
 
     1. the VM runs on this node (``<run-dir>/<vmid>.pid`` names a live QEMU,
        :func:`pvestord.vms.local_vm`): a certain answer;
-    2. any node reports the VM running. Proxmox keeps no run marker in
-       ``/etc/pve``: the config's location (``nodes/<node>/qemu-server``)
-       says where a VM *may* run, not whether it does. What the cluster
-       folder does carry is pvestatd's status broadcast: pmxcfs's ``.rrd``
-       holds one line ``pve2.3-vm/<vmid>:<uptime>:<name>:<status>:...`` per
-       VM, refreshed every 10 s by the node that runs it (the same data
-       ``pvesh get /cluster/resources`` shows). Any status other than
-       ``stopped`` (running, paused, prelaunch, ...) refuses, however old the
-       line: a node that went away with the VM running must be dealt with
-       by an admin, not guessed about. Without an ``.rrd`` we cannot tell,
-       and refuse. The window this leaves is a VM started on another node in
-       the last ~10 s; shrinking is an admin command for stopped VMs, and
-       the owning node's local check (1) has no such window;
+    2. this node cannot prove that it owns the VM. LVM cannot see another
+       node's activations (no lvmlockd), and Proxmox keeps no run marker in
+       ``/etc/pve``, so the proof is the ownership pmxcfs keeps: a VM runs
+       only on the node holding its config (``qm start`` refuses elsewhere;
+       a live migration moves the config only once the source QEMU is gone),
+       and pmxcfs's ``.vmlist`` names that node. We require (a) quorum, from
+       ``.members`` (``"cluster": {..., "quorate": 1}``; a standalone node,
+       with no ``cluster`` and no ``corosync.conf``, is its own quorum):
+       without it our ``.vmlist`` may be stale and the VM recovered on a node
+       we cannot hear; (b) ``.vmlist`` naming this node (``.members``'
+       ``nodename``) for the VMID; (c) check 1. pvestatd's status broadcast
+       (``.rrd``, a line ``pve2.3-vm/<vmid>:<uptime>:<name>:<status>:...``
+       per VM) is supporting evidence only: a line saying anything but
+       ``stopped`` refuses, however old; a missing line proves nothing,
+       because pmxcfs drops lines not refreshed for 5 minutes (a hung
+       pvestatd, a partition, a restarted pve-cluster);
     3. the LV is open on this node (someone uses it);
     4. the LV is active on this node. Proxmox activates a volume to use it
        and deactivates it when the VM stops, so an active LV means a user or
@@ -85,7 +88,7 @@ from pvestord.vms import local_vm
 
 log = logging.getLogger(__name__)
 
-#: pmxcfs's mount: ``.rrd`` (status broadcast) and ``.vmlist`` (VM -> node).
+#: pmxcfs's mount: ``.members`` (quorum, node name), ``.vmlist`` (VM -> node), ``.rrd``.
 CLUSTER_DIR = Path("/etc/pve")
 #: ``$MAX_VOLUMES_PER_GUEST`` in PVE::Storage::Plugin.
 MAX_VOLUMES_PER_GUEST = 1024
@@ -267,7 +270,7 @@ def _int_or_none(text: str) -> int | None:
 
 
 def cluster_report(cluster_dir: Path, vmid: int) -> ClusterReport | None:
-    """What the cluster folder says about ``vmid``; None when it says nothing.
+    """What the cluster folder's ``.rrd`` says about ``vmid``; None when it says nothing.
 
     :raises ShrinkRefused: there is no ``.rrd`` to ask (pmxcfs not mounted).
     """
@@ -282,30 +285,123 @@ def cluster_report(cluster_dir: Path, vmid: int) -> ClusterReport | None:
     if parsed is None:
         return None
     node = None
-    try:
-        vmlist = json.loads((cluster_dir / ".vmlist").read_text())
-        node = str(vmlist["ids"][str(vmid)]["node"])
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
+    with contextlib.suppress(OSError):
+        node = vmlist_owner((cluster_dir / ".vmlist").read_text(errors="replace"), vmid)
     status, uptime, ctime = parsed
     return ClusterReport(vmid, status, uptime, ctime, node)
 
 
+@dataclass(frozen=True)
+class Membership:
+    """pmxcfs's ``.members``: this node's name and whether it has quorum."""
+
+    nodename: str
+    #: False on a standalone node (pmxcfs without corosync: no ``cluster`` key).
+    clustered: bool
+    quorate: bool
+
+
+def parse_members(text: str) -> Membership | None:
+    """``.members`` as pmxcfs writes it, or None when it is not that.
+
+    Clustered: ``{"nodename": N, "version": V, "cluster": {"name": ...,
+    "version": ..., "nodes": ..., "quorate": 0|1}, "nodelist": {...}}``;
+    standalone (or before corosync told pmxcfs anything): ``{"nodename": N,
+    "version": V}``.
+    """
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("nodename"), str):
+        return None
+    cluster = data.get("cluster")
+    if cluster is None:
+        return Membership(data["nodename"], clustered=False, quorate=True)
+    if not isinstance(cluster, dict):
+        return None
+    return Membership(data["nodename"], clustered=True, quorate=cluster.get("quorate") == 1)
+
+
+def vmlist_owner(text: str, vmid: int) -> str | None:
+    """The node ``.vmlist`` says holds ``vmid``'s config, or None (unknown VMID or
+    not a VM list: ``{"version": V, "ids": {"<vmid>": {"node": N, ...}}}``)."""
+    try:
+        node = json.loads(text)["ids"][str(vmid)]["node"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return node if isinstance(node, str) and node else None
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """What the cluster folder says, as read; None where a file was unreadable."""
+
+    members: str | None
+    vmlist: str | None
+    rrd: str | None
+    #: ``corosync.conf`` exists: this node is (or is joining) a cluster.
+    corosync_conf: bool
+
+
+def cross_node_refusal(view: ClusterView, vmid: int, now: float) -> str | None:
+    """Why shrinking ``vmid`` is not proven safe from the other nodes' side, or None.
+
+    Proof is quorum plus ``.vmlist`` naming this node (see the module
+    docstring); ``.rrd`` can only refuse, never allow.
+    """
+    if view.members is None:
+        return (f"cannot tell whether VM {vmid} runs on another node: .members cannot be "
+                "read; is the cluster file system mounted?")
+    members = parse_members(view.members)
+    if members is None:
+        return f"cannot tell whether VM {vmid} runs on another node: .members is unreadable"
+    if members.clustered and not members.quorate:
+        return (f"node {members.nodename} has no quorum: its view of where VM {vmid} runs "
+                "may be stale (another partition may have started it); try again with quorum")
+    if not members.clustered and view.corosync_conf:
+        return (f"cannot tell whether VM {vmid} runs on another node: the cluster folder has "
+                "a corosync.conf but pmxcfs knows no members yet; try again in a moment")
+    parsed = parse_rrd(view.rrd, vmid) if view.rrd is not None else None
+    if parsed is not None:
+        status, uptime, ctime = parsed
+        owner = vmlist_owner(view.vmlist, vmid) if view.vmlist is not None else None
+        report = ClusterReport(vmid, status, uptime, ctime, owner)
+        if report.running:
+            where = f"node {owner}" if owner else "a node"
+            age = f", reported {max(0, int(now) - ctime)} s ago" if ctime is not None else ""
+            return (f"VM {vmid} is {status or 'running'} on {where} according to .rrd{age}; "
+                    "stop it first")
+    owner = vmlist_owner(view.vmlist, vmid) if view.vmlist is not None else None
+    if owner is None:
+        return (f"VM {vmid} is in no node's VM list (.vmlist): cannot tell which node owns "
+                "it, so nothing proves it runs nowhere; shrink only volumes of existing VMs")
+    if owner != members.nodename:
+        return (f"VM {vmid}'s configuration is on node {owner}, not on this node "
+                f"({members.nodename}): it may run there; shrink it on {owner}")
+    return None
+
+
+def read_cluster_view(cluster_dir: Path) -> ClusterView:
+    def read(name: str) -> str | None:
+        try:
+            return (cluster_dir / name).read_text(errors="replace")
+        except OSError:
+            return None
+    return ClusterView(read(".members"), read(".vmlist"), read(".rrd"),
+                       (cluster_dir / "corosync.conf").exists())
+
+
 def refuse_if_running(settings: VolumeSettings, vmid: int) -> None:
-    """:raises ShrinkRefused: the VM runs here, or a node reports it running."""
+    """:raises ShrinkRefused: the VM runs here, or this node cannot prove it runs nowhere
+    else (:func:`cross_node_refusal`)."""
     vm = local_vm(settings.run_dir, vmid)
     if vm is not None:
         raise ShrinkRefused(f"VM {vmid} is running on this node (pid {vm.pid}); "
                             "stop it first")
-    report = cluster_report(settings.cluster_dir, vmid)
-    if report is not None and report.running:
-        where = f"node {report.node}" if report.node else "a node"
-        age = ""
-        if report.ctime is not None:
-            age = f", reported {max(0, int(time.time()) - report.ctime)} s ago"
-        raise ShrinkRefused(
-            f"VM {vmid} is {report.status or 'running'} on {where} according to "
-            f"{settings.cluster_dir / '.rrd'}{age}; stop it first")
+    why = cross_node_refusal(read_cluster_view(settings.cluster_dir), vmid, time.time())
+    if why is not None:
+        raise ShrinkRefused(f"{why} (cluster folder {settings.cluster_dir})")
 
 
 # --- storage --------------------------------------------------------------------
@@ -580,9 +676,10 @@ async def _report(storage: ThinStorage, extent: int, row: lvm.LvRow,
 
 
 __all__ = [
-    "CLUSTER_DIR", "ClusterReport", "Created", "ShrinkRefused", "Shrunk", "VolumeError",
-    "VolumeId", "VolumeReport", "VolumeSettings", "check_virtual_size", "check_vmid",
-    "cluster_report", "create", "initial_lv_size", "list_volumes", "next_disk_name",
-    "parse_rrd", "parse_volname", "parse_volume_id", "refuse_if_running", "shrink",
-    "shrink_target", "thin_storage",
+    "CLUSTER_DIR", "ClusterReport", "ClusterView", "Created", "Membership", "ShrinkRefused",
+    "Shrunk", "VolumeError", "VolumeId", "VolumeReport", "VolumeSettings",
+    "check_virtual_size", "check_vmid", "cluster_report", "create", "cross_node_refusal",
+    "initial_lv_size", "list_volumes", "next_disk_name", "parse_members", "parse_rrd",
+    "parse_volname", "parse_volume_id", "read_cluster_view", "refuse_if_running", "shrink",
+    "shrink_target", "thin_storage", "vmlist_owner",
 ]

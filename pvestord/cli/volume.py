@@ -69,8 +69,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     shrink = vsub.add_parser(
         "shrink", help="reduce a stopped volume's LV to its data plus a chunk",
         description="For a volume whose VM runs nowhere and whose LV is not active on this "
-        "node: check the image, then reduce the LV to max(initial-size, image end + one "
-        "chunk) in whole extents. Refuses, saying why, when that is not safe.")
+        "node (the VM's config on this node per the cluster's VM list, with quorum, and no "
+        "QEMU of it here): check the image, then reduce the LV to max(initial-size, image "
+        "end + one chunk) in whole extents. Refuses, saying why, when that is not safe.")
     _common(shrink)
     shrink.add_argument("volid", metavar="STORAGE:VOLNAME")
     shrink.add_argument("--dry-run", action="store_true",
@@ -79,8 +80,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         metavar="DIR", help="where QEMU's <vmid>.pid lives "
                         "(default: %(default)s)")
     shrink.add_argument("--cluster-dir", type=Path, default=volumes.CLUSTER_DIR,
-                        metavar="DIR", help="the cluster folder whose .rrd reports which "
-                        "VMs run (default: %(default)s)")
+                        metavar="DIR", help="the cluster folder: shrink needs its "
+                        ".members to show quorum and its .vmlist to place the VM on this "
+                        "node; its .rrd can only refuse (default: %(default)s)")
     shrink.add_argument("--json", action="store_true", help="JSON for scripts")
     shrink.set_defaults(func=_shrink)
 

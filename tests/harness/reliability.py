@@ -108,6 +108,44 @@ FAULTS = [
           "`extend` with a typo, a non-thin format node and its file node: exit 1 each, "
           "both thin LVs still 64 MiB; manual entries for both handled and dropped, nothing "
           "extended; the right name then extended 64 -> 128 MiB"),
+    Fault("volume shrink of a VM running on another node, its .rrd line gone",
+          "tests/unit/test_volumes.py::"
+          "test_vm_owned_by_another_node_is_refused_whatever_rrd_says",
+          ".vmlist naming another node refuses with the .rrd line absent, stale (2023) or "
+          "fresh and 'stopped' (4 cases), as does no quorum in .members; only the owner, "
+          "quorate, with no local QEMU, may shrink (hypothesis over owner, quorum, status, "
+          "age); the node guest's shrink refusal test does the same with real LVM, the VG "
+          "metadata unchanged"),
+    Fault("pmxcfs hangs while qmeventd-py appends to the queue",
+          "tests/integration/host/test_qmeventd.py::"
+          "test_hung_queue_folder_never_holds_up_shutdown_and_cleanup",
+          "the queue on a bindfs FUSE mount whose server is SIGSTOPped: the append waits "
+          "in a thread (seen in /proc wchan request_wait_answer); meanwhile another QEMU's "
+          "SHUTDOWN got SIGTERM and 'qm cleanup' (the recorder) ran, and a second event was "
+          "taken; after SIGCONT both entries landed once (n=1 each); 1.2 s for the test. "
+          "Before the change the loop itself blocked: the QEMU was not terminated in 30 s"),
+    Fault("queue lock held by another process past qmeventd-py's lock timeout",
+          "tests/integration/host/test_qmeventd.py::"
+          "test_queue_lock_held_past_its_timeout_loses_nothing",
+          "the append gives up the lock after its 10 s timeout and is retried; the entry "
+          "lands once the lock is free, and later events still merge (11.3 s). Before the "
+          "change the LockTimeout ended the appender task: nothing was queued after it"),
+    Fault("a shared VG's LVM metadata area running full",
+          "tests/integration/node/test_faults_metadata.py::"
+          "test_metadata_running_low_is_warned_once_per_crossing",
+          "32 KiB metadata area (13824 bytes of room with two LVs), one-extent extensions "
+          "in turn: 107.5 bytes of room each; after 100 extensions (3072 bytes left) the "
+          "running pvestord warned once with VG, MDA_FREE, MDA_SIZE, not again while it "
+          "fell further; removing an LV gave one all-clear (8192 bytes), and 40 more "
+          "extensions one new warning"),
+    Fault("package installed beside an enabled, unmasked qmeventd",
+          "tests/packaging/test_systemd_boot.py::"
+          "test_no_two_units_fight_for_the_event_socket_at_boot",
+          "Debian 12 booted with systemd as PID 1, a stand-in qmeventd.service enabled "
+          "before dpkg -i: the postinst left qmeventd-py disabled, the boot started "
+          "qmeventd alone (no conflicting job); 'systemctl mask --now qmeventd' and "
+          "'systemctl enable --now qmeventd-py' switched in 0.8 s and a thin disk grew "
+          "(guest run 172 s); test_install.py runs the purge/install/upgrade cases"),
 ]
 
 

@@ -3,8 +3,10 @@
 Run by ``pvestord-check.service`` once pvestord and qmeventd-py are up, with
 Debian's python3 and nothing of ours but ``tests.harness.qemu`` (copied in):
 
-1. what systemd says of both units (state, restarts, status text, enablement,
-   when they became active);
+1. what systemd says of both units and of the stand-in qmeventd.service at
+   boot (state, restarts, status text, enablement, when they became active),
+   then the admin's hand-over of the event socket (mask qmeventd, enable
+   qmeventd-py, both --now) and the units after it;
 2. a thin disk growing under the services: a VG on the second virtio disk, a
    qcow2 on a small LV of the thin storage in /etc/pve/storage.cfg, a QEMU
    started as qemu-server starts one (pidfile and QMP socket under
@@ -33,6 +35,8 @@ from tests.harness.qemu import Disk, QemuVM
 REPORT_PORT = "/dev/ttyS1"
 REPORT_PREFIX = "PVESTORD-CHECK "
 UNITS = ("pvestord.service", "qmeventd-py.service")
+#: The stand-in for Proxmox's qmeventd (systemdguest.QMEVENTD_UNIT).
+QMEVENTD = "qmeventd.service"
 SHOW_PROPERTIES = ("ActiveState", "SubState", "NRestarts", "StatusText", "UnitFileState",
                    "Result", "MainPID", "ActiveEnterTimestampMonotonic", "NotifyAccess",
                    "WatchdogUSec")
@@ -78,6 +82,25 @@ def wait_for(what: str, probe: Callable[[], bool], timeout: float) -> float:
 def unit_properties(unit: str) -> dict[str, str]:
     text = sh(["systemctl", "show", "-p", ",".join(SHOW_PROPERTIES), unit])
     return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
+def is_enabled(unit: str) -> str:
+    """``systemctl is-enabled``'s answer (it exits non-zero for disabled and masked)."""
+    done = subprocess.run(["systemctl", "is-enabled", unit], capture_output=True,  # noqa: S603
+                          text=True, timeout=COMMAND_TIMEOUT, stdin=subprocess.DEVNULL,
+                          check=False)
+    return done.stdout.strip()
+
+
+def hand_over(report: dict[str, Any]) -> None:
+    """The admin's switch from qmeventd to qmeventd-py, as docs/operations.md gives it."""
+    sh(["systemctl", "mask", "--now", QMEVENTD])
+    sh(["systemctl", "enable", "--now", "qmeventd-py.service"])
+    report["handed_over_after_s"] = round(wait_for(
+        "qmeventd-py active after the hand-over",
+        lambda: unit_properties("qmeventd-py.service")["ActiveState"] == "active",
+        SETTLE_TIMEOUT), 1)
+    report["units_after_hand_over"] = {u: unit_properties(u) for u in (*UNITS, QMEVENTD)}
 
 
 def journal(unit: str, *matches: str) -> list[dict[str, Any]]:
@@ -159,8 +182,10 @@ def main() -> int:
         wait_for("units settled", lambda: all(
             unit_properties(u)["ActiveState"] not in ("activating", "reloading")
             for u in UNITS), SETTLE_TIMEOUT)
-        report["units_at_boot"] = {u: unit_properties(u) for u in UNITS}
-        report["is_enabled"] = {u: sh(["systemctl", "is-enabled", u]).strip() for u in UNITS}
+        report["units_at_boot"] = {u: unit_properties(u) for u in (*UNITS, QMEVENTD)}
+        report["is_enabled_at_boot"] = {u: is_enabled(u) for u in (*UNITS, QMEVENTD)}
+        hand_over(report)
+        report["is_enabled"] = {u: is_enabled(u) for u in (*UNITS, QMEVENTD)}
     except Exception:
         report["errors"].append(traceback.format_exc())
     try:

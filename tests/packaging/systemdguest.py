@@ -12,10 +12,12 @@ Three layers, each made from the one before:
    kernel modules the guest loads after the initrd (device-mapper, loop, ...),
    cached under ``/var/cache/pvestord-test/`` keyed by the package list, the
    base root and the kernel, so only the first run downloads and installs.
-3. :func:`node_image`: per run, a copy of (2) with the freshly built .deb
-   installed by ``dpkg -i`` in a chroot (its postinst enables both units), the
-   in-guest check and its unit, made into an ext4 image by ``mkfs.ext4 -d``
-   (no loop mount).
+3. :func:`node_image`: per run, a copy of (2) with a stand-in for Proxmox's
+   ``qmeventd.service`` installed and enabled first (as on every Proxmox
+   node), then the freshly built .deb installed by ``dpkg -i`` in a chroot
+   (its postinst enables pvestord.service, and leaves qmeventd-py.service
+   disabled because qmeventd is not masked), the in-guest check and its unit,
+   made into an ext4 image by ``mkfs.ext4 -d`` (no loop mount).
 
 :func:`boot` runs Debian's kernel and initrd (``/boot``, as the node guest
 does) with ``init=/lib/systemd/systemd`` on that image, a blank second disk
@@ -71,6 +73,26 @@ CHECK_DIR = "/opt/pvestord-check"
 CHECK_UNIT = "pvestord-check.service"
 #: The prefix of the check's report line on the second serial port.
 REPORT_PREFIX = "PVESTORD-CHECK "
+
+#: Proxmox's qmeventd comes with qemu-server, which cannot be installed here:
+#: this stand-in holds the same socket under the same unit name, so the boot
+#: shows whether the package left two enabled units fighting for it.
+QMEVENTD_UNIT = "qmeventd.service"
+QMEVENTD_SOCKET = "/var/run/qmeventd.sock"
+_STANDIN_SERVER = (f"import signal, socket; s = socket.socket(socket.AF_UNIX); "
+                   f"s.bind('{QMEVENTD_SOCKET}'); s.listen(); signal.pause()")
+_QMEVENTD_STANDIN_TEXT = f"""\
+[Unit]
+Description=Stand-in for Proxmox's qmeventd (no qemu-server here): listens on its socket
+Before=pve-guests.service
+
+[Service]
+ExecStartPre=/bin/rm -f {QMEVENTD_SOCKET}
+ExecStart=/usr/bin/python3 -c "{_STANDIN_SERVER}"
+
+[Install]
+WantedBy=multi-user.target
+"""
 
 _CHECK_UNIT_TEXT = f"""\
 [Unit]
@@ -205,10 +227,15 @@ def node_image(base: Path, deb: Path, storage_cfg: str, work: Path) -> NodeImage
     """The per-run root image: ``base`` plus our package, the check and its unit."""
     root = debroot.copy_root(base, work / "root")
     try:
+        # Where qemu-server installs it, so that the admin can mask it.
+        (root / "lib/systemd/system" / QMEVENTD_UNIT).write_text(_QMEVENTD_STANDIN_TEXT)
+        debroot.chroot(root, ["systemctl", "enable", QMEVENTD_UNIT])
         shutil.copy2(deb, root / "tmp" / deb.name)
         # dpkg, not apt: every dependency is in the cached root, and a missing
         # one must fail here rather than be fetched.
-        debroot.chroot(root, ["dpkg", "-i", f"/tmp/{deb.name}"], timeout=IMAGE_TIMEOUT)
+        installed = debroot.chroot(root, ["dpkg", "-i", f"/tmp/{deb.name}"],
+                                   timeout=IMAGE_TIMEOUT)
+        (work / "dpkg-i.log").write_text(installed.stdout + installed.stderr)
         (root / "tmp" / deb.name).unlink()
         check = root / CHECK_DIR.lstrip("/")
         check.mkdir(parents=True)

@@ -8,6 +8,7 @@ chroot has no systemd running (the node-guest tier runs the services).
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,8 @@ from tests.packaging.conftest import pyproject_version
 from tests.packaging.debroot import chroot
 
 VERIFY_TIMEOUT = 60.0
+#: dpkg -i or --purge of our package in the root (py3compile included).
+DPKG_TIMEOUT = 300.0
 
 
 def test_installed(installed_root: Path) -> None:
@@ -80,3 +83,64 @@ def test_unit_command_line_is_accepted(installed_root: Path, unit: str) -> None:
     result = chroot(installed_root, [*exec_start.split(), "--help"], check=False)
     assert result.returncode == 0, (
         f"{exec_start} --help: exit {result.returncode}\n{result.stderr}")
+
+
+#: Proxmox's qmeventd.service comes with qemu-server, not installable here: a
+#: stand-in unit file under the same name is what the postinst looks at.
+_QMEVENTD_STANDIN = """\
+[Unit]
+Description=Stand-in for Proxmox's qmeventd (no qemu-server here)
+[Service]
+ExecStart=/bin/true
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def _enabled(root: Path, unit: str) -> str:
+    return chroot(root, ["systemctl", "is-enabled", unit], check=False).stdout.strip()
+
+
+def _dpkg(root: Path, deb: Path, *argv: str) -> None:
+    shutil.copy2(deb, root / "tmp" / deb.name)
+    try:
+        chroot(root, ["dpkg", *argv, f"/tmp/{deb.name}"] if argv[0] == "-i"
+               else ["dpkg", *argv], timeout=DPKG_TIMEOUT)
+    finally:
+        (root / "tmp" / deb.name).unlink()
+
+
+def test_install_never_leaves_two_units_for_the_socket(installed_root: Path,
+                                                       deb: Path) -> None:
+    """dpkg's installs and upgrades on the three states of qmeventd.service
+    (REVIEW.md 6); the root is put back as it was after."""
+    root = installed_root
+    standin = root / "etc/systemd/system/qmeventd.service"
+    assert _enabled(root, "qmeventd-py.service") == "enabled"   # no qmeventd: enabled
+    try:
+        standin.write_text(_QMEVENTD_STANDIN)
+        chroot(root, ["systemctl", "enable", "qmeventd.service"])
+        # An upgrade of a node where both were enabled (as 0.1.0 left them).
+        _dpkg(root, deb, "-i")
+        assert _enabled(root, "qmeventd-py.service") == "disabled"
+        assert _enabled(root, "qmeventd.service") == "enabled"
+        # A first install beside an unmasked qmeventd: left disabled.
+        _dpkg(root, deb, "--purge", "pvestord")
+        _dpkg(root, deb, "-i")
+        assert _enabled(root, "qmeventd-py.service") == "disabled"
+        # The admin masked qmeventd first: a first install enables qmeventd-py.
+        chroot(root, ["systemctl", "disable", "qmeventd.service"])
+        standin.unlink()
+        chroot(root, ["systemctl", "mask", "qmeventd.service"])
+        _dpkg(root, deb, "--purge", "pvestord")
+        _dpkg(root, deb, "-i")
+        assert _enabled(root, "qmeventd-py.service") == "enabled"
+        assert _enabled(root, "qmeventd.service") == "masked"
+        # An upgrade keeps that.
+        _dpkg(root, deb, "-i")
+        assert _enabled(root, "qmeventd-py.service") == "enabled"
+    finally:
+        chroot(root, ["systemctl", "unmask", "qmeventd.service"], check=False)
+        chroot(root, ["systemctl", "disable", "qmeventd.service"], check=False)
+        standin.unlink(missing_ok=True)
+    assert _enabled(root, "qmeventd-py.service") == "enabled"

@@ -2,13 +2,16 @@
 
 One guest boot per session (``systemdguest.py``): Debian's kernel and initrd
 from /boot, ``init=/lib/systemd/systemd``, a root image with systemd, LVM,
-QEMU and the freshly built .deb installed by dpkg (its postinst enables both
-units; nothing starts them but the boot). In the guest, a oneshot unit
-ordered after both services (``guest_check.py``) records what systemd says of
-them, grows a thin disk through them (VG on a second virtio disk, qcow2 on a
-256 MiB LV, a QEMU connected to qmeventd-py's socket, qemu-io writes past the
-write threshold) and reads the journal; it reports one JSON line on the second
-serial port and powers the guest off. These tests assert on that report.
+QEMU, a stand-in for Proxmox's qmeventd.service (enabled), and the freshly
+built .deb installed by dpkg (its postinst enables pvestord and, qmeventd
+being unmasked, leaves qmeventd-py disabled; nothing starts them but the
+boot). In the guest, a oneshot unit ordered after both services
+(``guest_check.py``) records what systemd says of them, hands the event
+socket over as docs/operations.md says, grows a thin disk through them (VG
+on a second virtio disk, qcow2 on a 256 MiB LV, a QEMU connected to
+qmeventd-py's socket, qemu-io writes past the write threshold) and reads
+the journal; it reports one JSON line on the second serial port and powers
+the guest off. These tests assert on that report.
 
 Cost, measured on the 2-core machine (TCG), three runs: warm cache, ~70 s on
 top of the session's .deb build: the image 10-12 s (copy, dpkg -i, mkfs.ext4
@@ -89,10 +92,10 @@ def test_systemd_is_pid_1(report: dict[str, Any]) -> None:
     assert report["pid1"] == "systemd"
 
 
-@pytest.mark.parametrize("unit", UNITS)
-def test_unit_started_at_boot_enabled_and_ready(report: dict[str, Any], unit: str) -> None:
+def test_pvestord_started_at_boot_enabled_and_ready(report: dict[str, Any]) -> None:
     """Enabled by the package, started by the boot, READY=1 received, no restart."""
-    assert report["is_enabled"][unit] == "enabled"
+    unit = "pvestord.service"
+    assert report["is_enabled_at_boot"][unit] == report["is_enabled"][unit] == "enabled"
     for when in ("units_at_boot", "units_after"):
         props = report[when][unit]
         # Type=notify: "active" only after systemd received READY=1.
@@ -102,6 +105,34 @@ def test_unit_started_at_boot_enabled_and_ready(report: dict[str, Any], unit: st
     assert int(report["units_at_boot"][unit]["ActiveEnterTimestampMonotonic"]) > 0
     # The same process all along: no crash and restart in between.
     assert report["units_at_boot"][unit]["MainPID"] == report["units_after"][unit]["MainPID"]
+
+
+def test_no_two_units_fight_for_the_event_socket_at_boot(report: dict[str, Any]) -> None:
+    """qmeventd.service was enabled and not masked when the package was installed
+    (REVIEW.md 6): the package left qmeventd-py disabled, so the boot started
+    qmeventd alone, with no conflicting start job."""
+    assert report["is_enabled_at_boot"]["qmeventd.service"] == "enabled"
+    assert report["is_enabled_at_boot"]["qmeventd-py.service"] == "disabled"
+    qmeventd = report["units_at_boot"]["qmeventd.service"]
+    assert (qmeventd["ActiveState"], qmeventd["SubState"]) == ("active", "running"), qmeventd
+    assert qmeventd["NRestarts"] == "0", qmeventd
+    ours = report["units_at_boot"]["qmeventd-py.service"]
+    assert (ours["ActiveState"], ours["ActiveEnterTimestampMonotonic"]) == ("inactive", "0")
+
+
+def test_the_documented_hand_over_switches_the_socket(report: dict[str, Any]) -> None:
+    """``systemctl mask --now qmeventd`` then ``systemctl enable --now qmeventd-py``
+    (docs/operations.md): qmeventd-py enabled, ready and serving; qmeventd masked."""
+    assert report["is_enabled"]["qmeventd.service"] == "masked"
+    assert report["is_enabled"]["qmeventd-py.service"] == "enabled"
+    after = report["units_after_hand_over"]
+    assert after["qmeventd.service"]["ActiveState"] == "inactive", after["qmeventd.service"]
+    for props in (after["qmeventd-py.service"], report["units_after"]["qmeventd-py.service"]):
+        assert (props["ActiveState"], props["SubState"]) == ("active", "running"), props
+        assert props["NRestarts"] == "0", props
+        assert props["WatchdogUSec"] == "30s", props
+    assert (after["qmeventd-py.service"]["MainPID"]
+            == report["units_after"]["qmeventd-py.service"]["MainPID"])
 
 
 def test_pvestord_reports_status(report: dict[str, Any]) -> None:

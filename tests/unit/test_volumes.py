@@ -21,20 +21,25 @@ from pvestord.config import parse_storage_config
 from pvestord.sizes import GiB, MiB
 from pvestord.volumes import (
     MAX_VOLUMES_PER_GUEST,
+    ClusterView,
+    Membership,
     ShrinkRefused,
     VolumeError,
     VolumeId,
     VolumeSettings,
     check_virtual_size,
     cluster_report,
+    cross_node_refusal,
     initial_lv_size,
     next_disk_name,
+    parse_members,
     parse_rrd,
     parse_volname,
     parse_volume_id,
     refuse_if_running,
     shrink_target,
     thin_storage,
+    vmlist_owner,
 )
 
 PVESTORD = Path(sys.executable).with_name("pvestord")
@@ -256,16 +261,43 @@ def test_parse_rrd() -> None:
     assert parse_rrd(text, 10) is None
 
 
+HERE = "nodea"
+
+
+def members(nodename: str = HERE, quorate: int | None = 1) -> str:
+    """``.members`` as pmxcfs writes it; ``quorate=None``: a standalone node."""
+    data: dict[str, object] = {"nodename": nodename, "version": 7}
+    if quorate is not None:
+        data["cluster"] = {"name": "clu", "version": 3, "nodes": 2, "quorate": quorate}
+        data["nodelist"] = {"nodea": {"id": 1, "online": 1, "ip": "10.0.0.1"},
+                            "nodeb": {"id": 2, "online": quorate, "ip": "10.0.0.2"}}
+    return json.dumps(data)
+
+
+def vmlist(**owners: str) -> str:
+    """``.vmlist``: ``vm201="nodeb"`` -> VM 201's config is on nodeb."""
+    return json.dumps({"version": 9, "ids": {
+        name.removeprefix("vm"): {"node": node, "type": "qemu", "version": 1}
+        for name, node in owners.items()}})
+
+
+def write_cluster(folder: Path, *, members_text: str | None, vmlist_text: str,
+                  rrd_text: str) -> Path:
+    folder.mkdir(exist_ok=True)
+    if members_text is not None:
+        (folder / ".members").write_text(members_text)
+    (folder / ".vmlist").write_text(vmlist_text)
+    (folder / ".rrd").write_text(rrd_text)
+    return folder
+
+
 @pytest.fixture
 def cluster(tmp_path: Path) -> Path:
-    folder = tmp_path / "pve"
-    folder.mkdir()
-    (folder / ".rrd").write_text(
-        rrd_line(201, "running", 3600, int(time.time()) - 5)
+    return write_cluster(
+        tmp_path / "pve", members_text=members(),
+        vmlist_text=vmlist(vm201="nodeb", vm202=HERE, vm203=HERE, vm205=HERE),
+        rrd_text=rrd_line(201, "running", 3600, int(time.time()) - 5)
         + rrd_line(202, "stopped", 0, int(time.time())) + rrd_line(203, "paused", 10, 1))
-    (folder / ".vmlist").write_text(json.dumps(
-        {"version": 3, "ids": {"201": {"node": "nodeb", "type": "qemu", "version": 1}}}))
-    return folder
 
 
 def test_cluster_reports(cluster: Path, tmp_path: Path) -> None:
@@ -273,18 +305,117 @@ def test_cluster_reports(cluster: Path, tmp_path: Path) -> None:
     report = cluster_report(cluster, 201)
     assert report is not None and report.running and report.node == "nodeb"
     with pytest.raises(ShrinkRefused, match=r"VM 201 is running on node nodeb according to "
-                       r".*\.rrd, reported \d+ s ago; stop it first"):
+                       r"\.rrd, reported \d+ s ago; stop it first"):
         refuse_if_running(settings, 201)
-    with pytest.raises(ShrinkRefused, match="VM 203 is paused on a node"):
+    with pytest.raises(ShrinkRefused, match="VM 203 is paused on node nodea"):
         refuse_if_running(settings, 203)
-    refuse_if_running(settings, 202)  # stopped: allowed
-    refuse_if_running(settings, 204)  # never reported: allowed
+    refuse_if_running(settings, 202)  # ours, stopped: allowed
+    refuse_if_running(settings, 205)  # ours, no .rrd line: allowed (ownership is the proof)
+    with pytest.raises(ShrinkRefused, match=r"VM 204 is in no node's VM list \(\.vmlist\)"):
+        refuse_if_running(settings, 204)
 
 
 def test_no_cluster_report_means_we_cannot_tell(tmp_path: Path) -> None:
     settings = VolumeSettings(run_dir=tmp_path, cluster_dir=tmp_path / "nothing")
     with pytest.raises(ShrinkRefused, match="cannot tell whether VM 200 runs on another node"):
         refuse_if_running(settings, 200)
+
+
+# The review's case (REVIEW.md 1.3): another node runs VM 102, but its .rrd line
+# is missing (pmxcfs dropped it after 5 minutes without pvestatd, or pve-cluster
+# just restarted here) or stale, or present and saying "stopped" while .vmlist
+# names the other node. Only ownership by this node, with quorum, allows.
+@pytest.mark.parametrize("rrd_text", [
+    "",                                                                  # line absent
+    rrd_line(101, "running", 50, 1700000000),                            # others' lines only
+    rrd_line(102, "stopped", 0, 1700000000),                             # stale "stopped"
+    rrd_line(102, "stopped", 0, 2_000_000_000),                          # fresh "stopped"
+], ids=["absent", "other-vm-only", "stale-stopped", "present-stopped"])
+def test_vm_owned_by_another_node_is_refused_whatever_rrd_says(
+        tmp_path: Path, rrd_text: str) -> None:
+    folder = write_cluster(tmp_path / "pve", members_text=members(),
+                           vmlist_text=vmlist(vm102="nodeb"), rrd_text=rrd_text)
+    settings = VolumeSettings(run_dir=tmp_path, cluster_dir=folder)
+    with pytest.raises(ShrinkRefused, match=r"VM 102's configuration is on node nodeb, not "
+                       r"on this node \(nodea\)"):
+        refuse_if_running(settings, 102)
+
+
+@pytest.mark.parametrize("rrd_text", [
+    "",
+    rrd_line(102, "stopped", 0, 1700000000),
+    rrd_line(102, "stopped", 0, 2_000_000_000),
+], ids=["absent", "stale-stopped", "present-stopped"])
+def test_vm_owned_here_and_not_running_here_is_allowed(tmp_path: Path, rrd_text: str) -> None:
+    folder = write_cluster(tmp_path / "pve", members_text=members(),
+                           vmlist_text=vmlist(vm102=HERE), rrd_text=rrd_text)
+    refuse_if_running(VolumeSettings(run_dir=tmp_path, cluster_dir=folder), 102)
+
+
+@pytest.mark.parametrize("rrd_text", [
+    rrd_line(102, "running", 50, 1700000000),                            # stale "running"
+    rrd_line(102, "running", 50, 2_000_000_000),                         # fresh "running"
+], ids=["stale-running", "present-running"])
+def test_a_running_line_refuses_even_for_our_own_vm(tmp_path: Path, rrd_text: str) -> None:
+    folder = write_cluster(tmp_path / "pve", members_text=members(),
+                           vmlist_text=vmlist(vm102=HERE), rrd_text=rrd_text)
+    with pytest.raises(ShrinkRefused, match="VM 102 is running on node nodea according to"):
+        refuse_if_running(VolumeSettings(run_dir=tmp_path, cluster_dir=folder), 102)
+
+
+def test_no_quorum_is_refused(tmp_path: Path) -> None:
+    folder = write_cluster(tmp_path / "pve", members_text=members(quorate=0),
+                           vmlist_text=vmlist(vm102=HERE), rrd_text="")
+    with pytest.raises(ShrinkRefused, match="node nodea has no quorum"):
+        refuse_if_running(VolumeSettings(run_dir=tmp_path, cluster_dir=folder), 102)
+
+
+def test_standalone_node_is_its_own_quorum_unless_a_cluster_is_configured(
+        tmp_path: Path) -> None:
+    folder = write_cluster(tmp_path / "pve", members_text=members(quorate=None),
+                           vmlist_text=vmlist(vm102=HERE), rrd_text="")
+    settings = VolumeSettings(run_dir=tmp_path, cluster_dir=folder)
+    refuse_if_running(settings, 102)
+    (folder / "corosync.conf").write_text("totem {}\n")
+    with pytest.raises(ShrinkRefused, match="pmxcfs knows no members yet"):
+        refuse_if_running(settings, 102)
+
+
+@pytest.mark.parametrize("members_text", [None, "", "{", "[]", '{"version": 1}',
+                                          '{"nodename": "nodea", "cluster": 1}'])
+def test_unreadable_members_is_refused(tmp_path: Path, members_text: str | None) -> None:
+    folder = write_cluster(tmp_path / "pve", members_text=members_text,
+                           vmlist_text=vmlist(vm102=HERE), rrd_text="")
+    with pytest.raises(ShrinkRefused, match="cannot tell whether VM 102 runs on another node"):
+        refuse_if_running(VolumeSettings(run_dir=tmp_path, cluster_dir=folder), 102)
+
+
+@given(owner=st.sampled_from(["nodea", "nodeb", None]), quorate=st.sampled_from([0, 1, None]),
+       status=st.sampled_from(["running", "stopped", "paused", "prelaunch", None]),
+       corosync_conf=st.booleans(), age=st.integers(0, 10**6))
+def test_cross_node_refusal_allows_only_with_ownership_and_quorum(
+        owner: str | None, quorate: int | None, status: str | None, corosync_conf: bool,
+        age: int) -> None:
+    now = 1_800_000_000
+    view = ClusterView(
+        members(quorate=quorate), vmlist(vm102=owner) if owner else vmlist(),
+        rrd_line(102, status, 5 if status != "stopped" else 0, now - age) if status else "",
+        corosync_conf)
+    allowed = cross_node_refusal(view, 102, now) is None
+    assert allowed == (owner == HERE and status in (None, "stopped")
+                       and (quorate == 1 or (quorate is None and not corosync_conf)))
+
+
+def test_parse_members_and_vmlist() -> None:
+    assert parse_members(members()) == Membership("nodea", clustered=True, quorate=True)
+    assert parse_members(members(quorate=0)) == Membership("nodea", clustered=True,
+                                                           quorate=False)
+    assert parse_members(members(quorate=None)) == Membership("nodea", clustered=False,
+                                                              quorate=True)
+    assert vmlist_owner(vmlist(vm102="nodeb"), 102) == "nodeb"
+    assert vmlist_owner(vmlist(vm102="nodeb"), 103) is None
+    assert vmlist_owner('{"version": 1}', 102) is None
+    assert vmlist_owner("garbage", 102) is None
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ crossed with HMP ``qemu-io``.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import signal
@@ -22,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from pvestord.queue import Reason
+from pvestord.queue import ExtendQueue, Reason
 from tests.harness.qemu import Disk, QemuVM, create_qcow2
 
 pytestmark = pytest.mark.root
@@ -305,3 +306,116 @@ def test_sigterm_removes_the_socket_and_runs_no_cleanup(
         assert not daemon.socket.exists()
         assert vm.is_running()
     assert _recorded(run_dir) == []
+
+
+# -- a hung /etc/pve (REVIEW.md 2.4) ---------------------------------------------------
+
+#: Where a task of a process waits while FUSE (pmxcfs, here bindfs) does not answer.
+_FUSE_WAIT = "request_wait_answer"
+
+
+def _blocked_in_fuse(pid: int) -> bool:
+    """Some thread of ``pid`` waits for an answer of a FUSE file system now."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            if (task / "wchan").read_text().strip() == _FUSE_WAIT:
+                return True
+    return False
+
+
+def _mounted(point: Path) -> bool:
+    return any(line.split()[4] == str(point)
+               for line in Path("/proc/self/mountinfo").read_text().splitlines())
+
+
+@contextlib.contextmanager
+def _fuse_folder(run_dir: Path) -> Iterator[tuple[Path, Path, subprocess.Popen[bytes]]]:
+    """A FUSE mount standing in for pmxcfs (bindfs of a plain folder, in the
+    foreground so that SIGSTOP to it hangs every access, as a hung pmxcfs
+    does): yields the mount point, the plain folder behind it, the server."""
+    backing, mount = run_dir / "pve-backing", run_dir / "pve"
+    backing.mkdir()
+    mount.mkdir()
+    server = subprocess.Popen(["bindfs", "-f", str(backing), str(mount)],  # noqa: S603
+                              stdin=subprocess.DEVNULL)
+    try:
+        _wait(lambda: _mounted(mount), 30, "the bindfs mount")
+        yield mount, backing, server
+    finally:
+        server.send_signal(signal.SIGCONT)
+        subprocess.run(["umount", str(mount)], check=False, timeout=30)  # noqa: S603
+        server.wait(30)
+
+
+def test_hung_queue_folder_never_holds_up_shutdown_and_cleanup(
+        run_dir: Path, daemon_factory: DaemonFactory) -> None:
+    """pmxcfs hangs (its FUSE server stopped) while a VM crosses its threshold:
+    the append waits in a thread; meanwhile another VM's SHUTDOWN is handled
+    (SIGTERM, then the cleanup command) and further events are taken; once
+    pmxcfs answers again, each entry lands exactly once."""
+    with _fuse_folder(run_dir) as (pve, backing, fuse):
+        daemon = daemon_factory(cleanup_cmd=str(_recorder(run_dir)),
+                                extra=["--queue", str(pve / "extend-queue")])
+        with _vm(run_dir, 4250, daemon, disks=2) as writer, \
+                _vm(run_dir, 4251, daemon, extra_args=_STAYS_AFTER_SHUTDOWN) as quitter:
+            _connected(daemon, writer)
+            _connected(daemon, quitter)
+            assert daemon.proc is not None
+            fuse.send_signal(signal.SIGSTOP)
+            try:
+                _cross_threshold(writer, 0)
+                _wait(lambda: _blocked_in_fuse(daemon.proc.pid), 30,
+                      "qmeventd-py's append waiting for the hung FUSE server")
+                quitter.qmp("system_reset")              # the guest shut down
+                assert quitter.wait(30) == 0             # terminated meanwhile
+                _wait(lambda: _recorded(run_dir) == ["4251 1 0"], 60,
+                      "the cleanup command, with the queue still hung")
+                _cross_threshold(writer, 1)              # events still taken
+                assert writer.qmp("query-status")["status"] == "running"
+                assert _blocked_in_fuse(daemon.proc.pid)
+                assert not (backing / "extend-queue").exists()
+            finally:
+                fuse.send_signal(signal.SIGCONT)
+            queue = ExtendQueue(backing / "extend-queue")
+            want = [(4250, "file-scsi0"), (4250, "file-scsi1")]
+            _wait(lambda: sorted(e.key for e in queue.list()) == want, 60,
+                  "both entries in the queue once pmxcfs answers")
+            assert [e.n for e in queue.list()] == [1, 1]
+        assert daemon.stop() == 0
+    assert _recorded(run_dir).count("4251 1 0") == 1              # once, not again
+
+
+def _holds_open(pid: int, path: Path) -> bool:
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            if os.readlink(fd) == str(path):
+                return True
+    return False
+
+
+def test_queue_lock_held_past_its_timeout_loses_nothing(
+        run_dir: Path, daemon_factory: DaemonFactory) -> None:
+    """Another process holds the queue lock longer than qmeventd-py's lock
+    timeout: the append fails, is retried, and the entry lands once the lock
+    is free (before, the lock timeout ended the appender for good)."""
+    daemon = daemon_factory()
+    lock_path = daemon.queue_path.with_name(daemon.queue_path.name + ".lock")
+    assert daemon.proc is not None
+    pid = daemon.proc.pid
+    with _vm(run_dir, 4252, daemon) as vm:
+        _connected(daemon, vm)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            _cross_threshold(vm)
+            _wait(lambda: _holds_open(pid, lock_path), 30, "the append waiting for the lock")
+            # The lock timeout (10 s) ends that wait: the lock file is closed.
+            _wait(lambda: not _holds_open(pid, lock_path), 60, "the append giving up once")
+            assert daemon.entries() == []
+        finally:
+            os.close(fd)
+        _wait(lambda: _keys(daemon) == [(4252, "file-scsi0")], 60, "the retried entry")
+        assert [e.n for e in daemon.entries()] == [1]
+        _cross_threshold(vm)                                # the appender still works
+        _wait(lambda: [e.n for e in daemon.entries()] == [2], 60, "a second event merged")
+    assert daemon.stop() == 0

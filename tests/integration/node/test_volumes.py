@@ -89,7 +89,26 @@ def make_bed(root: Path, vg: VG, out_dir: Path) -> NodeBed:
                                          initial_size="256M")], logs_dir=out_dir)
     (root / "pve").mkdir()
     (root / "pve" / ".rrd").write_text("")  # pmxcfs's status dump: nothing runs anywhere
+    # pmxcfs's membership (this node, quorate) and VM list: the test VMs are ours.
+    (root / "pve" / ".members").write_text(members_json(quorate=1))
+    (root / "pve" / ".vmlist").write_text(vmlist_json(HERE))
     return bed
+
+
+HERE = "nodea"
+VMIDS = (120, 130)
+
+
+def members_json(*, quorate: int) -> str:
+    return json.dumps({"nodename": HERE, "version": 2,
+                       "cluster": {"name": "clu", "version": 2, "nodes": 2, "quorate": quorate},
+                       "nodelist": {HERE: {"id": 1, "online": 1}, "nodeb": {"id": 2,
+                                                                            "online": 1}}})
+
+
+def vmlist_json(node: str) -> str:
+    return json.dumps({"version": 1, "ids": {str(vmid): {"node": node, "type": "qemu",
+                                                         "version": 1} for vmid in VMIDS}})
 
 
 @pytest.fixture
@@ -249,10 +268,19 @@ def test_shrink_refusals_each_with_its_reason(bed: NodeBed, vg: VG) -> None:
     # Reported running by another node (pmxcfs's status dump and VM list).
     rrd = bed.root / "pve" / ".rrd"
     rrd.write_text(f"pve2.3-vm/130:3600:vm130:running:0:{int(time.time())}:1:0:1:1:1:1:0:0:0:0\n")
-    (bed.root / "pve" / ".vmlist").write_text(json.dumps(
-        {"version": 1, "ids": {"130": {"node": "nodeb", "type": "qemu", "version": 1}}}))
+    (bed.root / "pve" / ".vmlist").write_text(vmlist_json("nodeb"))
     refused("VM 130 is running on node nodeb according to")
+    # Owned by another node: refused whether its .rrd line is stopped, or gone
+    # (pmxcfs drops lines 5 minutes old: REVIEW.md 1.3).
     rrd.write_text(f"pve2.3-vm/130:0:vm130:stopped:0:{int(time.time())}:1:0:1:1:1:1:0:0:0:0\n")
+    refused("VM 130's configuration is on node nodeb, not on this node (nodea)")
+    rrd.write_text("")
+    refused("VM 130's configuration is on node nodeb, not on this node (nodea)")
+    (bed.root / "pve" / ".vmlist").write_text(vmlist_json(HERE))
+    # Ours, but without quorum our VM list may be stale.
+    (bed.root / "pve" / ".members").write_text(members_json(quorate=0))
+    refused("node nodea has no quorum")
+    (bed.root / "pve" / ".members").write_text(members_json(quorate=1))
 
     # Not clean: a leaked cluster, then a corrupted refcount.
     sh("lvchange", "-aey", f"{vg.name}/{lv}")
