@@ -36,9 +36,10 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 
 from pvestord import lvm, migration, policy, qemu_img
+from pvestord.command import KILL_WAIT
 from pvestord.config import DaemonSettings, StorageConfig, ThinStorage
 from pvestord.errors import PvestordError
-from pvestord.locks import Lock, storage_lock
+from pvestord.locks import VgLock, vg_lock
 from pvestord.lvmshell import LvmShells
 from pvestord.nodereport import LvmHealth
 from pvestord.policy import Decision, DriveState, ExtensionState, Reason
@@ -52,6 +53,7 @@ from pvestord.qmp import (
 )
 from pvestord.service import fields
 from pvestord.sizes import format_size
+from pvestord.vghealth import VgHealth
 from pvestord.vms import LocalVm
 
 log = logging.getLogger(__name__)
@@ -183,9 +185,12 @@ class Extender:
     def _monitor(self, vm: LocalVm) -> VmMonitor:
         return VmMonitor(vm.qmp_socket, f"VM {vm.vmid}", timeout=self.settings.qmp_timeout)
 
-    def _storage_lock(self, storage: ThinStorage) -> Lock:
-        return storage_lock(storage.storeid, shared=storage.shared,
-                            lock_dir=self.settings.lock_dir)
+    def _storage_lock(self, storage: ThinStorage) -> VgLock:
+        """The locks of every storage on ``storage``'s VG (config R1), refused
+        while the VG is marked unhealthy on this node."""
+        return vg_lock(storage.vgname, self._storage_config().vg_users(storage.vgname),
+                       lock_dir=self.settings.lock_dir, lifetime=self.settings.lock_lifetime,
+                       health=VgHealth(self.settings.vg_health_dir))
 
     # -- observing
 
@@ -386,7 +391,7 @@ class Extender:
         assert drive.storage is not None
         node = drive.view.file_node
         async with self._vg_gate(drive.vg), \
-                self._storage_lock(drive.storage).acquire_async(STORAGE_LOCK_TIMEOUT):
+                self._storage_lock(drive.storage).acquire_async(STORAGE_LOCK_TIMEOUT) as held:
             locked = time.monotonic()
             # Under the lock, so that a migration's begin (which takes
             # this lock after marking the VM) is a barrier for us.
@@ -400,6 +405,7 @@ class Extender:
             if info.size > lvm.device_size(drive.vg, drive.lv):
                 # The metadata is ahead of this node's device-mapper table:
                 # another node grew it. Catch up instead of growing again.
+                held.require(self.settings.lvm_timeout + KILL_WAIT)
                 await lvm.refresh(drive.vg, drive.lv, timeout=self.settings.lvm_timeout)
                 self._changed(drive.vg)
                 log.info("VM %d %s: LV %s was grown elsewhere to %s: refreshed", vm.vmid,
@@ -420,6 +426,7 @@ class Extender:
                     " bug 6543): growing one more chunk so the VM can run",
                     vm.vmid, node, drive.view.path, format_size(drive.maximum),
                     extra=fields(VMID=vm.vmid, NODE_NAME=node, LV=drive.view.path))
+            held.require(self.settings.lvm_timeout + KILL_WAIT)
             await lvm.extend(drive.vg, drive.lv, decision.target,
                              timeout=self.settings.lvm_timeout, shells=self.lvm_shells)
             self._changed(drive.vg)
@@ -452,8 +459,8 @@ class Extender:
             if drive.storage is None:
                 continue
             async with self._vg_gate(drive.vg), \
-                    self._storage_lock(drive.storage).acquire_async(STORAGE_LOCK_TIMEOUT):
-                done = await migration.catch_up(drive.vg, drive.lv)
+                    self._storage_lock(drive.storage).acquire_async(STORAGE_LOCK_TIMEOUT) as held:
+                done = await migration.catch_up(drive.vg, drive.lv, held=held)
             if done.action == "refreshed":
                 log.info("VM %d %s: incoming migration: LV %s refreshed %s -> %s", vm.vmid,
                          drive.view.file_node, drive.view.path, format_size(done.old),
