@@ -2,7 +2,9 @@
 
 Never a shell. Every call names its timeout; a command that overruns it is
 killed (its whole process group, since LVM tools may fork) and reported as a
-:class:`~pvestord.errors.CommandError` with ``timed_out`` set. Binaries can be
+:class:`~pvestord.errors.CommandError` with ``timed_out`` set. The wait for
+the killed command's end is bounded too (:data:`KILL_WAIT`): one that is still
+there raises :class:`UnkillableCommandError`, naming what is left of it. Binaries can be
 overridden through the environment (``PVESTORD_LVM``, ``PVESTORD_QEMU_IMG``),
 as ovirt-imageio does, so the fault tests can put a misbehaving wrapper in the
 way.

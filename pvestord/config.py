@@ -446,8 +446,9 @@ class DaemonSettings:
     #: fast path; this is what makes correctness independent of them.
     reconcile_interval: float = 30.0
     #: Budget of one LVM command (``lvs``, ``lvextend``). It runs under the
-    #: storage lock, which pmxcfs expires after 120 s and which we promise to
-    #: release well inside 60 s.
+    #: storage lock, and a change starts only while the lock is guaranteed
+    #: for this plus the wait after a kill (checked below against
+    #: ``lock_lifetime``).
     lvm_timeout: float = 30.0
     #: Budget of one QMP session (connect, batch, disconnect). qemu-server
     #: shares the socket, so a connection may wait for its turn.

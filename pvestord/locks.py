@@ -6,11 +6,27 @@ Two backends, chosen by where the protected thing lives:
   on pmxcfs: ``mkdir <lockdir>/<id>`` is the atomic test-and-set; while it
   exists the waiter sends an *unlock request* and retries for up to 10 s;
   ``rmdir`` releases. pmxcfs expires a lock directory unchanged for 120 s when
-  a waiter asks; a holder must therefore finish well inside 60 s (Proxmox
-  aborts its locked code after 60 s).
+  a waiter asks. An ``acquire_async`` holder therefore renews it while held
+  (``utime(path, 0, now)``, which pmxcfs documents as "another 120 seconds")
+  every quarter of the lifetime.
 * :class:`FlockLock`: ``flock`` on a lock file, for one node on an ordinary
   file system; the same kernel lock Proxmox's ``PVE::Tools::lock_file`` takes,
   so ours and theirs exclude each other.
+
+Every ``acquire`` yields a :class:`Held`: how long the lock is guaranteed
+to stay ours from its last successful renewal. :meth:`Held.require` refuses
+(:class:`LockLifetimeError`) when less than a change's budget remains, so no
+LVM change starts that could outlive the lock. Budgets, all counted from a
+renewal: a change's command timeout plus the bounded wait after its kill
+(:data:`pvestord.command.KILL_WAIT`) plus :data:`MARGIN_SHARE` of the
+lifetime must fit in the ``1 - RENEW_SHARE`` of it that a renewal leaves at
+worst (30 + 5 + 10 s of 90 s on pmxcfs; :class:`pvestord.config.DaemonSettings`
+refuses settings where it does not).
+
+:class:`VgLock` holds the locks of every storage on one VG (Proxmox locks
+by storage id, not VG), refuses a VG marked unhealthy, and when a command
+under it survives SIGKILL, marks the VG and leaves the locks to a custodian
+that keeps them, renewed, until that process has gone.
 
 Every wait is a retry loop (``time.sleep`` for the command line,
 ``asyncio.sleep`` for the daemons): a lock that cannot be had in time raises

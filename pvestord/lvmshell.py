@@ -33,6 +33,11 @@ Failures, and what they mean for the caller:
   the command again in a plain process, because whether it had its effect is
   unknown; the caller's retry decides, as after any failed command (pvestord's
   extensions are to absolute sizes, so a retry is safe).
+- The killed shell does not end within
+  :data:`~pvestord.command.KILL_WAIT` (D state): the wait is given up and
+  the call raises :class:`~pvestord.command.UnkillableCommandError` naming
+  its pid; the storage lock's holder then marks the VG and keeps the lock
+  (:class:`pvestord.locks.VgLock`).
 """
 
 from __future__ import annotations
