@@ -660,9 +660,12 @@ class LockDirLock:
         try:
             yield held
         finally:
+            # The renewal runs only between awaits: once cancelled it cannot
+            # touch the directory again, so release before awaiting its end
+            # (a second cancellation then cannot leave the lock behind).
             renewer.cancel()
-            await asyncio.gather(renewer, return_exceptions=True)
             self._release(held, held_since)
+            await asyncio.gather(renewer, return_exceptions=True)
 
 
 # ---------------------------------------------------------------------------
