@@ -82,6 +82,32 @@ FAULTS = [
           "hypothesis: parsers return a result or their own error type, good entries "
           "survive any garbage, and every error a parser raises is one the daemon's "
           "per-VM pass handles"),
+    Fault("a killed command's descendant keeps its pipes",
+          "tests/unit/test_command_kill.py::"
+          "test_a_descendant_holding_the_pipes_after_sigkill_is_not_waited_for",
+          "a command (timeout 1 s) whose descendant left its process group with setsid and "
+          "held stdout/stderr: UnkillableCommandError naming the descendant's pid after "
+          "6.2 s (1 s + the 5 s kill wait); the old code waited for the pipes without end "
+          "(still waiting when the test's 16 s bound cut it)"),
+    Fault("an lvm that SIGKILL does not end (D state)",
+          "tests/unit/test_command_kill.py::test_a_process_sigkill_does_not_end_is_not_waited_for"
+          ", test_lvmshell.py::test_a_shell_sigkill_does_not_end_is_not_waited_for",
+          "a plain command and a persistent lvm shell whose SIGKILL has no effect (D state "
+          "cannot be made here: the kill is replaced by one that does nothing): the wait "
+          "ends after 1 s + 5 s with UnkillableCommandError naming the process's pid"),
+    Fault("storage lock held longer than its lifetime",
+          "tests/unit/test_lock_renewal.py::"
+          "test_another_process_never_enters_while_the_holder_renews",
+          "a lock directory with a 1.5 s lifetime, renewed every 0.375 s while held: a "
+          "second process waiting 6 s on it with the same emulated expiry timed out (6.6 s "
+          "test); without renewal the same waiter expired it and got in "
+          "(test_an_unrenewed_lock_is_expired_by_the_same_waiter)"),
+    Fault("Proxmox holds the lock of a thick storage on the same VG",
+          "tests/unit/test_lock_renewal.py::"
+          "test_a_thick_storage_lock_on_the_vg_blocks_the_thin_extension",
+          "another process holding storage-thick1 (as Proxmox's lvcreate would) made the "
+          "extension lock of thin1 on the same VG time out naming storage-thick1; after its "
+          "release both locks were taken, in sorted order; a disabled storage's was not"),
 ]
 
 
