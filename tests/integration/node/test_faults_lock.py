@@ -181,3 +181,61 @@ def test_an_lvm_sigkill_does_not_end_keeps_the_lock_and_marks_the_vg(
         assert time.time() > waiting
         final_checks(stuck_vm, vg, stuck_lv, stuck_work)
         final_checks(other_vm, vg2, other_lv, other_work)
+
+
+#: Another node waiting for the lock; once in, it says which ``lvextend``
+#: wrappers still ran.
+SLOW_WAITER = """
+import json, sys, time
+from pathlib import Path
+from pvestord.locks import EmulatedPmxcfsExpiry, LockDirLock
+from tests.harness.faults import alive
+lock_dir, lock_id, lifetime, folder = sys.argv[1:5]
+lock = LockDirLock(Path(lock_dir), lock_id, unlock_request=EmulatedPmxcfsExpiry(float(lifetime)))
+with lock.acquire(600):
+    started = Path(folder) / "lvextend.started"
+    pids = [int(p) for p in started.read_text().split()] if started.exists() else []
+    print(json.dumps({"entered": time.time(), "running": [p for p in pids if alive(p)]}),
+          flush=True)
+"""
+
+
+def test_an_lvm_slower_than_the_lock_is_killed_before_the_lock_could_expire(
+        bed: NodeBed, vg: VG, tmp_path: Path, faults: LvmFaults,  # noqa: F811
+        fault_log: FaultLog) -> None:  # noqa: F811
+    lock_dir = tmp_path / "pve-locks"
+    lock_dir.mkdir()
+    marks = tmp_path / "vg-unhealthy"
+    vm, lv = thin_vm(bed, vg, 933)
+    with vm, node(bed, faults, "--lock-dir", str(lock_dir), "--lock-lifetime", str(LIFETIME),
+                  "--lvm-timeout", str(LVM_TIMEOUT), "--vg-health-dir", str(marks)):
+        work = Workload(vm)
+        settled(bed, vm, vg, lv, LV0)
+        faults.rule("lvextend", f"before sleep {STUCK_FOR:g} {vg.name}")
+        work.cross_threshold()
+        wait_for(lambda: faults.running("lvextend"), 120, "the slow lvextend started")
+        waiter = subprocess.Popen(  # noqa: S603 - argument list
+            [sys.executable, "-c", SLOW_WAITER, str(lock_dir), "storage-thin1", str(LIFETIME),
+             str(faults.folder)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        try:
+            assert waiter.stdout is not None
+            entered = json.loads(waiter.stdout.readline())
+            waiter.wait(timeout=60)
+        finally:
+            if waiter.poll() is None:
+                waiter.kill()
+                waiter.wait()
+        assert entered["running"] == [], "another node entered while our lvextend ran"
+        assert not (marks / vg.name).exists(), "a command that SIGKILL ended marked the VG"
+        faults.clear()
+        clock = Stopwatch()
+        settled(bed, vm, vg, lv, LV0 + CHUNK)
+        fault_log.record(FaultRecord(
+            "lvm slower than the storage lock's lifetime",
+            f"every lvextend of the VG sleeps {STUCK_FOR:g} s before running (lock lifetime "
+            f"{LIFETIME:g} s; pvestord run --lvm-timeout {LVM_TIMEOUT:g})",
+            "killed at its timeout, well inside the lock's guaranteed life; a second process "
+            "waiting on the lock got in only once no lvextend ran; the VG not marked; "
+            "extended once LVM was quick again; no write failed", clock(),
+            "test_an_lvm_slower_than_the_lock_is_killed_before_the_lock_could_expire"))
+        final_checks(vm, vg, lv, work)
