@@ -120,7 +120,8 @@ def test_an_lvm_sigkill_does_not_end_keeps_the_lock_and_marks_the_vg(
         assert str(stuck[0]) in (marks / vg.name).read_text()
         assert (lock_dir / "storage-thin1").is_dir(), "the lock was let go under the stuck lvm"
         assert running.pvestord.proc.poll() is None
-        assert errors_for(running.pvestord.log_text(), 931) >= 1
+        wait_for(lambda: errors_for(running.pvestord.log_text(), 931) >= 1, 60,
+                 "the pass's error logged for VM 931")
 
         waiter = subprocess.Popen(  # noqa: S603 - argument list
             [sys.executable, "-c", WAITER, str(lock_dir), "storage-thin1", str(LIFETIME),
