@@ -48,13 +48,14 @@ from tests.integration.node.test_faults import (
 
 ROOT = Path(__file__).resolve().parents[3]
 #: The lock directories' lifetime: pmxcfs's 120 s, shortened so that the
-#: stuck command outlives several lifetimes within a test.
-LIFETIME = 20.0
+#: stuck command outlives it twice within a test.
+LIFETIME = 45.0
 #: The daemon's LVM budget: it must fit in the lifetime with the kill wait
-#: (pvestord refuses settings where it does not).
-LVM_TIMEOUT = 5.0
-#: How long the stuck command stays: three lock lifetimes.
-STUCK_FOR = 3 * LIFETIME
+#: (pvestord refuses settings where it does not: 20 + 5 <= 30 s here), and
+#: an lvs on a loaded emulated node takes more than 5 s (seen).
+LVM_TIMEOUT = 20.0
+#: How long the stuck command stays: two lock lifetimes.
+STUCK_FOR = 2 * LIFETIME
 
 #: Another node waiting for the lock, with the same emulated expiry; once in,
 #: it says whether the stuck command was still alive.
@@ -154,7 +155,7 @@ def test_an_lvm_sigkill_does_not_end_keeps_the_lock_and_marks_the_vg(
         fault_log.record(FaultRecord(
             "lvm that SIGKILL does not end (D state), slower than the lock's lifetime",
             f"lvextend of one VG left a descendant in its own session holding the pipes for "
-            f"{STUCK_FOR:g} s (3 lock lifetimes of {LIFETIME:g} s; pvestord run --lvm-timeout "
+            f"{STUCK_FOR:g} s (2 lock lifetimes of {LIFETIME:g} s; pvestord run --lvm-timeout "
             f"{LVM_TIMEOUT:g}), which then ran the real lvextend",
             f"the pass gave up {LVM_TIMEOUT:g} s + the kill wait after the start and marked "
             f"the VG ({marked_after:.1f} s after the crossing); the lock stayed renewed "
