@@ -111,6 +111,10 @@ def test_an_lvm_sigkill_does_not_end_keeps_the_lock_and_marks_the_vg(
         settled(bed, stuck_vm, vg, stuck_lv, LV0)
         settled(bed, other_vm, vg2, other_lv, LV0)
 
+        # The stuck command stays at least STUCK_FOR, and while the hold file
+        # exists (until the other VG has been served).
+        hold = faults.folder / "lvextend.hold"
+        hold.touch()
         faults.rule("lvextend", f"before unkillable {STUCK_FOR:g} {vg.name}")
         stuck_work.cross_threshold()
         clock = Stopwatch()
@@ -133,10 +137,12 @@ def test_an_lvm_sigkill_does_not_end_keeps_the_lock_and_marks_the_vg(
             # The other VG is served while the stuck command lives.
             other_work.cross_threshold()
             settled(bed, other_vm, vg2, other_lv, LV0 + CHUNK)
-            served_while_stuck = any(alive(p) for p in stuck)
+            served_while_stuck = all(alive(p) for p in stuck)
+            hold.unlink()  # its I/O completes: it runs the real lvextend
             line = waiter.stdout.readline()
             waiter.wait(timeout=60)
         finally:
+            hold.unlink(missing_ok=True)  # never leave the stuck command waiting
             if waiter.poll() is None:
                 waiter.kill()
                 waiter.wait()
