@@ -108,6 +108,26 @@ FAULTS = [
           "another process holding storage-thick1 (as Proxmox's lvcreate would) made the "
           "extension lock of thin1 on the same VG time out naming storage-thick1; after its "
           "release both locks were taken, in sorted order; a disabled storage's was not"),
+    Fault("lvm that SIGKILL does not end (D state), slower than the lock's lifetime",
+          "tests/integration/node/test_faults_lock.py::"
+          "test_an_lvm_sigkill_does_not_end_keeps_the_lock_and_marks_the_vg",
+          "node guest, lock lifetime 45 s, --lvm-timeout 20: the lvextend timed out at 20 s, "
+          "5 s after SIGKILL the pass ended with the error naming the 2 pids left and the VG "
+          "was marked; the lock stayed, renewed, for 121 s until the stuck process ran its "
+          "late lvextend and ended (91 s after the kill); a second process waiting with the "
+          "same expiry got in only then; the other VG's extension went through meanwhile"),
+    Fault("change on a VG marked unhealthy",
+          "tests/integration/node/test_faults_lock.py::"
+          "test_an_lvm_sigkill_does_not_end_keeps_the_lock_and_marks_the_vg",
+          "a threshold crossed on the marked VG: refused before any LVM command, the entry "
+          "kept; extended once the mark file was removed"),
+    Fault("lvm slower than the storage lock's lifetime",
+          "tests/integration/node/test_faults_lock.py::"
+          "test_an_lvm_slower_than_the_lock_is_killed_before_the_lock_could_expire",
+          "node guest: every lvextend of the VG slept 90 s (lock lifetime 45 s, "
+          "--lvm-timeout 20): killed at 20 s, inside the lock's guaranteed life; a second "
+          "process waiting on the lock got in only when no lvextend ran; the VG was not "
+          "marked; extended 32 s after the rule was removed; no write failed"),
 ]
 
 
