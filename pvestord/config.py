@@ -37,7 +37,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Literal
 
-from pvestord import paths
+from pvestord import locks, paths, vghealth
+from pvestord.command import KILL_WAIT
 from pvestord.errors import ConfigError
 from pvestord.sizes import GiB, MiB, format_size, parse_size
 
@@ -191,6 +192,46 @@ class StorageConfig:
                     f" use volume group '{vgname}' with different chunksize or"
                     " chunk-percentage; make them agree or restrict them with 'nodes'")
         return first
+
+    def vg_users(self, vgname: str) -> list[tuple[str, bool]]:
+        """``(storeid, shared)`` of every enabled storage on volume group ``vgname``.
+
+        Thin or thick ``lvm:`` and ``lvmthin:`` alike, whatever their
+        ``nodes``: Proxmox locks ``storage-<storeid>`` around a metadata
+        change, never the VG, so whoever changes the VG must hold all of
+        them (a storage restricted to another node still writes a shared VG
+        from there). ``disable 1`` storages are left out: Proxmox allocates
+        nothing on them. Sorted by id, the order every holder takes them in.
+        """
+        users: dict[str, bool] = {}
+        for section in self.sections:
+            if section.type not in LVM_TYPES or section.options.get("vgname") != vgname:
+                continue
+            # An unreadable "disable" counts as enabled, an unreadable
+            # "shared" as shared: one lock more, never one fewer.
+            if _flag(section.options, "disable", unreadable=False):
+                continue
+            users[section.id] = _flag(section.options, "shared", unreadable=True)
+        return sorted(users.items())
+
+
+#: Storage types whose volumes live in an LVM VG named by ``vgname``.
+LVM_TYPES = ("lvm", "lvmthin")
+
+
+def _flag(options: Mapping[str, str | None], option: str, *, unreadable: bool) -> bool:
+    """A boolean option as SectionConfig reads it; ``unreadable`` for a value
+    that is no boolean (the safer reading for the caller)."""
+    if option not in options:
+        return False
+    text = options[option]
+    if text is None:
+        return True
+    if text.lower() in _TRUE:
+        return True
+    if text.lower() in _FALSE:
+        return False
+    return unreadable
 
 
 def load_storage_config(path: Path) -> StorageConfig:
@@ -446,8 +487,9 @@ class DaemonSettings:
     #: fast path; this is what makes correctness independent of them.
     reconcile_interval: float = 30.0
     #: Budget of one LVM command (``lvs``, ``lvextend``). It runs under the
-    #: storage lock, which pmxcfs expires after 120 s and which we promise to
-    #: release well inside 60 s.
+    #: storage lock, and a change starts only while the lock is guaranteed
+    #: for this plus the wait after a kill (checked below against
+    #: ``lock_lifetime``).
     lvm_timeout: float = 30.0
     #: Budget of one QMP session (connect, batch, disconnect). qemu-server
     #: shares the socket, so a connection may wait for its turn.
@@ -474,6 +516,14 @@ class DaemonSettings:
     nodes_dir: Path | None = None
     #: Seconds between two reports of this node's view (one ``vgs`` per VG).
     report_interval: float = 10.0
+    #: How long a storage lock directory lives after its holder's last
+    #: renewal. pmxcfs's is 120 s and cannot be made longer; on a plain
+    #: folder (``lock_dir`` off pmxcfs: the two-node bed, tests) the emulated
+    #: expiry uses this, so that tests can shorten it.
+    lock_lifetime: float = locks.PMXCFS_LOCK_EXPIRY
+    #: Where VGs this node must not change any more are marked
+    #: (:mod:`pvestord.vghealth`); tests point it at their own folder.
+    vg_health_dir: Path = vghealth.DEFAULT_DIR
 
     @property
     def reports_dir(self) -> Path:
@@ -486,6 +536,19 @@ class DaemonSettings:
             if not (math.isfinite(value) and value > 0):
                 raise ConfigError(f"{name.replace('_', '-')} = {value}: must be a positive"
                                   " number of seconds")
+        if not (math.isfinite(self.lock_lifetime) and self.lock_lifetime > 0):
+            raise ConfigError(f"lock-lifetime = {self.lock_lifetime}: must be a positive"
+                              " number of seconds")
+        # An LVM change starts only while the lock is guaranteed for its whole
+        # budget (Held.require): with renewals every RENEW_SHARE of the
+        # lifetime, that is at least (1 - RENEW_SHARE) of it, less the margin.
+        guaranteed = self.lock_lifetime * (1 - locks.RENEW_SHARE - locks.MARGIN_SHARE)
+        if self.lvm_timeout + KILL_WAIT > guaranteed:
+            raise ConfigError(
+                f"lvm-timeout = {self.lvm_timeout:g} s: with {KILL_WAIT:g} s to see a killed"
+                f" command end, it must fit in the {guaranteed:.1f} s a storage lock of"
+                f" lifetime {self.lock_lifetime:g} s is surely held; otherwise no LVM change"
+                " could ever start")
         if not self.node:
             raise ConfigError("node name is empty")
         if self.lock_backend not in ("auto", "mkdir", "flock"):

@@ -36,9 +36,10 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from pvestord import lvm, migration, policy, qemu_img
+from pvestord.command import KILL_WAIT
 from pvestord.config import DaemonSettings, StorageConfig, ThinStorage
 from pvestord.errors import PvestordError
-from pvestord.locks import Lock, storage_lock
+from pvestord.locks import VgLock, vg_lock
 from pvestord.lvmshell import LvmShells
 from pvestord.nodereport import LvmHealth
 from pvestord.policy import (
@@ -58,6 +59,7 @@ from pvestord.qmp import (
 )
 from pvestord.service import fields
 from pvestord.sizes import format_size
+from pvestord.vghealth import VgHealth
 from pvestord.vms import LocalVm
 
 log = logging.getLogger(__name__)
@@ -223,9 +225,12 @@ class Extender:
     def _monitor(self, vm: LocalVm) -> VmMonitor:
         return VmMonitor(vm.qmp_socket, f"VM {vm.vmid}", timeout=self.settings.qmp_timeout)
 
-    def _storage_lock(self, storage: ThinStorage) -> Lock:
-        return storage_lock(storage.storeid, shared=storage.shared,
-                            lock_dir=self.settings.lock_dir)
+    def _storage_lock(self, storage: ThinStorage) -> VgLock:
+        """The locks of every storage on ``storage``'s VG (config R1), refused
+        while the VG is marked unhealthy on this node."""
+        return vg_lock(storage.vgname, self._storage_config().vg_users(storage.vgname),
+                       lock_dir=self.settings.lock_dir, lifetime=self.settings.lock_lifetime,
+                       health=VgHealth(self.settings.vg_health_dir))
 
     # -- observing
 
@@ -473,13 +478,15 @@ class Extender:
         node = drive.view.file_node
         try:
             async with self._vg_gate(drive.vg), \
-                    self._storage_lock(drive.storage).acquire_async(STORAGE_LOCK_TIMEOUT):
+                    self._storage_lock(drive.storage).acquire_async(STORAGE_LOCK_TIMEOUT) \
+                    as held:
                 info = await lvm.lv_info(drive.vg, drive.lv, timeout=self.settings.lvm_timeout,
                                          shells=self.lvm_shells)
                 self._remember(info)
                 table = lvm.device_size(drive.vg, drive.lv)
                 verdict = policy.table_state(info.size, table)
                 if verdict is TableState.BEHIND:
+                    held.require(self.settings.lvm_timeout + KILL_WAIT)
                     await lvm.refresh(drive.vg, drive.lv, timeout=self.settings.lvm_timeout)
                     self._changed(drive.vg)
         except PvestordError as err:
@@ -563,7 +570,7 @@ class Extender:
                               f"{node} deferred")
         observed = time.monotonic()
         async with self._vg_gate(drive.vg), \
-                self._storage_lock(drive.storage).acquire_async(STORAGE_LOCK_TIMEOUT):
+                self._storage_lock(drive.storage).acquire_async(STORAGE_LOCK_TIMEOUT) as held:
             locked = time.monotonic()
             # Under the lock only the mark: a migration's begin marks the VM
             # and then takes this lock, so the mark is a barrier for us.
@@ -580,6 +587,7 @@ class Extender:
                 raise self._table_ahead(vm, drive, info.size, table)
             if verdict is TableState.BEHIND:
                 # Another node grew it. Catch up instead of growing again.
+                held.require(self.settings.lvm_timeout + KILL_WAIT)
                 await lvm.refresh(drive.vg, drive.lv, timeout=self.settings.lvm_timeout)
                 self._changed(drive.vg)
                 self._log_refreshed(vm, drive, table, info.size)
@@ -598,6 +606,7 @@ class Extender:
                     " bug 6543): growing one more chunk so the VM can run",
                     vm.vmid, node, drive.view.path, format_size(drive.maximum),
                     extra=fields(VMID=vm.vmid, NODE_NAME=node, LV=drive.view.path))
+            held.require(self.settings.lvm_timeout + KILL_WAIT)
             await lvm.extend(drive.vg, drive.lv, decision.target,
                              timeout=self.settings.lvm_timeout, shells=self.lvm_shells)
             self._changed(drive.vg)
@@ -630,8 +639,8 @@ class Extender:
             if drive.storage is None:
                 continue
             async with self._vg_gate(drive.vg), \
-                    self._storage_lock(drive.storage).acquire_async(STORAGE_LOCK_TIMEOUT):
-                done = await migration.catch_up(drive.vg, drive.lv)
+                    self._storage_lock(drive.storage).acquire_async(STORAGE_LOCK_TIMEOUT) as held:
+                done = await migration.catch_up(drive.vg, drive.lv, held=held)
             if done.action == "refreshed":
                 log.info("VM %d %s: incoming migration: LV %s refreshed %s -> %s", vm.vmid,
                          drive.view.file_node, drive.view.path, format_size(done.old),

@@ -30,8 +30,9 @@ log = logging.getLogger(__name__)
 
 #: Budget for a report (``lvs``/``vgs``): device scanning under emulation takes ~0.4 s.
 REPORT_TIMEOUT = 30.0
-#: Budget for a metadata change. It runs under the storage lock, which its
-#: holder must give back well inside 60 s (pmxcfs expires locks at 120 s).
+#: Budget for a metadata change. It runs under the storage lock: with the
+#: wait after a kill (command.KILL_WAIT) and the lock's margin it must fit in
+#: the 90 s a renewed pmxcfs lock is surely ours (40 + 5 + 10 s; pvestord.locks).
 CHANGE_TIMEOUT = 40.0
 
 #: Settings that are safe for the linear LVs we read, create and resize, and

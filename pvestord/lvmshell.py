@@ -33,6 +33,11 @@ Failures, and what they mean for the caller:
   the command again in a plain process, because whether it had its effect is
   unknown; the caller's retry decides, as after any failed command (pvestord's
   extensions are to absolute sizes, so a retry is safe).
+- The killed shell does not end within
+  :data:`~pvestord.command.KILL_WAIT` (D state): the wait is given up and
+  the call raises :class:`~pvestord.command.UnkillableCommandError` naming
+  its pid; the storage lock's holder then marks the VG and keeps the lock
+  (:class:`pvestord.locks.VgLock`).
 """
 
 from __future__ import annotations
@@ -49,7 +54,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pvestord.command import Completed, binary, kill_group, run_async
+from pvestord.command import (
+    KILL_WAIT,
+    Completed,
+    StuckProcess,
+    UnkillableCommandError,
+    binary,
+    kill_group,
+    run_async,
+    stuck_processes,
+)
 from pvestord.errors import CommandError, PvestordError
 
 log = logging.getLogger(__name__)
@@ -255,17 +269,21 @@ class LvmShell:
             async with asyncio.timeout(timeout):
                 document = await self._next_document()
         except TimeoutError:
-            await self._kill()
+            await self._kill(shown, timeout)
             raise CommandError(shown, None, self._stderr_text(), timed_out=True,
                                timeout=timeout) from None
         except (OSError, LvmShellError) as err:
-            await self._kill()
+            await self._kill(shown)
             raise LvmShellError(f"lvm shell for {self.name} failed during "
                                 f"{' '.join(args[:1])}: {err}; stderr: "
                                 f"{self._stderr_text() or '(none)'}") from err
         except asyncio.CancelledError:
             # The command's end is unknown: the next caller must not read its report.
-            await asyncio.shield(self._kill())
+            try:
+                await asyncio.shield(self._kill(shown))
+            except UnkillableCommandError as left:
+                # Still a cancellation, saying what it left behind.
+                raise asyncio.CancelledError(str(left)) from left
             raise
         try:
             status, errors = command_status(json.loads(document), args[0])
@@ -311,12 +329,24 @@ class LvmShell:
                 await asyncio.wait_for(proc.wait(), timeout)
         await self._kill()
 
-    async def _kill(self) -> None:
+    async def _kill(self, argv: Sequence[str] | None = None,
+                    timeout: float | None = None) -> None:  # noqa: ASYNC109
+        """Kill the shell's process group; wait at most :data:`KILL_WAIT` for it.
+
+        :raise UnkillableCommandError: the shell is still there after that
+            (D state): its command (``argv``, which overran ``timeout``) may
+            still act. The shell is forgotten all the same.
+        """
         proc, self._proc = self._proc, None
+        stuck: tuple[StuckProcess, ...] | None = None
         if proc is not None:
             if proc.returncode is None:
                 kill_group(proc.pid)
-                await proc.wait()
+                try:
+                    async with asyncio.timeout(KILL_WAIT):
+                        await asyncio.shield(proc.wait())
+                except TimeoutError:
+                    stuck = stuck_processes(proc.pid)
             if proc.stdin is not None:
                 proc.stdin.close()
         if self._reports_transport is not None:
@@ -328,6 +358,13 @@ class LvmShell:
         self._drains = []
         self._reports = None
         self._buffer = ""
+        if stuck is not None:
+            shown = list(argv) if argv is not None else [binary("lvm"), "(shell)"]
+            log.error("lvm shell for %s did not end within %g s of SIGKILL: pid %s still "
+                      "running", self.name, KILL_WAIT,
+                      ", ".join(str(p.pid) for p in stuck) or "?")
+            raise UnkillableCommandError(shown, self._stderr_text(), timeout=timeout,
+                                         stuck=stuck)
 
 
 async def _drain(stream: asyncio.StreamReader, keep: deque[str] | None) -> None:

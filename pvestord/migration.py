@@ -40,10 +40,12 @@ from enum import Enum
 from pathlib import Path
 
 from pvestord import lvm, policy, qemu_img
+from pvestord.command import KILL_WAIT
 from pvestord.config import DaemonSettings, StorageConfig, ThinStorage
 from pvestord.errors import PvestordError
-from pvestord.locks import storage_lock
+from pvestord.locks import Held, VgLock, vg_lock
 from pvestord.sizes import format_size
+from pvestord.vghealth import VgHealth
 
 log = logging.getLogger(__name__)
 
@@ -107,21 +109,24 @@ async def _thin_lvs(settings: DaemonSettings, config: StorageConfig,
     return vm_lvs(config, rows, vmid)
 
 
-async def catch_up(vg: str, lv: str) -> LvAction:
+async def catch_up(vg: str, lv: str, *, held: Held | None = None) -> LvAction:
     """Refresh ``vg/lv`` if this node's table is smaller than the metadata.
 
-    The caller holds the storage lock: an extension in flight elsewhere has
-    finished, so the metadata read here is the last word.
+    The caller holds the storage lock (``held``): an extension in flight
+    elsewhere has finished, so the metadata read here is the last word.
     """
     info = await lvm.lv_info(vg, lv)
     device = lvm.device_size(vg, lv)
     if device < info.size:
+        if held is not None:
+            held.require(lvm.CHANGE_TIMEOUT + KILL_WAIT)
         await lvm.refresh(vg, lv)
         return LvAction(vg, lv, device, info.size, "refreshed")
     return LvAction(vg, lv, device, device, "unchanged")
 
 
-async def pre_extend(storage: ThinStorage, row: lvm.LvRow) -> LvAction:
+async def pre_extend(storage: ThinStorage, row: lvm.LvRow, *,
+                     held: Held | None = None) -> LvAction:
     """One more chunk for ``row``, never past what its qcow2 can use.
 
     The caller holds the storage lock. The image is open in the running
@@ -140,6 +145,8 @@ async def pre_extend(storage: ThinStorage, row: lvm.LvRow) -> LvAction:
     target = policy.extend_target(info.size, 0, storage.chunksize, maximum, info.extent_size)
     if target <= info.size:
         return LvAction(row.vg, row.lv, info.size, info.size, "at maximum")
+    if held is not None:
+        held.require(lvm.CHANGE_TIMEOUT + KILL_WAIT)
     await lvm.extend(row.vg, row.lv, target)
     return LvAction(row.vg, row.lv, info.size, target, "extended")
 
@@ -157,12 +164,12 @@ async def begin(settings: DaemonSettings, config: StorageConfig, vmid: int,
         tmp.rename(path)
     actions = []
     for storage, row in await _thin_lvs(settings, config, vmid):
-        lock = storage_lock(storage.storeid, shared=storage.shared, lock_dir=settings.lock_dir)
-        async with lock.acquire_async(STORAGE_LOCK_TIMEOUT):
+        async with _vg_lock(settings, config, storage).acquire_async(
+                STORAGE_LOCK_TIMEOUT) as held:
             if role is Role.INCOMING:
-                actions.append(await catch_up(row.vg, row.lv))
+                actions.append(await catch_up(row.vg, row.lv, held=held))
                 continue
-            actions.append(await pre_extend(storage, row))
+            actions.append(await pre_extend(storage, row, held=held))
     for a in actions:
         log.info("VM %d migration begin (%s): %s/%s %s %s -> %s", vmid, role.value, a.vg,
                  a.lv, a.action, format_size(a.old), format_size(a.new))
@@ -179,7 +186,14 @@ async def end(settings: DaemonSettings, config: StorageConfig, vmid: int,
         return []
     actions = []
     for storage, row in await _thin_lvs(settings, config, vmid):
-        lock = storage_lock(storage.storeid, shared=storage.shared, lock_dir=settings.lock_dir)
-        async with lock.acquire_async(STORAGE_LOCK_TIMEOUT):
-            actions.append(await catch_up(row.vg, row.lv))
+        async with _vg_lock(settings, config, storage).acquire_async(
+                STORAGE_LOCK_TIMEOUT) as held:
+            actions.append(await catch_up(row.vg, row.lv, held=held))
     return actions
+
+
+def _vg_lock(settings: DaemonSettings, config: StorageConfig, storage: ThinStorage) -> VgLock:
+    """Every storage lock of ``storage``'s VG, as the daemon takes them."""
+    return vg_lock(storage.vgname, config.vg_users(storage.vgname),
+                   lock_dir=settings.lock_dir, lifetime=settings.lock_lifetime,
+                   health=VgHealth(settings.vg_health_dir))

@@ -18,8 +18,10 @@ The daemon only ever grows LVs; this module is where a thin LV starts small
 - ``qemu-img create -f qcow2 -o preallocation=off``: Proxmox's default for
   qcow2 is ``metadata``, which writes every L2 table up front; a thin LV
   needs them allocated as the guest writes;
-- all metadata changes under the storage lock (:func:`pvestord.locks.storage_lock`,
-  the lock Proxmox's ``vdisk_alloc`` holds around ``alloc_image``).
+- all metadata changes under the storage locks of every storage on the VG
+  (:func:`pvestord.locks.vg_lock`; each is the lock Proxmox's ``vdisk_alloc``
+  holds around ``alloc_image``), and nothing else: ``qemu-img create`` runs
+  after the lock is released.
 
 Shrinking: when is it safe?
     An LV can be reduced only if nothing can write the image meanwhile and
@@ -79,11 +81,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from pvestord import command, lvm, paths, policy, qemu_img
+from pvestord import command, lvm, paths, policy, qemu_img, vghealth
 from pvestord.config import StorageConfig, ThinStorage, load_storage_config
 from pvestord.errors import CommandError, PvestordError
-from pvestord.locks import storage_lock
+from pvestord.locks import PMXCFS_LOCK_EXPIRY, Held, vg_lock
 from pvestord.sizes import align_up, format_size
+from pvestord.vghealth import VgHealth
 from pvestord.vms import local_vm
 
 log = logging.getLogger(__name__)
@@ -135,6 +138,10 @@ class VolumeSettings:
     cluster_dir: Path = CLUSTER_DIR
     #: Force pmxcfs-style lock directories here (see :func:`storage_lock`).
     lock_dir: Path | None = None
+    #: Lifetime of a lock directory off pmxcfs (the emulated expiry's; tests).
+    lock_lifetime: float = PMXCFS_LOCK_EXPIRY
+    #: Where VGs this node must not change are marked (:mod:`pvestord.vghealth`).
+    vg_health_dir: Path = vghealth.DEFAULT_DIR
 
 
 # --- names and ids (pure) ------------------------------------------------------
@@ -429,10 +436,17 @@ def _load(settings: VolumeSettings) -> StorageConfig:
 
 
 @contextlib.asynccontextmanager
-async def _locked(settings: VolumeSettings, storage: ThinStorage) -> AsyncIterator[None]:
-    lock = storage_lock(storage.storeid, shared=storage.shared, lock_dir=settings.lock_dir)
-    async with lock.acquire_async(STORAGE_LOCK_TIMEOUT):
-        yield
+async def _locked(settings: VolumeSettings, storage: ThinStorage,
+                  config: StorageConfig | None = None) -> AsyncIterator[Held]:
+    """The locks of every storage on ``storage``'s VG, as the daemon takes
+    them; refused while the VG is marked unhealthy on this node."""
+    if config is None:
+        config = _load(settings)
+    lock = vg_lock(storage.vgname, config.vg_users(storage.vgname),
+                   lock_dir=settings.lock_dir, lifetime=settings.lock_lifetime,
+                   health=VgHealth(settings.vg_health_dir))
+    async with lock.acquire_async(STORAGE_LOCK_TIMEOUT) as held:
+        yield held
 
 
 # --- create ---------------------------------------------------------------------
@@ -456,28 +470,41 @@ async def create(settings: VolumeSettings, storeid: str, vmid: int, size: int,
     check_virtual_size(size)
     if name is not None and parse_volname(name) != vmid:
         raise VolumeError(f"volume name {name!r} does not belong to VM {vmid}")
-    storage = thin_storage(_load(settings), storeid)
+    config = _load(settings)
+    storage = thin_storage(config, storeid)
     vg = storage.vgname
+    VgHealth(settings.vg_health_dir).check(vg)
     extent = (await lvm.vg_info(vg)).extent_size
     measured = await qemu_img.measure(size)
     maximum = policy.maximum_size(measured.fully_allocated, extent)
     lv_size = initial_lv_size(storage.initial_size, maximum, extent)
-    async with _locked(settings, storage):
+    # Only what must be atomic with lvcreate runs under the lock (REVIEW R7):
+    # the name is chosen and checked again there (one lvs), the qcow2 header
+    # is written after the lock is released (it changes no LVM metadata).
+    async with _locked(settings, storage, config) as held:
         names = {row.lv for row in await lvm.list_lvs(vg)}
         volname = name if name is not None else next_disk_name(names, vmid)
         if volname in names:
             raise VolumeError(f"volume {storeid}:{volname} already exists")
+        held.require(lvm.CHANGE_TIMEOUT + command.KILL_WAIT)
         await lvm.create(vg, volname, lv_size, (f"pve-vm-{vmid}", f"pve-{volname}"))
+    try:
+        await command.run_async(
+            [command.binary("qemu-img"), "create", "-q", "-f", "qcow2",
+             "-o", "preallocation=off", "--", f"/dev/{vg}/{volname}", str(size)],
+            timeout=CREATE_TIMEOUT)
+    except BaseException:
+        # Nothing is on the LV yet: remove it (under the lock again) so no
+        # half-made volume remains.
         try:
-            await command.run_async(
-                [command.binary("qemu-img"), "create", "-q", "-f", "qcow2",
-                 "-o", "preallocation=off", "--", f"/dev/{vg}/{volname}", str(size)],
-                timeout=CREATE_TIMEOUT)
-        except BaseException:
-            # Nothing is on the LV yet: remove it so no half-made volume remains.
-            with contextlib.suppress(PvestordError):
+            async with _locked(settings, storage, config) as held:
+                held.require(lvm.CHANGE_TIMEOUT + command.KILL_WAIT)
                 await lvm.remove(vg, volname)
-            raise
+        except PvestordError as err:
+            log.error("%s:%s: qemu-img create failed and the new LV could not be removed:"
+                      " %s; remove it with 'lvremove %s/%s'", storeid, volname, err, vg,
+                      volname)
+        raise
     log.info("created %s:%s: LV %s, qcow2 %s (maximum %s)", storeid, volname,
              format_size(lv_size), format_size(size), format_size(maximum))
     return Created(VolumeId(storeid, volname, vmid), lv_size, size, maximum)

@@ -8,7 +8,8 @@ import dataclasses
 import json
 from pathlib import Path
 
-from pvestord import paths, volumes
+from pvestord import paths, vghealth, volumes
+from pvestord.locks import PMXCFS_LOCK_EXPIRY
 from pvestord.sizes import format_size, parse_size
 
 
@@ -35,11 +36,19 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lock-dir", type=Path, default=None, metavar="DIR",
                         help="force pmxcfs-style lock directories in DIR (default: as "
                         "Proxmox: /etc/pve/priv/lock for shared storage, else flock)")
+    parser.add_argument("--lock-lifetime", type=float, default=PMXCFS_LOCK_EXPIRY,
+                        metavar="SECONDS", help="with --lock-dir off pmxcfs: how long a lock "
+                        "directory lives after its holder's last renewal (for tests) "
+                        "(default: %(default)g)")
+    parser.add_argument("--vg-health-dir", type=Path, default=vghealth.DEFAULT_DIR,
+                        metavar="DIR", help="where VGs this node must not change are marked "
+                        "(default: %(default)s)")
 
 
 def _settings(args: argparse.Namespace) -> volumes.VolumeSettings:
     return volumes.VolumeSettings(
         storage_config=args.storage_config, lock_dir=args.lock_dir,
+        lock_lifetime=args.lock_lifetime, vg_health_dir=args.vg_health_dir,
         run_dir=getattr(args, "run_dir", paths.QEMU_SERVER_RUN),
         cluster_dir=getattr(args, "cluster_dir", volumes.CLUSTER_DIR))
 

@@ -146,6 +146,52 @@ FAULTS = [
           "qmeventd alone (no conflicting job); 'systemctl mask --now qmeventd' and "
           "'systemctl enable --now qmeventd-py' switched in 0.8 s and a thin disk grew "
           "(guest run 172 s); test_install.py runs the purge/install/upgrade cases"),
+    Fault("a killed command's descendant keeps its pipes",
+          "tests/unit/test_command_kill.py::"
+          "test_a_descendant_holding_the_pipes_after_sigkill_is_not_waited_for",
+          "a command (timeout 1 s) whose descendant left its process group with setsid and "
+          "held stdout/stderr: UnkillableCommandError naming the descendant's pid after "
+          "6.2 s (1 s + the 5 s kill wait); the old code waited for the pipes without end "
+          "(still waiting when the test's 16 s bound cut it)"),
+    Fault("an lvm that SIGKILL does not end (D state)",
+          "tests/unit/test_command_kill.py::test_a_process_sigkill_does_not_end_is_not_waited_for"
+          ", test_lvmshell.py::test_a_shell_sigkill_does_not_end_is_not_waited_for",
+          "a plain command and a persistent lvm shell whose SIGKILL has no effect (D state "
+          "cannot be made here: the kill is replaced by one that does nothing): the wait "
+          "ends after 1 s + 5 s with UnkillableCommandError naming the process's pid"),
+    Fault("storage lock held longer than its lifetime",
+          "tests/unit/test_lock_renewal.py::"
+          "test_another_process_never_enters_while_the_holder_renews",
+          "a lock directory with a 1.5 s lifetime, renewed every 0.375 s while held: a "
+          "second process waiting 6 s on it with the same emulated expiry timed out (6.6 s "
+          "test); without renewal the same waiter expired it and got in "
+          "(test_an_unrenewed_lock_is_expired_by_the_same_waiter)"),
+    Fault("Proxmox holds the lock of a thick storage on the same VG",
+          "tests/unit/test_lock_renewal.py::"
+          "test_a_thick_storage_lock_on_the_vg_blocks_the_thin_extension",
+          "another process holding storage-thick1 (as Proxmox's lvcreate would) made the "
+          "extension lock of thin1 on the same VG time out naming storage-thick1; after its "
+          "release both locks were taken, in sorted order; a disabled storage's was not"),
+    Fault("lvm that SIGKILL does not end (D state), slower than the lock's lifetime",
+          "tests/integration/node/test_faults_lock.py::"
+          "test_an_lvm_sigkill_does_not_end_keeps_the_lock_and_marks_the_vg",
+          "node guest, lock lifetime 45 s, --lvm-timeout 20: the lvextend timed out at 20 s, "
+          "5 s after SIGKILL the pass ended with the error naming the 2 pids left and the VG "
+          "was marked; the lock stayed, renewed, for 121 s until the stuck process ran its "
+          "late lvextend and ended (91 s after the kill); a second process waiting with the "
+          "same expiry got in only then; the other VG's extension went through meanwhile"),
+    Fault("change on a VG marked unhealthy",
+          "tests/integration/node/test_faults_lock.py::"
+          "test_an_lvm_sigkill_does_not_end_keeps_the_lock_and_marks_the_vg",
+          "a threshold crossed on the marked VG: refused before any LVM command, the entry "
+          "kept; extended once the mark file was removed"),
+    Fault("lvm slower than the storage lock's lifetime",
+          "tests/integration/node/test_faults_lock.py::"
+          "test_an_lvm_slower_than_the_lock_is_killed_before_the_lock_could_expire",
+          "node guest: every lvextend of the VG slept 90 s (lock lifetime 45 s, "
+          "--lvm-timeout 20): killed at 20 s, inside the lock's guaranteed life; a second "
+          "process waiting on the lock got in only when no lvextend ran; the VG was not "
+          "marked; extended 32 s after the rule was removed; no write failed"),
 ]
 
 

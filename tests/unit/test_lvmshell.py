@@ -8,12 +8,21 @@ what LVM 2.03 wrote there.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
 import shlex
+import signal
+import sys
+import time
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pvestord import lvmshell
+from pvestord.command import KILL_WAIT, UnkillableCommandError
 from pvestord.errors import CommandError
 from pvestord.lvm import FAST_CONFIG, LvmError, LvMissingError, VgFullError, _classify
 from pvestord.lvmshell import LvmShellError, command_line, command_status
@@ -91,3 +100,53 @@ def test_a_document_that_is_not_the_commands_answer_is_a_shell_error(
 def test_lvm_messages_map_to_typed_errors(stderr: str, kind: type[LvmError]) -> None:
     error = _classify(CommandError(["lvm", "lvextend"], 5, stderr), "extending vg0/nosuch")
     assert type(error) is kind
+
+
+# -- a shell that SIGKILL does not end -------------------------------------------------
+
+#: A stand-in for ``lvm`` as a shell, speaking just enough of its protocol
+#: (one JSON report document per command on LVM_REPORT_FD, ending with the
+#: command's ``shell`` status) to start; every command after ``version``
+#: hangs, as one stuck on a dead SAN path would. It writes its pid first.
+FAKE_SHELL = """#!{python}
+import json, os, sys, time
+open({pid_file!r}, "w").write(str(os.getpid()))
+report = os.fdopen(int(os.environ["LVM_REPORT_FD"]), "w")
+for line in sys.stdin:
+    name = line.split()[0]
+    if name != "version":
+        time.sleep(120)
+    report.write(json.dumps({{"log": [{{"log_type": "status", "log_context": "shell",
+        "log_object_name": name, "log_ret_code": "1"}}]}}) + "\\n")
+    report.flush()
+"""
+
+
+def sigkill_lost_in_d_state(pid: int) -> None:
+    """Stands in for a SIGKILL to a process in D state, which cannot be made
+    here without a stuck device: it has no effect (yet)."""
+
+
+async def test_a_shell_sigkill_does_not_end_is_not_waited_for(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pid_file = tmp_path / "shell.pid"
+    fake = tmp_path / "lvm"
+    fake.write_text(FAKE_SHELL.format(python=sys.executable, pid_file=str(pid_file)))
+    fake.chmod(0o755)
+    monkeypatch.setenv("PVESTORD_LVM", str(fake))
+    monkeypatch.setattr(lvmshell, "kill_group", sigkill_lost_in_d_state)
+    shell = lvmshell.LvmShell("vg0")
+    try:
+        await asyncio.wait_for(shell.start(), 60)
+        pid = int(pid_file.read_text())
+        started = time.monotonic()
+        with pytest.raises(UnkillableCommandError) as info:
+            await asyncio.wait_for(shell.run(["lvm", "lvextend", "vg0/lv"], timeout=1.0),
+                                   1.0 + KILL_WAIT + 10)
+        assert time.monotonic() - started >= 1.0 + KILL_WAIT * 0.9
+        assert pid in info.value.pids
+        assert info.value.argv == ["lvm", "lvextend", "vg0/lv"]
+        assert not shell.running  # forgotten: the next command starts a new shell
+    finally:
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError, ValueError):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)

@@ -37,7 +37,8 @@ def test_kill_moments_recorded_are_at_least_twenty() -> None:
 
 def _functions(path: Path) -> set[str]:
     tree = ast.parse(path.read_text())
-    return {node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}
+    return {node.name for node in ast.walk(tree)
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)}
 
 
 def test_every_listed_test_exists() -> None:
