@@ -33,7 +33,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Literal
 
-from pvestord import paths
+from pvestord import paths, vghealth
 from pvestord.errors import ConfigError
 from pvestord.sizes import GiB, MiB, format_size, parse_size
 
@@ -433,6 +433,15 @@ class DaemonSettings:
     nodes_dir: Path | None = None
     #: Seconds between two reports of this node's view (one ``vgs`` per VG).
     report_interval: float = 10.0
+    #: Seconds a pass over one VM may take before it is abandoned (cancelled,
+    #: logged, the VG it was changing marked unhealthy). A normal pass takes
+    #: well under a second; every wait in it has its own budget (QMP 10 s per
+    #: call, the storage lock 10 s, LVM 30 s per command), so only a wait that
+    #: ignores its budget (an ``lvm`` in D state) gets here.
+    pass_deadline: float = 180.0
+    #: Where the marks of VGs this node must not change any more live
+    #: (:mod:`pvestord.vghealth`).
+    vg_health_dir: Path = vghealth.DEFAULT_DIR
 
     @property
     def reports_dir(self) -> Path:
@@ -440,7 +449,7 @@ class DaemonSettings:
 
     def __post_init__(self) -> None:
         for name in ("poll_interval", "reconcile_interval", "lvm_timeout", "qmp_timeout",
-                     "qemu_img_timeout", "report_interval"):
+                     "qemu_img_timeout", "report_interval", "pass_deadline"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ConfigError(f"{name.replace('_', '-')} = {value}: must be a positive"
