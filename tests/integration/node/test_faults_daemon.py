@@ -60,12 +60,13 @@ START_TIMEOUT = 180.0
 #: The watchdog period the tests ask for (``WATCHDOG_USEC``): a ping a second.
 WATCHDOG_USEC = 2_000_000
 #: The pass deadline the stuck-pass test sets (``--pass-deadline``): well
-#: above a pass here (a first pass under TCG, with other guests on the same
-#: cores, was seen to take 7 s), well below the default.
-PASS_DEADLINE = 30.0
+#: above a pass here (under TCG, with other guests on the same two cores, an
+#: lvextend was seen to take 10 s and a whole pass over 30 s), well below
+#: the default.
+PASS_DEADLINE = 60.0
 #: From the stuck command's start to the deadline, the wedge (deadline +
 #: pvestord.daemon.WEDGE_GRACE) and a few pings missed, with margin.
-WEDGE_TIMEOUT = 240.0
+WEDGE_TIMEOUT = 300.0
 
 
 # -- the bed ---------------------------------------------------------------------
@@ -374,12 +375,15 @@ def test_stuck_pass_is_abandoned_and_the_watchdog_sees_a_wedged_engine(
                 wait_for(lambda: log_lines(pvestord, "ERROR", VMID="951", VG=vg.name), 30,
                          "the abandoned pass logged at error with VMID and VG")
 
-                # Another VM on another VG keeps being extended.
+                # Another VM on another VG keeps being extended. (Its size read
+                # from the device: no LVM command of the test's own while a
+                # device is suspended, as a scan may read it.)
                 work = Workload(healthy)
                 work.cross_threshold()
-                wait_for(lambda: vg2.lv_size(healthy_lv) == LV0 + CHUNK
-                         and threshold(healthy) == LV0 + CHUNK - HEADROOM, 120,
+                wait_for(lambda: vg2.device_size(healthy_lv) == LV0 + CHUNK
+                         and threshold(healthy) == LV0 + CHUNK - HEADROOM, WEDGE_TIMEOUT,
                          "the VM on the other VG extended")
+                assert not (health / vg2.name).exists(), "the other VG marked unhealthy"
                 extended_after = round(time.monotonic() - stuck_at, 2)
 
                 # The stuck command cannot be killed: the engine is wedged,
