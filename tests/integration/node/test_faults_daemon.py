@@ -364,7 +364,7 @@ def test_stuck_pass_is_abandoned_and_the_watchdog_sees_a_wedged_engine(
                          "pings while nothing is wedged")
                 assert not health.exists() or not list(health.iterdir())
 
-                sh("dmsetup", "suspend", dm_name(vg, "standin-stuck"))
+                sh("dmsetup", "suspend", "--noudevsync", dm_name(vg, "standin-stuck"))
                 suspended = True
                 Workload(stuck).cross_threshold()
                 wait_for(lambda: (folder / "stuck.started").exists(), 60,
@@ -392,7 +392,7 @@ def test_stuck_pass_is_abandoned_and_the_watchdog_sees_a_wedged_engine(
                 silent_after = round(time.monotonic() - stuck_at, 2)
                 assert pvestord.proc.poll() is None
 
-                sh("dmsetup", "resume", dm_name(vg, "standin-stuck"))
+                sh("dmsetup", "resume", "--noudevsync", dm_name(vg, "standin-stuck"))
                 suspended = False
                 resumed = time.monotonic()
                 wait_for(lambda: watchdog.pings_since(resumed) >= 2, 60,
@@ -408,5 +408,5 @@ def test_stuck_pass_is_abandoned_and_the_watchdog_sees_a_wedged_engine(
                 hung_qmp.close()  # so that the daemon's stop need not wait for its pass
         finally:
             if suspended:
-                sh("dmsetup", "resume", dm_name(vg, "standin-stuck"))
+                sh("dmsetup", "resume", "--noudevsync", dm_name(vg, "standin-stuck"))
             hung_qmp.close()
