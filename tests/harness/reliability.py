@@ -112,7 +112,7 @@ FAULTS = [
           "test_a_pass_past_its_deadline_is_abandoned_and_the_daemon_goes_on",
           "--pass-deadline 60 in the node guest: the pass stuck in lvextend abandoned at "
           "60 s, logged at error with VMID and VG, its VG marked unhealthy; a VM on another "
-          "VG extended 19 s after the stuck command started (10.7 s of LVM), that VG not "
+          "VG extended while the stuck command still ran (10.7 s of LVM), that VG not "
           "marked; a QMP peer that never greets abandoned at each deadline, no VG marked. "
           "With an lvm in D state (O_DIRECT read of a suspended dm device) the watchdog "
           "stopped being fed 31 s after the cancel (two guest runs); that variant is not "
