@@ -521,8 +521,14 @@ class DaemonSettings:
     #: folder (``lock_dir`` off pmxcfs: the two-node bed, tests) the emulated
     #: expiry uses this, so that tests can shorten it.
     lock_lifetime: float = locks.PMXCFS_LOCK_EXPIRY
-    #: Where VGs this node must not change any more are marked
-    #: (:mod:`pvestord.vghealth`); tests point it at their own folder.
+    #: Seconds a pass over one VM may take before it is abandoned (cancelled,
+    #: logged, the VG it was changing marked unhealthy). A normal pass takes
+    #: well under a second; every wait in it has its own budget (QMP 10 s per
+    #: call, the storage lock 10 s, LVM 30 s per command), so only a wait that
+    #: ignores its budget (an ``lvm`` in D state) gets here.
+    pass_deadline: float = 180.0
+    #: Where the marks of VGs this node must not change any more live
+    #: (:mod:`pvestord.vghealth`).
     vg_health_dir: Path = vghealth.DEFAULT_DIR
 
     @property
@@ -531,7 +537,7 @@ class DaemonSettings:
 
     def __post_init__(self) -> None:
         for name in ("poll_interval", "reconcile_interval", "lvm_timeout", "qmp_timeout",
-                     "qemu_img_timeout", "report_interval"):
+                     "qemu_img_timeout", "report_interval", "pass_deadline"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ConfigError(f"{name.replace('_', '-')} = {value}: must be a positive"

@@ -11,7 +11,18 @@ Three loops on one event loop, no threads:
   correctness never depends on them;
 - the report loop publishes this node's view of its thin storages every
   ``report_interval`` (:mod:`pvestord.nodereport`, for ``rank-nodes``);
-- the watchdog loop pings systemd.
+- the watchdog loop pings systemd while the engine makes progress
+  (:func:`engine_wedged`).
+
+Every pass has a deadline (``pass_deadline``). A pass past it is abandoned:
+cancelled, logged at error, the VGs of its VM marked unhealthy if it was in
+the middle of an LVM change (:mod:`pvestord.vghealth`), and its VM's slot freed,
+so the other VMs, and every other VG, keep being served. A pass whose
+cancellation does not take (a command in D state) wedges the engine: the
+watchdog stops being fed, and systemd restarts the daemon.
+
+A VM that is busy (a migration's source or destination) is retried with a
+short backoff of its own (:data:`BUSY_FIRST` to :data:`BUSY_MAX`), not at once.
 
 An entry leaves the queue only when its pass succeeded, or when it is known
 to be moot (the VM stopped, the node-name does not exist). A crash at any
@@ -27,7 +38,7 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,10 +47,12 @@ from pvestord.config import DaemonSettings, StorageConfig, load_storage_config, 
 from pvestord.errors import ConfigError, PvestordError
 from pvestord.extender import Extender, VmOutcome
 from pvestord.locks import queue_lock
+from pvestord.migration import ExtensionsDeferred
 from pvestord.policy import Reason
 from pvestord.qmp import VmBusyError, VmGoneError
 from pvestord.queue import Entry, ExtendQueue
 from pvestord.service import fields
+from pvestord.vghealth import VgHealth
 from pvestord.vms import LocalVm, local_vm, local_vms
 from pvestord.watch import FolderWatch
 
@@ -48,9 +61,23 @@ log = logging.getLogger(__name__)
 #: Retry delays after a failed pass, per VM: doubling from the first to the last.
 BACKOFF_FIRST = 1.0
 BACKOFF_MAX = 60.0
+#: Retry delays for a busy VM (migrating): doubling from the first to the
+#: last, reset once a pass finds it not busy. Short, because the VM may be
+#: paused and waiting for the end of the migration; a backoff at all, because
+#: a retry at once opened thousands of QMP connections a second to a
+#: migrating QEMU (REVIEW 4.1).
+BUSY_FIRST = 0.5
+BUSY_MAX = 4.0
 #: How long a stopping daemon lets passes in flight finish (an lvextend is
 #: never cut off half-way by our own shutdown unless it overruns this).
 SHUTDOWN_GRACE = 45.0
+#: How long a pass cancelled at its deadline may take to end, and how long
+#: past ``pass_deadline`` + ``poll_interval`` the queue loop may go without
+#: completing an iteration, before the engine counts as wedged and the
+#: watchdog stops being fed. A cancelled pass normally ends at once (QMP and
+#: lock waits are cancelled, an LVM command is killed); one that does not is
+#: waiting for a process that SIGKILL cannot end.
+WEDGE_GRACE = 30.0
 
 
 class StorageConfigSource:
@@ -101,12 +128,40 @@ class StorageConfigSource:
 class VmRetry:
     attempts: int = 0
     not_before: float = 0.0
+    first: float = BACKOFF_FIRST
+    maximum: float = BACKOFF_MAX
 
     def failed(self) -> float:
-        delay = min(BACKOFF_MAX, BACKOFF_FIRST * 2.0 ** self.attempts)
+        delay = min(self.maximum, self.first * 2.0 ** min(self.attempts, 64))
         self.attempts += 1
         self.not_before = time.monotonic() + delay
         return delay
+
+
+def engine_wedged(now: float, *, abandoned: Iterable[tuple[int, float]],
+                  running: Iterable[tuple[int, float]], loop_progress: float,
+                  pass_deadline: float, poll_interval: float,
+                  grace: float = WEDGE_GRACE) -> str | None:
+    """Why the engine no longer makes progress, or None while it does.
+
+    Wedged means one of: a pass cancelled at its deadline (``abandoned``:
+    VMID, when cancelled) has not ended ``grace`` seconds later; a pass
+    (``running``: VMID, when started) has run past its deadline plus
+    ``grace`` without being abandoned; the queue loop, which starts every
+    pass, has not completed an iteration for ``poll_interval`` +
+    ``pass_deadline`` + ``grace`` seconds. An idle daemon is not wedged: its
+    queue loop completes an iteration every ``poll_interval``.
+    """
+    for vmid, cancelled in abandoned:
+        if now - cancelled > grace:
+            return (f"the pass over VM {vmid} was cancelled at its deadline "
+                    f"{now - cancelled:.0f} s ago and has not ended")
+    for vmid, started in running:
+        if now - started > pass_deadline + grace:
+            return f"the pass over VM {vmid} has run for {now - started:.0f} s"
+    if now - loop_progress > poll_interval + pass_deadline + grace:
+        return f"the queue loop has not completed an iteration for {now - loop_progress:.0f} s"
+    return None
 
 
 class Daemon:
@@ -119,7 +174,17 @@ class Daemon:
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
         self._passes: dict[int, asyncio.Task[None]] = {}
+        #: When each pass in ``_passes`` started, and its deadline's timer.
+        self._pass_started: dict[int, float] = {}
+        self._deadlines: dict[int, asyncio.TimerHandle] = {}
+        #: Passes cancelled at their deadline that have not ended yet: (VMID, when).
+        self._abandoned: dict[asyncio.Task[None], tuple[int, float]] = {}
+        self._loop_progress = time.monotonic()
+        self.vg_health = VgHealth(settings.vg_health_dir)
         self._retry: dict[int, VmRetry] = {}
+        self._busy: dict[int, VmRetry] = {}
+        #: Busy VMs said at warning (paused while deferred), once per deferral.
+        self._warned_paused: set[int] = set()
         self._errors: dict[tuple[int, str], str] = {}
         self._known_vms: set[int] = set()
         self._reconcile_due: set[int] = set()
@@ -145,7 +210,8 @@ class Daemon:
                  asyncio.create_task(self._reconcile_loop(), name="reconcile"),
                  asyncio.create_task(self._report_loop(), name="report")]
         if service.watchdog_interval() is not None:
-            loops.append(asyncio.create_task(service.watchdog_loop(), name="watchdog"))
+            loops.append(asyncio.create_task(service.watchdog_loop(self.wedged),
+                                             name="watchdog"))
         service.notify("READY=1")
         stop = asyncio.create_task(self._wait_stop())
         done, _ = await asyncio.wait([stop, *loops], return_when=asyncio.FIRST_COMPLETED)
@@ -156,11 +222,17 @@ class Daemon:
             task.cancel()
         await asyncio.gather(*loops, return_exceptions=True)
         stop.cancel()
-        if self._passes:
-            _, late = await asyncio.wait(list(self._passes.values()), timeout=SHUTDOWN_GRACE)
+        in_flight = [*self._passes.values(), *self._abandoned]
+        if in_flight:
+            _, late = await asyncio.wait(in_flight, timeout=SHUTDOWN_GRACE)
             for task in late:
                 task.cancel()
-            await asyncio.gather(*late, return_exceptions=True)
+            if late:
+                # A pass whose cancellation does not take (a command in D
+                # state) must not hold the stop forever.
+                _, stuck = await asyncio.wait(late, timeout=WEDGE_GRACE)
+                for task in stuck:
+                    log.error("pvestord stopping: a pass does not end (%s)", task.get_name())
         if self._watch is not None:
             self._watch.stop()
         await self.extender.close()
@@ -218,6 +290,7 @@ class Daemon:
                 self._note_error((0, "queue"), f"cannot update the extend queue: {err}")
             service.notify(f"STATUS=queue depth {self._queue_depth}, "
                            f"{len(self._known_vms)} local VM(s), {len(self._passes)} busy")
+            self._loop_progress = time.monotonic()
 
     async def _reconcile_loop(self) -> None:
         while not self._stop.is_set():
@@ -266,6 +339,8 @@ class Daemon:
         for vmid in self._known_vms - current:
             self._retry.pop(vmid, None)
             self.extender.forget(vmid)
+            self._busy.pop(vmid, None)
+            self._warned_paused.discard(vmid)
             self._reconcile_due.discard(vmid)
         self._known_vms = current
 
@@ -298,14 +373,21 @@ class Daemon:
     def _start_pass(self, vm: LocalVm, entries: Sequence[Entry]) -> bool:
         if self._stop.is_set() or vm.vmid in self._passes:
             return False  # the running pass wakes the loop when it ends
-        retry = self._retry.get(vm.vmid)
-        if retry is not None and time.monotonic() < retry.not_before:
-            return False
+        if any(vmid == vm.vmid for vmid, _ in self._abandoned.values()):
+            return False  # its last pass is still being cancelled
+        now = time.monotonic()
+        for retry in (self._retry.get(vm.vmid), self._busy.get(vm.vmid)):
+            if retry is not None and now < retry.not_before:
+                return False
         task = asyncio.create_task(self._pass(vm, list(entries)), name=f"vm-{vm.vmid}")
         self._passes[vm.vmid] = task
+        self._pass_started[vm.vmid] = now
+        self._deadlines[vm.vmid] = asyncio.get_running_loop().call_later(
+            self.settings.pass_deadline, self._overdue, vm.vmid, task)
         return True
 
     async def _pass(self, vm: LocalVm, entries: list[Entry]) -> None:
+        this = asyncio.current_task()
         try:
             await self._pass_inner(vm, entries)
         except Exception as err:  # the daemon outlives any bug in one pass
@@ -313,8 +395,55 @@ class Daemon:
                           extra=fields(VMID=vm.vmid))
             self._backoff(vm.vmid)
         finally:
-            self._passes.pop(vm.vmid, None)
+            if self._passes.get(vm.vmid) is this:
+                self._passes.pop(vm.vmid)
+                self._pass_started.pop(vm.vmid, None)
+                deadline = self._deadlines.pop(vm.vmid, None)
+                if deadline is not None:
+                    deadline.cancel()
+            elif this is not None and self._abandoned.pop(this, None) is not None:
+                log.info("VM %d: the pass abandoned at its deadline has ended", vm.vmid,
+                         extra=fields(VMID=vm.vmid))
             self._wake.set()
+
+    def _overdue(self, vmid: int, task: asyncio.Task[None]) -> None:
+        """A pass ran past its deadline: abandon it, and serve the others."""
+        if task.done() or self._passes.get(vmid) is not task:
+            return
+        now = time.monotonic()
+        self._passes.pop(vmid)
+        self._deadlines.pop(vmid, None)
+        started = self._pass_started.pop(vmid, now)
+        self._abandoned[task] = (vmid, now)
+        # An LVM change may be half done (a command that never returned):
+        # nothing more may change on those VGs from here until someone looks.
+        # A pass stuck before any change (QMP) leaves the VGs as they were.
+        changing = any(key[0] == vmid for key in self.extender.extending)
+        vgs = self._vgs_of(vmid) if changing else []
+        message = (f"VM {vmid}: pass abandoned after {now - started:.0f} s (its deadline is "
+                   f"{self.settings.pass_deadline:g} s)")
+        for vg in vgs:
+            self.vg_health.mark(vg, f"{message}, in the middle of an LVM change")
+            log.error("%s, in the middle of an LVM change on VG %s: VG marked unhealthy",
+                      message, vg, extra=fields(VMID=vmid, VG=vg))
+        if not vgs:
+            log.error("%s, before any LVM change", message, extra=fields(VMID=vmid))
+        task.cancel()
+        self._backoff(vmid)
+        self._wake.set()
+
+    def _vgs_of(self, vmid: int) -> list[str]:
+        """The thin VGs that hold an active LV of ``vmid`` (named as Proxmox names them)."""
+        return sorted({storage.vgname for storage in self.config.get().thin_storages.values()
+                       if any(Path("/dev", storage.vgname).glob(f"vm-{vmid}-*"))})
+
+    def wedged(self) -> str | None:
+        """Why the engine makes no progress (the watchdog is not fed then), or None."""
+        return engine_wedged(
+            time.monotonic(), abandoned=self._abandoned.values(),
+            running=self._pass_started.items(), loop_progress=self._loop_progress,
+            pass_deadline=self.settings.pass_deadline,
+            poll_interval=self.settings.poll_interval)
 
     async def _pass_inner(self, vm: LocalVm, entries: list[Entry]) -> None:
         requests: dict[str, Reason] | None = None
@@ -339,13 +468,14 @@ class Daemon:
             self._backoff(vm.vmid)
             return
         except VmBusyError as err:
-            log.debug("%s", err)
-            self._reconcile_due.add(vm.vmid)
+            self._busy_backoff(vm.vmid, err)
             return
         except PvestordError as err:
             self._note_error((vm.vmid, ""), str(err))
             self._backoff(vm.vmid)
             return
+        self._busy.pop(vm.vmid, None)
+        self._warned_paused.discard(vm.vmid)
         self._clear_error((vm.vmid, ""), f"VM {vm.vmid}: QMP works again")
         await self._settle_entries(vm, entries, outcome)
 
@@ -382,6 +512,20 @@ class Daemon:
         self._reconcile_due.add(vmid)
         delay = self._retry.setdefault(vmid, VmRetry()).failed()
         log.debug("VM %d: next attempt in %g s", vmid, delay)
+
+    def _busy_backoff(self, vmid: int, err: VmBusyError) -> None:
+        """Retry a busy VM soon, but not at once; warn once if it waits paused."""
+        self._reconcile_due.add(vmid)
+        delay = self._busy.setdefault(vmid, VmRetry(first=BUSY_FIRST, maximum=BUSY_MAX)).failed()
+        asyncio.get_running_loop().call_later(delay, self._wake.set)
+        if (isinstance(err, ExtensionsDeferred) and err.paused
+                and vmid not in self._warned_paused):
+            self._warned_paused.add(vmid)
+            log.warning("VM %d is paused for room and migrating away: its extension is "
+                        "deferred to the destination, or to the end of the migration here",
+                        vmid, extra=fields(VMID=vmid))
+            return
+        log.debug("%s; next attempt in %g s", err, delay)
 
     def _note_error(self, key: tuple[int, str], message: str,
                     level: int = logging.ERROR) -> None:

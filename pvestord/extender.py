@@ -384,7 +384,7 @@ class Extender:
             if run.status in MIGRATION_STATES:
                 raise VmBusyError(f"VM {vm.vmid} is in state {run.status}: later")
             if await self._migrating_away(vm, monitor):
-                raise VmBusyError(f"VM {vm.vmid} is migrating away: extensions deferred")
+                raise migration.ExtensionsDeferred(vm.vmid, paused=run.paused_for_room)
             fresh = requests is None
             drives = await self._drives(monitor, outcome, fresh=fresh, shared=shared)
             thin_nodes = {name for d in drives if d.storage is not None
@@ -624,28 +624,46 @@ class Extender:
         return True
 
     async def _migrating_away(self, vm: LocalVm, monitor: VmMonitor | None = None) -> bool:
-        """Whether ``vm`` is the source of a live migration now, or was: its LVs
-        must not grow here (the destination could miss the new size)."""
-        if migration.outgoing_marked(self.settings.run_dir, vm.vmid):
-            return True
+        """Whether ``vm`` is the source of a live migration now, or is about to
+        be: its LVs must not grow here (the destination could miss the new size).
+        QEMU's word (``query-migrate``, run state) and the outgoing mark together
+        (:func:`pvestord.migration.deferral`)."""
         if monitor is None:
             async with self._monitor(vm) as fresh:
-                return await migrating_away(fresh)
-        return await migrating_away(monitor)
+                in_flight = await migrating_away(fresh)
+        else:
+            in_flight = await migrating_away(monitor)
+        return migration.outgoing_deferral(self.settings.run_dir, vm.vmid,
+                                           in_flight=in_flight).defers
 
     async def _catch_up_incoming(self, vm: LocalVm, monitor: VmMonitor) -> None:
-        """Refresh every thin LV of an incoming VM that another node grew."""
+        """Refresh every thin LV of an incoming VM that another node grew.
+
+        Compared without the lock (LVM's metadata against this node's table):
+        the lock is taken, and the comparison made again under it, only when
+        the table is behind. A VM waiting in ``inmigrate`` is looked at on
+        every retry, and a storage-lock round trip per drive each time was
+        most of the load of a migration (REVIEW 4.1).
+        """
         for drive in await self._drives(monitor, fresh=True):
-            if drive.storage is None:
+            if drive.storage is None or lvm.device_size(drive.vg, drive.lv) >= drive.lv_size:
                 continue
-            async with self._vg_gate(drive.vg), \
-                    self._storage_lock(drive.storage).acquire_async(STORAGE_LOCK_TIMEOUT) as held:
-                done = await migration.catch_up(drive.vg, drive.lv, held=held)
+            key = (vm.vmid, drive.view.file_node)
+            self.extending.add(key)  # an LVM change: the daemon's deadline marks its VG
+            try:
+                async with self._vg_gate(drive.vg), \
+                        self._storage_lock(drive.storage).acquire_async(STORAGE_LOCK_TIMEOUT) \
+                        as held:
+                    done = await migration.catch_up(drive.vg, drive.lv, held=held)
+            finally:
+                self.extending.discard(key)
             if done.action == "refreshed":
+                self._changed(drive.vg)
                 log.info("VM %d %s: incoming migration: LV %s refreshed %s -> %s", vm.vmid,
                          drive.view.file_node, drive.view.path, format_size(done.old),
                          format_size(done.new), extra=fields(
-                             VMID=vm.vmid, NODE_NAME=drive.view.file_node, LV=drive.view.path))
+                             VMID=vm.vmid, NODE_NAME=drive.view.file_node, LV=drive.view.path,
+                             VG=drive.vg, OLD_SIZE=done.old, NEW_SIZE=done.new))
 
     async def _settle(self, vm: LocalVm, outcome: VmOutcome, extended: bool) -> bool:
         """Re-arm every drive and resume a VM paused on ENOSPC that has room again."""

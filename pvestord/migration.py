@@ -10,7 +10,11 @@ switchover: a refresh after that comes too late. So:
   extend its drives (a pass sees the migration in ``query-migrate``, or the
   mark left by :func:`begin` with role ``outgoing``, and leaves the VM alone;
   a guest that fills its LV meanwhile pauses on ENOSPC, and the destination
-  extends and resumes it);
+  extends and resumes it). The mark defers only while QEMU reports the
+  migration in flight, or for :data:`MARK_GRACE` after it was written or the
+  migration was last seen in flight (:func:`deferral`): a mark left behind by
+  a hook that never called ``end`` is removed, with a warning, instead of
+  keeping a paused VM paused;
 * **pre-extend before**: ``begin --role outgoing`` gives every thin drive of
   the VM one more chunk first, so that a guest writing during the migration
   rarely needs the deferred extension;
@@ -44,6 +48,8 @@ from pvestord.command import KILL_WAIT
 from pvestord.config import DaemonSettings, StorageConfig, ThinStorage
 from pvestord.errors import PvestordError
 from pvestord.locks import Held, VgLock, vg_lock
+from pvestord.qmp import VmBusyError
+from pvestord.service import fields
 from pvestord.sizes import format_size
 from pvestord.vghealth import VgHealth
 
@@ -51,10 +57,16 @@ log = logging.getLogger(__name__)
 
 #: As the extender's: ``cfs_lock``'s acquire budget.
 STORAGE_LOCK_TIMEOUT = 10.0
-#: A mark older than this is left over from a migration that never ended
-#: (a crashed hook): it no longer defers anything. Proxmox's own migrations
-#: have no such limit, so it is generous.
-MARK_EXPIRY = 3600.0
+#: How long an outgoing mark defers extensions while QEMU shows no migration
+#: in flight, counted from when the mark was written or the migration was
+#: last seen in flight (which refreshes the mark). The hook calls ``begin``
+#: before qemu-server starts the migration: it first starts the destination's
+#: QEMU over ssh, which takes seconds to tens of seconds; and ``end`` comes
+#: only after qemu-server has seen the migration finish. Past this, a mark
+#: with no migration is left over (a failed or aborted migration whose hook
+#: never said ``end``, a crashed hook): it is removed and defers nothing, so
+#: a guest that filled its LV is extended and resumed here.
+MARK_GRACE = 60.0
 
 
 class Role(Enum):
@@ -66,17 +78,91 @@ class MigrationError(PvestordError):
     """A migration hint could not be carried out."""
 
 
+class ExtensionsDeferred(VmBusyError):
+    """The VM is migrating away: its drives are not grown here for now."""
+
+    def __init__(self, vmid: int, *, paused: bool) -> None:
+        self.vmid = vmid
+        #: The VM is paused for room meanwhile: only the destination, or the
+        #: end of the deferral, will resume it.
+        self.paused = paused
+        super().__init__(f"VM {vmid} is migrating away: extensions deferred")
+
+
+class Deferral(Enum):
+    """What the outgoing mark and QEMU together say about a VM's extensions here."""
+
+    #: No mark and no migration in flight: extend as usual.
+    NONE = "not migrating"
+    #: QEMU shows the migration in flight (mark or not): defer.
+    IN_FLIGHT = "migration in flight"
+    #: A mark within :data:`MARK_GRACE` and nothing in flight yet (or any
+    #: more): the migration is about to start, or just ended; defer.
+    MARKED = "marked for a migration"
+    #: A mark past its grace with no migration in flight: left over; remove it
+    #: and extend as usual.
+    STALE = "left-over migration mark"
+
+    @property
+    def defers(self) -> bool:
+        return self in (Deferral.IN_FLIGHT, Deferral.MARKED)
+
+
+def deferral(*, in_flight: bool, mark_age: float | None,
+             grace: float = MARK_GRACE) -> Deferral:
+    """The pure decision: ``mark_age`` is seconds since the mark was written or
+    last refreshed (None: no mark). A mark from the future (the clock was
+    stepped back) counts by its distance from now, so it cannot defer for
+    longer than a step of the clock plus the grace."""
+    if in_flight:
+        return Deferral.IN_FLIGHT
+    if mark_age is None:
+        return Deferral.NONE
+    return Deferral.MARKED if abs(mark_age) < grace else Deferral.STALE
+
+
 def mark_path(run_dir: Path, vmid: int) -> Path:
     return run_dir / f"{vmid}.migrating"
 
 
-def outgoing_marked(run_dir: Path, vmid: int, now: float | None = None) -> bool:
-    """Whether ``begin --role outgoing`` was called for ``vmid`` and not ended."""
+def _mark_age(run_dir: Path, vmid: int, now: float | None) -> float | None:
     try:
         st = mark_path(run_dir, vmid).stat()
     except FileNotFoundError:
-        return False
-    return ((time.time() if now is None else now) - st.st_mtime) < MARK_EXPIRY
+        return None
+    return (time.time() if now is None else now) - st.st_mtime
+
+
+def outgoing_marked(run_dir: Path, vmid: int, now: float | None = None) -> bool:
+    """Whether ``begin --role outgoing`` was called for ``vmid`` within the
+    grace (the mark alone: for a check that cannot ask QEMU)."""
+    return deferral(in_flight=False, mark_age=_mark_age(run_dir, vmid, now)).defers
+
+
+def outgoing_deferral(run_dir: Path, vmid: int, *, in_flight: bool,
+                      now: float | None = None) -> Deferral:
+    """:func:`deferral` for ``vmid`` with its mark's age; the I/O around it.
+
+    A migration seen in flight refreshes the mark, so the grace runs from the
+    last time it was seen (a migration that fails leaves the VM here, and its
+    hook's ``end`` may follow a little later). A stale mark is removed and
+    said at warning: the hook that left it needs looking at.
+    """
+    age = _mark_age(run_dir, vmid, now)
+    decided = deferral(in_flight=in_flight, mark_age=age)
+    path = mark_path(run_dir, vmid)
+    if decided is Deferral.IN_FLIGHT and age is not None:
+        with contextlib.suppress(FileNotFoundError):
+            os.utime(path)
+    elif decided is Deferral.STALE:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        assert age is not None
+        log.warning("VM %d: migration mark %s is %d s old and no migration is in flight: "
+                    "removed, extensions no longer deferred (did the migration hook's "
+                    "'end' not run?)", vmid, path, age,
+                    extra=fields(VMID=vmid, DURATION_MS=round(age * 1000)))
+    return decided
 
 
 @dataclass(frozen=True)

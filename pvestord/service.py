@@ -13,6 +13,7 @@ import asyncio
 import logging
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -100,11 +101,27 @@ def watchdog_interval() -> float | None:
         return None
 
 
-async def watchdog_loop() -> None:
-    """Ping systemd's watchdog from the event loop: a stuck loop stops the pings."""
+async def watchdog_loop(wedged: Callable[[], str | None] | None = None) -> None:
+    """Ping systemd's watchdog while the daemon makes progress.
+
+    ``wedged`` says why the daemon makes none (None while it does); without
+    it, a stuck event loop is the only thing that stops the pings. A daemon
+    whose loop runs but whose work is stuck (a pass that cannot be cancelled)
+    stops feeding the watchdog, and systemd restarts it after ``WatchdogSec``.
+    """
     interval = watchdog_interval()
     if interval is None:
         return
+    stuck: str | None = None
     while True:
-        notify("WATCHDOG=1")
+        problem = wedged() if wedged is not None else None
+        if problem is None:
+            notify("WATCHDOG=1")
+            if stuck is not None:
+                log.info("making progress again: feeding the watchdog again")
+            stuck = None
+        elif stuck is None:
+            log.error("no progress: %s; not feeding the watchdog (systemd restarts the daemon "
+                      "when WatchdogSec runs out)", problem)
+            stuck = problem
         await asyncio.sleep(interval)

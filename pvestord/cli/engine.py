@@ -74,6 +74,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     run.add_argument("--report-interval", type=float, default=10.0, metavar="SECONDS",
                      help="publish this node's view of its thin storages (for rank-nodes) "
                      "this often (default: %(default)s)")
+    run.add_argument("--pass-deadline", type=float, default=180.0, metavar="SECONDS",
+                     help="abandon a pass over one VM that takes longer than this, mark the "
+                     "VG it was changing unhealthy and serve the other VMs (default: "
+                     "%(default)s)")
     run.add_argument("--nodes-dir", type=Path, default=None, metavar="DIR",
                      help="where node reports are published (default: 'nodes' beside the "
                      "queue, /etc/pve/nodes)")
@@ -117,7 +121,8 @@ def _run(args: argparse.Namespace) -> int:
                          lvm_timeout=args.lvm_timeout, qmp_timeout=args.qmp_timeout,
                          global_worker=args.global_worker, inotify=not args.no_inotify,
                          lvm_shell=args.lvm_shell,
-                         report_interval=args.report_interval, nodes_dir=args.nodes_dir)
+                         report_interval=args.report_interval, nodes_dir=args.nodes_dir,
+                         pass_deadline=args.pass_deadline)
     return daemon.run(settings, verbose=args.verbose, journal=args.journal)
 
 

@@ -1,16 +1,23 @@
-"""The live-migration hint's pure parts: which LVs are the VM's, the outgoing mark, the CLI."""
+"""The live-migration hint's pure parts: which LVs are the VM's, the outgoing mark and
+when it defers, the CLI."""
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
 from pvestord import migration
 from pvestord.config import parse_storage_config
 from pvestord.lvm import LvRow
+from pvestord.migration import Deferral
 
 CFG = """lvm: thin
 \tvgname san
@@ -42,15 +49,65 @@ def test_vm_lvs_are_the_active_thin_lvs_named_for_the_vm() -> None:
     assert found == [("thin", "vm-10-disk-0.qcow2"), ("thin2", "vm-10-state-x.qcow2")]
 
 
-def test_outgoing_mark_defers_until_removed_or_expired(tmp_path: Path) -> None:
+def test_outgoing_mark_defers_until_removed_or_past_its_grace(tmp_path: Path) -> None:
     assert not migration.outgoing_marked(tmp_path, 7)
     mark = migration.mark_path(tmp_path, 7)
     mark.write_text("outgoing 0\n")
     assert migration.outgoing_marked(tmp_path, 7)
     assert not migration.outgoing_marked(tmp_path, 8)
-    old = time.time() - migration.MARK_EXPIRY - 1
+    old = time.time() - migration.MARK_GRACE - 1
     os.utime(mark, (old, old))
     assert not migration.outgoing_marked(tmp_path, 7)  # a hook that never said "end"
+
+
+@given(in_flight=st.booleans(),
+       mark_age=st.none() | st.floats(allow_nan=False, allow_infinity=False),
+       grace=st.floats(min_value=0, max_value=1e6))
+def test_deferral_rules(in_flight: bool, mark_age: float | None, grace: float) -> None:
+    decided = migration.deferral(in_flight=in_flight, mark_age=mark_age, grace=grace)
+    # QEMU's word wins: a migration in flight always defers, mark or not.
+    assert (decided is Deferral.IN_FLIGHT) is in_flight
+    if not in_flight:
+        # Without a migration, only a mark within its grace defers: a mark
+        # left over can never hold a VM for longer than the grace.
+        assert decided.defers is (mark_age is not None and abs(mark_age) < grace)
+        assert (decided is Deferral.STALE) is (mark_age is not None and abs(mark_age) >= grace)
+        assert (decided is Deferral.NONE) is (mark_age is None)
+
+
+def test_stale_mark_is_removed_and_said_at_warning(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    mark = migration.mark_path(tmp_path, 7)
+    mark.write_text("outgoing 0\n")
+    old = time.time() - migration.MARK_GRACE - 5
+    os.utime(mark, (old, old))
+    with caplog.at_level(logging.WARNING, logger="pvestord.migration"):
+        decided = migration.outgoing_deferral(tmp_path, 7, in_flight=False)
+    assert decided is Deferral.STALE and not decided.defers
+    assert not mark.exists()
+    [record] = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert record.VMID == "7"  # type: ignore[attr-defined]
+    assert int(record.DURATION_MS) >= (migration.MARK_GRACE + 5) * 1000  # type: ignore[attr-defined]
+    # Gone: the next look is an ordinary one, and says nothing.
+    caplog.clear()
+    assert migration.outgoing_deferral(tmp_path, 7, in_flight=False) is Deferral.NONE
+    assert not caplog.records
+
+
+def test_migration_in_flight_refreshes_the_mark(tmp_path: Path) -> None:
+    """The grace runs from the last time the migration was seen in flight: a
+    long migration that then fails keeps deferring a little while for its
+    hook's ``end``, not forever and not from the mark's writing."""
+    mark = migration.mark_path(tmp_path, 7)
+    mark.write_text("outgoing 0\n")
+    old = time.time() - migration.MARK_GRACE - 5
+    os.utime(mark, (old, old))
+    assert migration.outgoing_deferral(tmp_path, 7, in_flight=True) is Deferral.IN_FLIGHT
+    assert time.time() - mark.stat().st_mtime < migration.MARK_GRACE
+    assert migration.outgoing_deferral(tmp_path, 7, in_flight=False) is Deferral.MARKED
+    # No mark, migration in flight: deferred, and no mark is made.
+    assert migration.outgoing_deferral(tmp_path, 8, in_flight=True).defers
+    assert not migration.mark_path(tmp_path, 8).exists()
 
 
 def test_cli_rejects_a_bad_role() -> None:
