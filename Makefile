@@ -38,9 +38,11 @@ unit: deps
 	fi; \
 	exit $$rc
 
-# Host tier: real QEMU processes and files, no device-mapper (needs root).
+# Host tier: real QEMU processes and files, no device-mapper (needs root);
+# and Proxmox's own storage code (from ../shared/upstream) parsing and
+# writing storage.cfg with our plugin registered.
 host: deps
-	$(PYTEST) tests/integration/host -q
+	$(PYTEST) tests/integration/host tests/proxmox -q
 
 packaging: deps
 	$(PYTEST) tests/packaging -q
