@@ -175,16 +175,18 @@ FAULTS = [
     Fault("lvm that SIGKILL does not end (D state), slower than the lock's lifetime",
           "tests/integration/node/test_faults_lock.py::"
           "test_an_lvm_sigkill_does_not_end_keeps_the_lock_and_marks_the_vg",
-          "node guest, lock lifetime 45 s, --lvm-timeout 20: the lvextend timed out at 20 s, "
+          "node guest, lock lifetime 45 s, --lvm-timeout 20: the lvextend timed out at 20 s; "
           "5 s after SIGKILL the pass ended with the error naming the 2 pids left and the VG "
-          "was marked; the lock stayed, renewed, for 121 s until the stuck process ran its "
-          "late lvextend and ended (91 s after the kill); a second process waiting with the "
-          "same expiry got in only then; the other VG's extension went through meanwhile"),
+          "was marked; the lock stayed, renewed, for 100.5 s (121 s in an earlier run) until "
+          "the stuck process ran its late lvextend and ended 71 s after the kill; a second "
+          "process waiting with the same expiry got in only then (more than one lifetime "
+          "later, stuck process gone); the other VG's LV was extended meanwhile (11.5 s)"),
     Fault("change on a VG marked unhealthy",
           "tests/integration/node/test_faults_lock.py::"
           "test_an_lvm_sigkill_does_not_end_keeps_the_lock_and_marks_the_vg",
-          "a threshold crossed on the marked VG: refused before any LVM command, the entry "
-          "kept; extended once the mark file was removed"),
+          "every later pass on the marked VG was refused before any LVM command (no "
+          "lvextend started), its entry kept queued; the drive stays un-re-armed until the "
+          "mark is removed (the refusal comes before the LV is read again)"),
     Fault("lvm slower than the storage lock's lifetime",
           "tests/integration/node/test_faults_lock.py::"
           "test_an_lvm_slower_than_the_lock_is_killed_before_the_lock_could_expire",
