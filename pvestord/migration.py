@@ -211,22 +211,34 @@ async def catch_up(vg: str, lv: str, *, held: Held | None = None) -> LvAction:
     return LvAction(vg, lv, device, device, "unchanged")
 
 
-async def pre_extend(storage: ThinStorage, row: lvm.LvRow, *,
-                     held: Held | None = None) -> LvAction:
-    """One more chunk for ``row``, never past what its qcow2 can use.
+async def image_maximum(row: lvm.LvRow) -> int | None:
+    """What the qcow2 on ``row`` can ever use, in whole extents, or None.
 
-    The caller holds the storage lock. The image is open in the running
-    QEMU, so it is read with ``-U`` (its header and snapshot table, nothing
-    the guest writes). An LV that is not a qcow2 we can read is left as it
-    is: the defer rule keeps it safe, the pre-extension only spares a pause.
+    Read before the storage lock is taken: ``qemu-img`` has no place under
+    a lock whose lifetime bounds everything done there, and what it reads
+    (the image's header, snapshot table and bitmaps) does not change with
+    the LV's size. The image is open in the running QEMU, so it is read with
+    ``-U`` (nothing the guest writes). An LV that is not a qcow2 we can read
+    gives None: the defer rule keeps it safe, the pre-extension only spares
+    a pause.
     """
     info = await lvm.lv_info(row.vg, row.lv)
     try:
         image = await qemu_img.info(info.path, force_share=True)
-        maximum = policy.maximum_size(await qemu_img.maximum_required(image),
-                                      info.extent_size)
+        return policy.maximum_size(await qemu_img.maximum_required(image), info.extent_size)
     except PvestordError as err:
         log.warning("LV %s/%s: not pre-extended for the migration: %s", row.vg, row.lv, err)
+        return None
+
+
+async def pre_extend(storage: ThinStorage, row: lvm.LvRow, maximum: int | None, *,
+                     held: Held | None = None) -> LvAction:
+    """One more chunk for ``row``, never past ``maximum`` (:func:`image_maximum`).
+
+    The caller holds the storage lock; the LV's size is read again under it.
+    """
+    info = await lvm.lv_info(row.vg, row.lv)
+    if maximum is None:
         return LvAction(row.vg, row.lv, info.size, info.size, "unchanged")
     target = policy.extend_target(info.size, 0, storage.chunksize, maximum, info.extent_size)
     if target <= info.size:
@@ -250,12 +262,13 @@ async def begin(settings: DaemonSettings, config: StorageConfig, vmid: int,
         tmp.rename(path)
     actions = []
     for storage, row in await _thin_lvs(settings, config, vmid):
+        maximum = await image_maximum(row) if role is Role.OUTGOING else None
         async with _vg_lock(settings, config, storage).acquire_async(
                 STORAGE_LOCK_TIMEOUT) as held:
             if role is Role.INCOMING:
                 actions.append(await catch_up(row.vg, row.lv, held=held))
                 continue
-            actions.append(await pre_extend(storage, row, held=held))
+            actions.append(await pre_extend(storage, row, maximum, held=held))
     for a in actions:
         log.info("VM %d migration begin (%s): %s/%s %s %s -> %s", vmid, role.value, a.vg,
                  a.lv, a.action, format_size(a.old), format_size(a.new))
