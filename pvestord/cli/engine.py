@@ -8,12 +8,12 @@ import dataclasses
 import json
 from pathlib import Path
 
-from pvestord import daemon, paths, vghealth
+from pvestord import daemon, paths
+from pvestord.cli.options import add_lock_options
 from pvestord.config import DaemonSettings
 from pvestord.daemon import StorageConfigSource
 from pvestord.errors import PvestordError
 from pvestord.extender import DriveReport, Extender
-from pvestord.locks import PMXCFS_LOCK_EXPIRY
 from pvestord.policy import Reason
 from pvestord.sizes import format_size
 from pvestord.vms import local_vm, local_vms
@@ -29,13 +29,7 @@ def _node_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lock-dir", type=Path, default=None, metavar="DIR",
                         help="force pmxcfs-style lock directories in DIR (default: chosen by "
                         "where the queue lives)")
-    parser.add_argument("--lock-lifetime", type=float, default=PMXCFS_LOCK_EXPIRY,
-                        metavar="SECONDS", help="with --lock-dir off pmxcfs: how long a lock "
-                        "directory lives after its holder's last renewal, as pmxcfs's 120 s "
-                        "(for tests; pmxcfs's own cannot be made longer) (default: %(default)g)")
-    parser.add_argument("--vg-health-dir", type=Path, default=vghealth.DEFAULT_DIR,
-                        metavar="DIR", help="where VGs this node must not change are marked "
-                        "(default: %(default)s)")
+    add_lock_options(parser)
     parser.add_argument("--node", default=None, metavar="NAME",
                         help="this node's name in the cluster (default: short host name)")
 

@@ -8,8 +8,8 @@ import dataclasses
 import json
 from pathlib import Path
 
-from pvestord import paths, vghealth, volumes
-from pvestord.locks import PMXCFS_LOCK_EXPIRY
+from pvestord import paths, volumes
+from pvestord.cli.options import add_lock_options
 from pvestord.sizes import format_size, parse_size
 
 
@@ -36,13 +36,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lock-dir", type=Path, default=None, metavar="DIR",
                         help="force pmxcfs-style lock directories in DIR (default: as "
                         "Proxmox: /etc/pve/priv/lock for shared storage, else flock)")
-    parser.add_argument("--lock-lifetime", type=float, default=PMXCFS_LOCK_EXPIRY,
-                        metavar="SECONDS", help="with --lock-dir off pmxcfs: how long a lock "
-                        "directory lives after its holder's last renewal (for tests) "
-                        "(default: %(default)g)")
-    parser.add_argument("--vg-health-dir", type=Path, default=vghealth.DEFAULT_DIR,
-                        metavar="DIR", help="where VGs this node must not change are marked "
-                        "(default: %(default)s)")
+    add_lock_options(parser)
 
 
 def _settings(args: argparse.Namespace) -> volumes.VolumeSettings:
