@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.faults import LvmFaults
 from tests.harness.lvmbed import VG, loop_vg
 
 
@@ -27,6 +28,16 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         raise pytest.UsageError(
             "tests/integration/node needs device-mapper: run them in the node guest "
             "with `make node`")
+
+
+@pytest.fixture
+def faults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> LvmFaults:
+    """The ``lvm`` stand-in (tests/harness/lvm_faulty) for this test's daemons,
+    through ``PVESTORD_LVM``: it fails, hangs or dawdles on request."""
+    lvm_faults = LvmFaults(tmp_path / "lvm-faults")
+    for name, value in lvm_faults.environment().items():
+        monkeypatch.setenv(name, value)
+    return lvm_faults
 
 
 @pytest.fixture

@@ -113,14 +113,6 @@ class Node:
 
 
 @pytest.fixture
-def faults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> LvmFaults:
-    lvm_faults = LvmFaults(tmp_path / "lvm-faults")
-    for name, value in lvm_faults.environment().items():
-        monkeypatch.setenv(name, value)
-    return lvm_faults
-
-
-@pytest.fixture
 def fault_log(tmp_path: Path) -> FaultLog:
     return FaultLog(Path(os.environ.get("PVESTORD_TEST_OUT", str(tmp_path))))
 

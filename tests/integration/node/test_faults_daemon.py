@@ -72,14 +72,6 @@ WEDGE_TIMEOUT = 300.0
 # -- the bed ---------------------------------------------------------------------
 
 @pytest.fixture
-def faults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> LvmFaults:
-    lvm_faults = LvmFaults(tmp_path / "lvm-faults")
-    for name, value in lvm_faults.environment().items():
-        monkeypatch.setenv(name, value)
-    return lvm_faults
-
-
-@pytest.fixture
 def bed(vg: VG, tmp_path: Path, out_dir: Path) -> NodeBed:
     spec = ThinStorageSpec("thin1", vg.name, chunksize="32M", chunk_percentage=0.5,
                            initial_size="64M")

@@ -39,7 +39,6 @@ from tests.integration.node.test_faults import (
     Workload,
     entries_of,
     fault_log,  # noqa: F401 - a fixture
-    faults,  # noqa: F401 - a fixture
     final_checks,
     node,
     settled,
@@ -96,7 +95,7 @@ def errors_for(text: str, vmid: int) -> int:
 
 
 def test_an_lvm_sigkill_does_not_end_keeps_the_lock_and_marks_the_vg(
-        bed: NodeBed, vg: VG, vg2: VG, tmp_path: Path, faults: LvmFaults,  # noqa: F811
+        bed: NodeBed, vg: VG, vg2: VG, tmp_path: Path, faults: LvmFaults,
         fault_log: FaultLog) -> None:  # noqa: F811
     lock_dir = tmp_path / "pve-locks"
     lock_dir.mkdir()
@@ -211,7 +210,7 @@ with lock.acquire(600):
 
 
 def test_an_lvm_slower_than_the_lock_is_killed_before_the_lock_could_expire(
-        bed: NodeBed, vg: VG, tmp_path: Path, faults: LvmFaults,  # noqa: F811
+        bed: NodeBed, vg: VG, tmp_path: Path, faults: LvmFaults,
         fault_log: FaultLog) -> None:  # noqa: F811
     lock_dir = tmp_path / "pve-locks"
     lock_dir.mkdir()
