@@ -51,8 +51,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "does.\n\nEvents (applied in order; after each the manager runs until it settles):\n  "
         + EVENT_HELP.replace(", ", "\n  ") + "\nWith no event: what the manager does next "
         "from the current state.",
-        epilog="Not modelled (warned when present): auto-rebalance, the dynamic CRS, disarmed "
-        "HA, locks, services in error. Exit status: 0 every resource has a node, 3 some "
+        epilog="Auto-rebalance is modelled for the static CRS. Not modelled (warned when "
+        "present): the dynamic CRS and its auto-rebalance, disarmed HA, locks, services in "
+        "error. Exit status: 0 every resource has a node, 3 some "
         "resource cannot be placed (stuck on a maintenance node, no recovery node, a command "
         "refused), 1 error, 2 bad arguments.")
     cmd.add_argument("events", nargs="*", metavar="EVENT", help="see above")
