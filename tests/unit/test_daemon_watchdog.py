@@ -7,14 +7,16 @@ socket read here) and ``WATCHDOG_USEC``, and read the ``WATCHDOG=1`` datagrams.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 import os
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -29,6 +31,9 @@ PVESTORD = str(Path(sys.executable).parent / "pvestord")
 TIMEOUT = 60.0
 #: A ping every 0.2 s.
 WATCHDOG_USEC = 400_000
+PING_INTERVAL = WATCHDOG_USEC / 2e6
+#: Longer than a datagram already sent can take to reach the reader thread.
+IN_FLIGHT = 2.0
 
 seconds = st.floats(min_value=0, max_value=1e5, allow_nan=False)
 
@@ -174,3 +179,77 @@ def test_a_pass_past_its_deadline_is_abandoned_and_the_daemon_goes_on(
     finally:
         hung.close()
         assert stop(proc) == 0
+
+
+# -- a wedged engine, in process -------------------------------------------------
+
+async def test_a_pass_that_ignores_its_cancellation_stops_the_pings(
+        tmp_path: Path, notify: NotifySocket, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine wedged while the event loop runs: the pings stop.
+
+    No wait the product makes can ignore a cancellation any more (every kill
+    wait is bounded, tests/unit/test_command_kill.py), so the wedge is a
+    stand-in: the pass over a VM swallows its cancellation, as a bug would.
+    Everything else is the daemon's own, run in this process: its loops find
+    the VM (a live process carrying the pidfile), start the pass, abandon it
+    at its deadline, and its watchdog loop pings a real ``NOTIFY_SOCKET``;
+    only the grace before "wedged" is shortened.
+    """
+    from pvestord import daemon as daemon_module
+    from pvestord.config import DaemonSettings
+    from pvestord.vms import LocalVm
+
+    monkeypatch.setattr(daemon_module, "engine_wedged",
+                        functools.partial(engine_wedged, grace=0.5))
+    monkeypatch.setenv("NOTIFY_SOCKET", str(notify.path))
+    monkeypatch.setenv("WATCHDOG_USEC", str(WATCHDOG_USEC))
+    monkeypatch.delenv("WATCHDOG_PID", raising=False)
+    released = asyncio.Event()
+
+    async def swallows_its_cancellation(self: object, vm: LocalVm,
+                                        entries: object) -> None:
+        while not released.is_set():
+            with contextlib.suppress(asyncio.CancelledError):
+                await released.wait()
+
+    monkeypatch.setattr(daemon_module.Daemon, "_pass_inner", swallows_its_cancellation)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "storage.cfg").write_text("lvm: thin1\n\tvgname vg1\n\tchunksize 1G\n")
+    settings = DaemonSettings(
+        node="n1", queue=tmp_path / "extend-queue", storage_config=tmp_path / "storage.cfg",
+        run_dir=tmp_path / "run", nodes_dir=tmp_path / "nodes", inotify=False,
+        lvm_shell=False, poll_interval=0.2, pass_deadline=0.5,
+        vg_health_dir=tmp_path / "vg-unhealthy")
+    engine = daemon_module.Daemon(settings)
+    vm = NeverAnsweringQmp(tmp_path / "run", 4242)
+    running = asyncio.create_task(engine.run())
+    try:
+        await wait_for_async(lambda: engine.wedged() is not None, "the engine seen wedged")
+        assert "VM 4242" in (engine.wedged() or "")
+        # The loop asks before each ping, and the wedge lasts until released:
+        # no ping is sent from here on. One sent just before may still be on
+        # its way to the reader thread, so the window looked at starts later.
+        quiet_from = time.monotonic() + IN_FLIGHT
+        await wait_for_async(lambda: time.monotonic() > quiet_from + 10 * PING_INTERVAL,
+                             "ten ping intervals")
+        assert [t for t in notify.pings() if t > quiet_from] == [], "pinged while wedged"
+        assert not running.done()
+        last_ping = max(notify.pings(), default=0.0)
+
+        released.set()  # the pass ends after all: progress again, and pings
+        await wait_for_async(lambda: engine.wedged() is None, "the wedge gone")
+        await wait_for_async(lambda: max(notify.pings(), default=0.0) > last_ping,
+                             "pings again")
+        assert not (tmp_path / "vg-unhealthy").exists()  # stuck before any LVM change
+    finally:
+        released.set()
+        engine._stop.set()
+        assert await asyncio.wait_for(running, TIMEOUT) == 0
+        vm.close()
+
+
+async def wait_for_async(predicate: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + TIMEOUT
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
