@@ -345,7 +345,10 @@ def test_stuck_pass_is_abandoned_and_other_vgs_are_served(
         try:
             with stuck, healthy, node(
                     bed, "--reconcile-interval", "5", "--pass-deadline", str(PASS_DEADLINE),
-                    "--qmp-timeout", "600", "--lvm-timeout", "600",
+                    # Budgets past the deadline, so the deadline is what ends the
+                    # pass; the lock's lifetime must cover the LVM budget
+                    # (DaemonSettings refuses one that does not fit).
+                    "--qmp-timeout", "600", "--lvm-timeout", "600", "--lock-lifetime", "1200",
                     "--vg-health-dir", str(health)) as (_, pvestord):
                 wait_for(lambda: threshold(healthy) == LV0 - HEADROOM
                          and threshold(stuck) == LV0 - HEADROOM, START_TIMEOUT,
