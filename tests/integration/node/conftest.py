@@ -23,6 +23,25 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      "(make faults)")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "faults_full: a long fault test run by `make faults` (--faults=full) and "
+        "left out of the quick set `make check` runs")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The quick set: `make check` must stay under an hour on 2 cores, and the
+    longest fault tests (two to four minutes each under TCG) run in `make
+    faults`, where every fault is tried."""
+    if config.getoption("--faults") == "full":
+        return
+    quick = [item for item in items if item.get_closest_marker("faults_full") is None]
+    left_out = [item for item in items if item.get_closest_marker("faults_full") is not None]
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = quick
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     if not Path("/dev/mapper/control").exists():
         raise pytest.UsageError(

@@ -316,6 +316,7 @@ exec {real} "$@"
 """
 
 
+@pytest.mark.faults_full
 def test_stuck_pass_is_abandoned_and_other_vgs_are_served(
         bed: NodeBed, vg: VG, tmp_path: Path, out_dir: Path, watchdog: WatchdogListener,
         monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,6 +19,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from pvestord.nodereport import metadata_low
 from tests.harness.daemonlog import LogLine, parse
 from tests.harness.daemons import Daemon, NodeBed, ThinStorageSpec, start_pvestord, wait_for
@@ -101,6 +103,7 @@ def wait_reports(bed: NodeBed, count: int) -> None:
     wait_for(newer, REPORT_TIMEOUT, f"{count} node reports")
 
 
+@pytest.mark.faults_full
 def test_metadata_running_low_is_warned_once_per_crossing(tmp_path: Path, out_dir: Path) -> None:
     with small_metadata_vg() as vg:
         bed = NodeBed(tmp_path, [ThinStorageSpec("meta1", vg)], logs_dir=out_dir)
