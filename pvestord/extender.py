@@ -39,7 +39,7 @@ from pvestord import lvm, migration, policy, qemu_img
 from pvestord.command import KILL_WAIT
 from pvestord.config import DaemonSettings, StorageConfig, ThinStorage
 from pvestord.errors import PvestordError
-from pvestord.locks import VgLock, vg_lock
+from pvestord.locks import Held, VgLock, vg_lock
 from pvestord.lvmshell import LvmShells
 from pvestord.nodereport import LvmHealth
 from pvestord.policy import (
@@ -471,6 +471,22 @@ class Extender:
             return False
         return True
 
+    async def _catch_up_table(self, drive: Drive,
+                              held: Held) -> tuple[lvm.LvInfo, int, TableState]:
+        """Under the lock: the LV's metadata, this node's table, and how they
+        compare; a table behind the metadata is refreshed here (one ahead is
+        the caller's to refuse: it is never written over)."""
+        info = await lvm.lv_info(drive.vg, drive.lv, timeout=self.settings.lvm_timeout,
+                                 shells=self.lvm_shells)
+        self._remember(info)
+        table = lvm.device_size(drive.vg, drive.lv)
+        verdict = policy.table_state(info.size, table)
+        if verdict is TableState.BEHIND:
+            held.require(self.settings.lvm_timeout + KILL_WAIT)
+            await lvm.refresh(drive.vg, drive.lv, timeout=self.settings.lvm_timeout)
+            self._changed(drive.vg)
+        return info, table, verdict
+
     async def _settle_table(self, vm: LocalVm, drive: Drive, outcome: VmOutcome) -> bool:
         """Compare the table with the metadata under the lock; refresh a table
         that is behind (True), refuse one that is ahead (an error for the drive)."""
@@ -480,15 +496,7 @@ class Extender:
             async with self._vg_gate(drive.vg), \
                     self._storage_lock(drive.storage).acquire_async(STORAGE_LOCK_TIMEOUT) \
                     as held:
-                info = await lvm.lv_info(drive.vg, drive.lv, timeout=self.settings.lvm_timeout,
-                                         shells=self.lvm_shells)
-                self._remember(info)
-                table = lvm.device_size(drive.vg, drive.lv)
-                verdict = policy.table_state(info.size, table)
-                if verdict is TableState.BEHIND:
-                    held.require(self.settings.lvm_timeout + KILL_WAIT)
-                    await lvm.refresh(drive.vg, drive.lv, timeout=self.settings.lvm_timeout)
-                    self._changed(drive.vg)
+                info, table, verdict = await self._catch_up_table(drive, held)
         except PvestordError as err:
             outcome.errors[node] = err
             return False
@@ -578,18 +586,11 @@ class Extender:
                 raise VmBusyError(f"VM {vm.vmid} started migrating away: extension of "
                                   f"{node} deferred")
             checked = time.monotonic()
-            info = await lvm.lv_info(drive.vg, drive.lv, timeout=self.settings.lvm_timeout,
-                                     shells=self.lvm_shells)
-            self._remember(info)
-            table = lvm.device_size(drive.vg, drive.lv)
-            verdict = policy.table_state(info.size, table)
+            info, table, verdict = await self._catch_up_table(drive, held)
             if verdict is TableState.AHEAD:
                 raise self._table_ahead(vm, drive, info.size, table)
             if verdict is TableState.BEHIND:
-                # Another node grew it. Catch up instead of growing again.
-                held.require(self.settings.lvm_timeout + KILL_WAIT)
-                await lvm.refresh(drive.vg, drive.lv, timeout=self.settings.lvm_timeout)
-                self._changed(drive.vg)
+                # Another node grew it: caught up instead of growing again.
                 self._log_refreshed(vm, drive, table, info.size)
                 fresh = policy.decide(drive.state(
                     lv_size=info.size, paused_nospace=state.paused_nospace,
