@@ -4,7 +4,7 @@
 writer brings the drive's allocation to just under the threshold, then one
 small write crosses it. From QEMU's own ``BLOCK_WRITE_THRESHOLD`` timestamp
 to the daemon's "threshold armed" log record that follows the extension,
-split with the fields pvestord logs on each extension (pvestord/extender.py):
+split with the fields pvestord logs on each extension (pvestord/engine/extender.py):
 
 - queue wait: event to the start of the daemon's round (qmeventd-py, the
   queue file, the wake-up, the scan);
@@ -47,9 +47,9 @@ from typing import Any
 
 from bench.report import summary
 from bench.together import enter_together, one_at_a_time
-from pvestord import lvm
-from pvestord.lvmshell import LvmShells
-from pvestord.qmp import VmMonitor
+from pvestord.adapters import lvm
+from pvestord.adapters.lvmshell import LvmShells
+from pvestord.adapters.qmp import VmMonitor
 from tests.harness import daemonlog
 from tests.harness.daemons import Daemon, NodeBed, ThinStorageSpec, daemons, wait_for
 from tests.harness.lvmbed import VG, GiB, MiB, loop_vg, qcow2_create

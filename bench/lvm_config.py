@@ -16,7 +16,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from pvestord.lvm import FAST_CONFIG
+from pvestord.adapters.lvm import FAST_CONFIG
 from tests.harness.lvmbed import MiB, loop_vg
 
 TIMEOUT = 60.0

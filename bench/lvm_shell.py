@@ -3,11 +3,11 @@
 LVM's start-up dominates an ``lvextend`` under emulation (docs/design.md, "LVM").
 ``lvm`` with no arguments is a shell that reads commands on stdin and keeps
 its configuration and library state between them; lvmdbusd keeps one
-running for the same reason, and so does pvestord (:mod:`pvestord.lvmshell`).
-Both sides here are pvestord's own calls (:func:`pvestord.lvm.lv_info`,
-:func:`pvestord.lvm.extend`, with pvestord's ``--config``): the plain side
+running for the same reason, and so does pvestord (:mod:`pvestord.adapters.lvmshell`).
+Both sides here are pvestord's own calls (:func:`pvestord.adapters.lvm.lv_info`,
+:func:`pvestord.adapters.lvm.extend`, with pvestord's ``--config``): the plain side
 as one process per command, the shell side through
-:class:`pvestord.lvmshell.LvmShells`. Rounds interleave the two, on two LVs
+:class:`pvestord.adapters.lvmshell.LvmShells`. Rounds interleave the two, on two LVs
 of one VG, so both see the same load. After every round the LVs' sizes are
 checked in LVM and in device-mapper.
 
@@ -28,12 +28,12 @@ import time
 from typing import Any
 
 from bench.report import summary
-from pvestord import lvm
-from pvestord.command import binary
-from pvestord.lvmshell import LvmShells
+from pvestord.adapters import lvm
+from pvestord.adapters.command import binary
+from pvestord.adapters.lvmshell import LvmShells
 from tests.harness.lvmbed import MiB, loop_vg, sh
 
-#: Budget for one command in the shell (as pvestord.lvm.CHANGE_TIMEOUT).
+#: Budget for one command in the shell (as pvestord.adapters.lvm.CHANGE_TIMEOUT).
 COMMAND_TIMEOUT = 40.0
 STEP = 4 * MiB
 

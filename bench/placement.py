@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.report import Figure, build_report, table
-from pvestord.placement import MODEL
-from pvestord.placement.events import parse_event
-from pvestord.placement.manager import predict
-from pvestord.placement.model import Cluster, NodeFacts, ServiceConfig, ServiceStatus
-from pvestord.placement.rules import RuleData
-from pvestord.placement.scores import GuestSize, NodeCapacity
+from pvestord.features.placement import MODEL
+from pvestord.features.placement.events import parse_event
+from pvestord.features.placement.manager import predict
+from pvestord.features.placement.model import Cluster, NodeFacts, ServiceConfig, ServiceStatus
+from pvestord.features.placement.rules import RuleData
+from pvestord.features.placement.scores import GuestSize, NodeCapacity
 
 NODES = 32
 RESOURCES = 2000

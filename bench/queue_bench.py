@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pvestord.locks import LockTimeout, queue_lock
-from pvestord.queue import Entry, ExtendQueue
+from pvestord.adapters.locks import LockTimeout, queue_lock
+from pvestord.adapters.queue import Entry, ExtendQueue
 
 WRITERS = (1, 4, 8)
 BACKENDS = ("flock", "lockdir")

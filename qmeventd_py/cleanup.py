@@ -21,9 +21,9 @@ import signal
 from collections.abc import Sequence
 from pathlib import Path
 
-from pvestord.command import run_async
+from pvestord.adapters.command import run_async
+from pvestord.adapters.service import fields
 from pvestord.errors import CommandError
-from pvestord.service import fields
 
 log = logging.getLogger(__name__)
 

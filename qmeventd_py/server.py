@@ -51,10 +51,10 @@ from qemu.qmp import EventListener, QMPClient, QMPError, Runstate
 from qemu.qmp.models import Greeting
 
 from pvestord import paths
+from pvestord.adapters.locks import queue_lock
+from pvestord.adapters.queue import Entry, ExtendQueue, QueueError
+from pvestord.adapters.service import fields, notify, setup_logging, watchdog_loop
 from pvestord.errors import ConfigError, PvestordError
-from pvestord.locks import queue_lock
-from pvestord.queue import Entry, ExtendQueue, QueueError
-from pvestord.service import fields, notify, setup_logging, watchdog_loop
 from qmeventd_py import cleanup, events
 from qmeventd_py.peer import Peer, PeerError, identify, vmid_of
 

@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pvestord import __version__, paths
+from pvestord.adapters.service import setup_logging
 from pvestord.errors import PvestordError
-from pvestord.service import setup_logging
 
 #: Modules that each define ``register(subparsers)``; a sub-command sets
 #: ``func(args) -> int`` on its parser.

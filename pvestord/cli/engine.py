@@ -8,41 +8,14 @@ import dataclasses
 import json
 from pathlib import Path
 
-from pvestord import daemon, paths
-from pvestord.cli.options import add_lock_options
-from pvestord.config import DaemonSettings
-from pvestord.daemon import StorageConfigSource
+from pvestord.adapters.vms import local_vm, local_vms
+from pvestord.cli.options import add_node_options, settings_from
+from pvestord.engine import daemon
+from pvestord.engine.daemon import StorageConfigSource
+from pvestord.engine.extender import DriveReport, Extender
 from pvestord.errors import PvestordError
-from pvestord.extender import DriveReport, Extender
 from pvestord.policy import Reason
-from pvestord.sizes import format_size
-from pvestord.vms import local_vm, local_vms
-
-
-def _node_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--storage-config", type=Path, default=paths.STORAGE_CFG,
-                        metavar="PATH", help="storage.cfg to read thin options from "
-                        "(default: %(default)s)")
-    parser.add_argument("--run-dir", type=Path, default=paths.QEMU_SERVER_RUN, metavar="DIR",
-                        help="where QEMU's <vmid>.pid and <vmid>.qmp live "
-                        "(default: %(default)s)")
-    parser.add_argument("--lock-dir", type=Path, default=None, metavar="DIR",
-                        help="force pmxcfs-style lock directories in DIR (default: chosen by "
-                        "where the queue lives)")
-    add_lock_options(parser)
-    parser.add_argument("--node", default=None, metavar="NAME",
-                        help="this node's name in the cluster (default: short host name)")
-
-
-def _settings(args: argparse.Namespace, **overrides: object) -> DaemonSettings:
-    values: dict[str, object] = {
-        "queue": args.queue, "storage_config": args.storage_config, "run_dir": args.run_dir,
-        "lock_dir": args.lock_dir, "lock_lifetime": args.lock_lifetime,
-        "vg_health_dir": args.vg_health_dir, **overrides,
-    }
-    if args.node:
-        values["node"] = args.node
-    return DaemonSettings(**values)  # type: ignore[arg-type]
+from pvestord.policy.sizes import format_size
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -53,7 +26,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "chunk under the storage lock, re-arm QEMU's write threshold, resume a VM paused on "
         "ENOSPC; and reconcile every thin drive at start and periodically. Logs to the "
         "journal under systemd, else to stderr. Stops cleanly on SIGTERM.")
-    _node_options(run)
+    add_node_options(run)
     run.add_argument("--poll-interval", type=float, default=2.0, metavar="SECONDS",
                      help="read the queue at least this often, for other nodes' writes "
                      "(default: %(default)s)")
@@ -94,7 +67,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Every thin-drive candidate of every VM running on this node: VM, "
         "node-name, LV, LV size, allocation (QEMU's highest write), threshold, maximum "
         "(qemu-img measure), and state.")
-    _node_options(drives)
+    add_node_options(drives)
     drives.add_argument("--json", action="store_true", help="JSON for scripts")
     drives.set_defaults(func=_drives)
 
@@ -102,7 +75,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "extend", help="extend one thin drive by a chunk now",
         description="Extend a thin drive of a VM running here by one chunk, through the "
         "daemon's own code path (storage lock, policy cap at the maximum, threshold re-armed).")
-    _node_options(extend)
+    add_node_options(extend)
     extend.add_argument("vmid", type=int, metavar="VMID")
     extend.add_argument("node_name", metavar="NODE-NAME",
                         help="the drive's file node-name (see 'pvestord drives')")
@@ -110,7 +83,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    settings = _settings(args, poll_interval=args.poll_interval,
+    settings = settings_from(args, poll_interval=args.poll_interval,
                          reconcile_interval=args.reconcile_interval,
                          lvm_timeout=args.lvm_timeout, qmp_timeout=args.qmp_timeout,
                          global_worker=args.global_worker, inotify=not args.no_inotify,
@@ -122,7 +95,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _drives(args: argparse.Namespace) -> int:
     # One command's few LVM calls: a shell would still pay LVM's start-up once.
-    settings = _settings(args, lvm_shell=False)
+    settings = settings_from(args, lvm_shell=False)
 
     async def collect() -> list[DriveReport]:
         extender = Extender(settings, StorageConfigSource(settings.storage_config).get)
@@ -157,7 +130,7 @@ def _drives(args: argparse.Namespace) -> int:
 
 
 def _extend(args: argparse.Namespace) -> int:
-    settings = _settings(args, lvm_shell=False)
+    settings = settings_from(args, lvm_shell=False)
     vm = local_vm(settings.run_dir, args.vmid)
     if vm is None:
         raise PvestordError(f"VM {args.vmid} is not running on this node")

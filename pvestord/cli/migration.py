@@ -1,7 +1,7 @@
 """``pvestord migration begin|end VMID --role incoming|outgoing``: the live-migration hint.
 
 What a storage hook (the ``live-migration`` hint proposed for Proxmox's
-storage API) calls around a live migration; see :mod:`pvestord.migration`.
+storage API) calls around a live migration; see :mod:`pvestord.engine.migration`.
 Correctness does not depend on it: without it the daemons defer and refresh
 on their own, possibly with a pause.
 """
@@ -13,10 +13,10 @@ import asyncio
 import dataclasses
 import json
 
-from pvestord import migration
-from pvestord.cli.engine import _node_options, _settings
-from pvestord.config import load_storage_config
-from pvestord.sizes import format_size
+from pvestord.adapters.config import load_storage_config
+from pvestord.cli.options import add_node_options, settings_from
+from pvestord.engine import migration
+from pvestord.policy.sizes import format_size
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -33,12 +33,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         p.add_argument("--role", required=True, choices=[r.value for r in migration.Role],
                        help="this node's side of the migration")
         p.add_argument("--json", action="store_true", help="JSON for scripts")
-        _node_options(p)
+        add_node_options(p)
         p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    settings = _settings(args)
+    settings = settings_from(args)
     config = load_storage_config(settings.storage_config)
     role = migration.Role(args.role)
     step = migration.begin if args.phase == "begin" else migration.end

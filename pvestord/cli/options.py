@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pvestord import vghealth
-from pvestord.locks import PMXCFS_LOCK_EXPIRY
+from pvestord import paths
+from pvestord.adapters import vghealth
+from pvestord.adapters.config import DaemonSettings
+from pvestord.adapters.locks import PMXCFS_LOCK_EXPIRY
 
 
 def add_lock_options(parser: argparse.ArgumentParser) -> None:
@@ -19,3 +21,32 @@ def add_lock_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vg-health-dir", type=Path, default=vghealth.DEFAULT_DIR,
                         metavar="DIR", help="where VGs this node must not change are marked "
                         "(default: %(default)s)")
+
+
+def add_node_options(parser: argparse.ArgumentParser) -> None:
+    """Where this node's configuration, QEMUs and locks are: for every command
+    that looks at the VMs running here."""
+    parser.add_argument("--storage-config", type=Path, default=paths.STORAGE_CFG,
+                        metavar="PATH", help="storage.cfg to read thin options from "
+                        "(default: %(default)s)")
+    parser.add_argument("--run-dir", type=Path, default=paths.QEMU_SERVER_RUN, metavar="DIR",
+                        help="where QEMU's <vmid>.pid and <vmid>.qmp live "
+                        "(default: %(default)s)")
+    parser.add_argument("--lock-dir", type=Path, default=None, metavar="DIR",
+                        help="force pmxcfs-style lock directories in DIR (default: chosen by "
+                        "where the queue lives)")
+    add_lock_options(parser)
+    parser.add_argument("--node", default=None, metavar="NAME",
+                        help="this node's name in the cluster (default: short host name)")
+
+
+def settings_from(args: argparse.Namespace, **overrides: object) -> DaemonSettings:
+    """The daemon's settings from :func:`add_node_options`' options."""
+    values: dict[str, object] = {
+        "queue": args.queue, "storage_config": args.storage_config, "run_dir": args.run_dir,
+        "lock_dir": args.lock_dir, "lock_lifetime": args.lock_lifetime,
+        "vg_health_dir": args.vg_health_dir, **overrides,
+    }
+    if args.node:
+        values["node"] = args.node
+    return DaemonSettings(**values)  # type: ignore[arg-type]

@@ -1,6 +1,6 @@
 """``pvestord placement [EVENT ...]``: where Proxmox HA will put each resource, and why.
 
-A prediction from a model of pve-ha-manager 5.2.0 (:mod:`pvestord.placement`),
+A prediction from a model of pve-ha-manager 5.2.0 (:mod:`pvestord.features.placement`),
 read from a cluster folder or a simulator test folder; it never writes
 anything and never calls ``ha-manager``. ``--storage-view`` and
 ``--as-if-storage-hook`` judge the targets with ``rank-nodes``' own code.
@@ -15,23 +15,24 @@ import sys
 import time
 from pathlib import Path
 
-from pvestord import nodereport, ranking
-from pvestord.config import load_storage_config
+from pvestord.adapters.config import load_storage_config
+from pvestord.engine import nodereport
 from pvestord.errors import PvestordError
-from pvestord.placement import HA_MANAGER_VERSION, MODEL
-from pvestord.placement.events import EVENT_HELP, EventError, Unsupported, parse_event
-from pvestord.placement.explain import (
+from pvestord.features import ranking
+from pvestord.features.placement import HA_MANAGER_VERSION, MODEL
+from pvestord.features.placement.events import EVENT_HELP, EventError, Unsupported, parse_event
+from pvestord.features.placement.explain import (
     StorageVerdict,
     StorageView,
     cannot_place,
     render_json,
     render_text,
 )
-from pvestord.placement.inputs import read_guest_storages, read_pve_dir, read_sim_test
-from pvestord.placement.manager import predict
-from pvestord.placement.model import Event
-from pvestord.placement.select import StorageFilter
-from pvestord.placement.suite import model_steps
+from pvestord.features.placement.inputs import read_guest_storages, read_pve_dir, read_sim_test
+from pvestord.features.placement.manager import predict
+from pvestord.features.placement.model import Event
+from pvestord.features.placement.select import StorageFilter
+from pvestord.features.placement.suite import model_steps
 
 
 class PlacementError(PvestordError):

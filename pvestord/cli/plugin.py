@@ -1,6 +1,6 @@
 """``pvestord plugin``: the decisions of Proxmox's storage plugin, JSON in and out.
 
-Called by ``PVE::Storage::Custom::PvestordPlugin`` (see :mod:`pvestord.plugin`),
+Called by ``PVE::Storage::Custom::PvestordPlugin`` (see :mod:`pvestord.features.plugin`),
 not by people: the request is read from stdin, the answer is one JSON line on
 stdout; a failure is a message on stderr and exit status 1, which the Perl
 side turns into the error of the Proxmox task.
@@ -13,7 +13,7 @@ import asyncio
 import json
 import sys
 
-from pvestord import plugin
+from pvestord.features import plugin
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -14,8 +14,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pvestord.locks import DEFAULT_TIMEOUT, queue_lock
-from pvestord.queue import Entry, ExtendQueue, InvalidEntryError, Reason, RejectedLine, parse_key
+from pvestord.adapters.locks import DEFAULT_TIMEOUT, queue_lock
+from pvestord.adapters.queue import Entry, ExtendQueue, InvalidEntryError, RejectedLine, parse_key
+from pvestord.policy import Reason
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -1,8 +1,8 @@
 """``pvestord rank-nodes VMID``: which nodes can run a guest's thin volumes.
 
 The command behind the ``rank_nodes`` hook proposed for Proxmox's HA
-rebalancer; see :mod:`pvestord.ranking` for the rules and
-:mod:`pvestord.nodereport` for what every node publishes.
+rebalancer; see :mod:`pvestord.features.ranking` for the rules and
+:mod:`pvestord.engine.nodereport` for what every node publishes.
 """
 
 from __future__ import annotations
@@ -14,10 +14,13 @@ import json
 import time
 from pathlib import Path
 
-from pvestord import lvm, nodereport, paths, ranking
-from pvestord.config import StorageConfig, load_storage_config
+from pvestord import paths
+from pvestord.adapters import lvm
+from pvestord.adapters.config import StorageConfig, load_storage_config
+from pvestord.engine import nodereport
 from pvestord.errors import PvestordError
-from pvestord.volumes import check_vmid
+from pvestord.features import ranking
+from pvestord.features.volumes import check_vmid
 
 
 class RankError(PvestordError):

@@ -1,4 +1,7 @@
-"""``pvestord volume create|shrink|list``: thin volumes for Proxmox (see pvestord.volumes)."""
+"""``pvestord volume create|shrink|list``: thin volumes for Proxmox.
+
+The work is :mod:`pvestord.features.volumes`'s; this is its command line.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +11,10 @@ import dataclasses
 import json
 from pathlib import Path
 
-from pvestord import paths, volumes
+from pvestord import paths
 from pvestord.cli.options import add_lock_options
-from pvestord.sizes import format_size, parse_size
+from pvestord.features import volumes
+from pvestord.policy.sizes import format_size, parse_size
 
 
 def _size(text: str) -> int:

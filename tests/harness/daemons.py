@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pvestord.queue import Entry, ExtendQueue
+from pvestord.adapters.queue import Entry, ExtendQueue
 
 VENV_BIN = Path(sys.executable).parent
 #: Python start-up plus the first config read; generous because a loaded

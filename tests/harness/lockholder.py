@@ -1,7 +1,7 @@
 """Take a pmxcfs-style lock directory from the command line, for the two-node lock tests.
 
 Run on a node of the two-node bed (``python -m tests.harness.lockholder``), it
-goes through :class:`pvestord.locks.LockDirLock` exactly as the daemons do,
+goes through :class:`pvestord.adapters.locks.LockDirLock` exactly as the daemons do,
 and prints one JSON line per step on stdout, flushed, so that the host can
 follow it from the node's log::
 
@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from pvestord.locks import EmulatedPmxcfsExpiry, LockDirLock, LockTimeout
+from pvestord.adapters.locks import EmulatedPmxcfsExpiry, LockDirLock, LockTimeout
 
 
 def say(event: str, **fields: object) -> None:

@@ -46,7 +46,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-#: Environment override for the QEMU binary (same convention as pvestord.command).
+#: Environment override for the QEMU binary (same convention as pvestord.adapters.command).
 QEMU_ENV = "PVESTORD_QEMU_SYSTEM_X86_64"
 
 #: How long QEMU may take to create its QMP socket (TCG inside the node guest is slow).
@@ -563,7 +563,7 @@ def running(vmid: int, run_dir: str | Path, **kwargs: Any) -> Iterator[QemuVM]:
 def create_qcow2(path: str | Path, size: int | str, *, options: Sequence[str] = (),
                  timeout: float = 30.0) -> Path:
     """``qemu-img create -f qcow2`` (a plain file or a block device)."""
-    from pvestord.command import binary, run
+    from pvestord.adapters.command import binary, run
 
     argv = [binary("qemu-img"), "create", "-q", "-f", "qcow2"]
     for opt in options:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pvestord.lvm import FAST_CONFIG
+from pvestord.adapters.lvm import FAST_CONFIG
 from tests.harness.nodeguest import VENV_BIN, GuestError, vng_argv
 
 REPO = Path(__file__).resolve().parents[2]
@@ -396,7 +396,7 @@ def lvm(node: Node, command: str, *args: str) -> str:
     """An LVM command on ``node`` with pvestord's own ``--config``.
 
     Workaround: pvestord runs lvextend/refresh with udev rules off
-    (``pvestord.lvm.FAST_CONFIG``), and on a node where udevd runs that makes
+    (``pvestord.adapters.lvm.FAST_CONFIG``), and on a node where udevd runs that makes
     udev drop the ``/dev/VG/LV`` and ``/dev/mapper`` links of an LV that was
     created or activated with the rules on (seen here: the link is gone
     seconds after the first extension, and pvestord's next pass fails). LVs

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from pvestord.command import run
+from pvestord.adapters.command import run
 from tests.packaging import debroot
 
 SRC = Path(__file__).resolve().parents[2]

@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from pvestord.command import Completed, run
+from pvestord.adapters.command import Completed, run
 
 SUITE = "bookworm"
 VARIANT = "minbase"

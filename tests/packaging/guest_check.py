@@ -197,7 +197,8 @@ def main() -> int:
         # pvestord logs the extension after lvextend returns: let it land.
         wait_for("extension in the journal", lambda: any(
             "NEW_SIZE" in e for e in journal("pvestord.service", f"VMID={VMID}")), 60)
-        report["journal_vmid"] = extension_fields(journal("pvestord.service", f"VMID={VMID}"))
+        report["journal_vmid"] = extension_fields(
+            journal("pvestord.service", f"VMID={VMID}"))
         report["journal_qmeventd_vmid"] = extension_fields(
             journal("qmeventd-py.service", f"VMID={VMID}"))[-5:]
         report["pvestord_messages"] = [str(e.get("MESSAGE", ""))

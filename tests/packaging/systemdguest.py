@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pvestord.command import run
+from pvestord.adapters.command import run
 from tests.harness.nodeguest import BLACKLIST, find_kernel, hardware_kvm_usable
 from tests.packaging import debroot
 

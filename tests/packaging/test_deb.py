@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from pvestord.command import run
+from pvestord.adapters.command import run
 from tests.packaging.conftest import SRC, Figures, pyproject_version
 
 DPKG_TIMEOUT = 60.0
@@ -18,7 +18,7 @@ EXPECTED_FILES = {
     "./usr/bin/qmeventd-py",
     "./etc/lvm/profile/pvestord.profile",
     "./usr/lib/python3/dist-packages/pvestord/__init__.py",
-    "./usr/lib/python3/dist-packages/pvestord/lvmshell.py",
+    "./usr/lib/python3/dist-packages/pvestord/adapters/lvmshell.py",
     "./usr/lib/python3/dist-packages/pvestord/cli/__init__.py",
     "./usr/lib/python3/dist-packages/qmeventd_py/__init__.py",
     "./usr/lib/pvestord/qemu/qmp/__init__.py",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pvestord.command import run
+from pvestord.adapters.command import run
 from tests.packaging.conftest import pyproject_version
 from tests.packaging.debroot import chroot
 
@@ -56,7 +56,7 @@ def test_private_qemu_qmp(installed_root: Path) -> None:
         assert 'sys.path.insert(1, "/usr/lib/pvestord")' in text
     # The daemons' own QMP modules import through the wrapper's path.
     loaded = chroot(installed_root, ["python3", "-c", probe.replace(
-        "from qemu.qmp import QMPClient", "import pvestord.qmp, qmeventd_py.server")])
+        "from qemu.qmp import QMPClient", "import pvestord.adapters.qmp, qmeventd_py.server")])
     assert loaded.stdout.strip() == "/usr/lib/pvestord/qemu/qmp/__init__.py"
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pvestord.command import Completed, run
+from pvestord.adapters.command import Completed, run
 from tests.packaging.conftest import SRC
 
 UNITS = ("pvestord.service", "qmeventd-py.service")

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from pvestord.config import StorageOptionError, parse_storage_config
-from pvestord.sizes import GiB, MiB
+from pvestord.adapters.config import StorageOptionError, parse_storage_config
+from pvestord.policy.sizes import GiB, MiB
 from tests.proxmox import upstream
 
 THIN = """\

@@ -13,8 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-from pvestord.locks import FlockLock, LockDirLock, LockTimeout, queue_lock
-from pvestord.queue import Entry, ExtendQueue, parse_queue
+from pvestord.adapters.locks import FlockLock, LockDirLock, LockTimeout, queue_lock
+from pvestord.adapters.queue import Entry, ExtendQueue, parse_queue
 
 
 def open_queue(path: Path, backend: str, lock_dir: Path | None) -> ExtendQueue:

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from pvestord import command
-from pvestord.command import KILL_WAIT, UnkillableCommandError, run_async
+from pvestord.adapters import command
+from pvestord.adapters.command import KILL_WAIT, UnkillableCommandError, run_async
 from pvestord.errors import CommandError
 
 #: Slack for a loaded test machine on top of the timeout and the kill wait.

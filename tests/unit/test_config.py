@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from pvestord.config import (
+from pvestord.adapters.config import (
     DaemonSettings,
     StorageOptionError,
     load_storage_config,
     parse_storage_config,
 )
 from pvestord.errors import ConfigError
-from pvestord.sizes import GiB, MiB
+from pvestord.policy.sizes import GiB, MiB
 
 # A Proxmox VE 9 node's file, tab-indented as Proxmox writes it, with two
 # shared LVM storages on a SAN (one thin-enabled) and one plugin we don't know.

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from pvestord.queue import Entry, ExtendQueue, Reason
+from pvestord.adapters.queue import Entry, ExtendQueue
+from pvestord.policy import Reason
 
 PVESTORD = str(Path(sys.executable).parent / "pvestord")
 TIMEOUT = 60.0

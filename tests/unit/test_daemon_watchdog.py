@@ -1,6 +1,6 @@
 """The pass deadline and the progress watchdog (REVIEW 2.3), and the busy backoff (4.1).
 
-The rules are pure (:func:`pvestord.daemon.engine_wedged`, ``VmRetry``); the
+The rules are pure (:func:`pvestord.engine.daemon.engine_wedged`, ``VmRetry``); the
 process tests run ``pvestord run`` with a real ``NOTIFY_SOCKET`` (a datagram
 socket read here) and ``WATCHDOG_USEC``, and read the ``WATCHDOG=1`` datagrams.
 """
@@ -23,7 +23,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pvestord.daemon import BUSY_FIRST, BUSY_MAX, WEDGE_GRACE, VmRetry, engine_wedged
+from pvestord.engine.daemon import BUSY_FIRST, BUSY_MAX, WEDGE_GRACE, VmRetry, engine_wedged
 from tests.harness.daemonlog import parse
 from tests.harness.qmpproxy import NeverAnsweringQmp
 
@@ -195,9 +195,9 @@ async def test_a_pass_that_ignores_its_cancellation_stops_the_pings(
     at its deadline, and its watchdog loop pings a real ``NOTIFY_SOCKET``;
     only the grace before "wedged" is shortened.
     """
-    from pvestord import daemon as daemon_module
-    from pvestord.config import DaemonSettings
-    from pvestord.vms import LocalVm
+    from pvestord.adapters.config import DaemonSettings
+    from pvestord.adapters.vms import LocalVm
+    from pvestord.engine import daemon as daemon_module
 
     monkeypatch.setattr(daemon_module, "engine_wedged",
                         functools.partial(engine_wedged, grace=0.5))

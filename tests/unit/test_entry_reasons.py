@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from pvestord.config import ThinStorage
-from pvestord.extender import Drive, reason_for
-from pvestord.qmp import ThinDriveView
-from pvestord.queue import Reason
+from pvestord.adapters.config import ThinStorage
+from pvestord.adapters.qmp import ThinDriveView
+from pvestord.engine.extender import Drive, reason_for
+from pvestord.policy import Reason
 
 MiB = 1024 * 1024
 

@@ -7,7 +7,8 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pvestord.queue import Entry, Reason
+from pvestord.adapters.queue import Entry
+from pvestord.policy import Reason
 from qmeventd_py import events
 from qmeventd_py.peer import vmid_from_argv
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pvestord.config import (
+from pvestord.adapters.config import (
     DEFAULT_CHUNK_PERCENTAGE,
     DEFAULT_INITIAL_SIZE,
     MIN_CHUNKSIZE,

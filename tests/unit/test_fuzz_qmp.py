@@ -22,10 +22,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from qemu.qmp.models import Greeting
 
-from pvestord.errors import PvestordError
-from pvestord.extender import MIGRATING, Drive
-from pvestord.policy import BlockDevice
-from pvestord.qemu_img import (
+from pvestord.adapters.qemu_img import (
     CheckStatus,
     Measure,
     QemuImgError,
@@ -34,8 +31,11 @@ from pvestord.qemu_img import (
     parse_measure,
     required_size,
 )
-from pvestord.qmp import migration_status_from, run_state_from, thin_drives_from
-from pvestord.queue import VMID_MAX, VMID_MIN, Entry, check_node_name
+from pvestord.adapters.qmp import migration_status_from, run_state_from, thin_drives_from
+from pvestord.adapters.queue import VMID_MAX, VMID_MIN, Entry, check_node_name
+from pvestord.engine.extender import MIGRATING, Drive
+from pvestord.errors import PvestordError
+from pvestord.policy import BlockDevice
 from qmeventd_py import events
 from qmeventd_py.peer import PeerError
 from qmeventd_py.server import read_hello

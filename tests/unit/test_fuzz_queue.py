@@ -17,7 +17,7 @@ from pathlib import Path
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
-from pvestord.queue import (
+from pvestord.adapters.queue import (
     MAX_REJECTED_LINE,
     N_MAX,
     Entry,

@@ -18,19 +18,19 @@ from pathlib import Path
 
 import pytest
 
-from pvestord.command import UnkillableCommandError, stuck_processes
-from pvestord.config import DaemonSettings, parse_storage_config
-from pvestord.errors import ConfigError
-from pvestord.extender import Extender
-from pvestord.locks import (
+from pvestord.adapters.command import UnkillableCommandError, stuck_processes
+from pvestord.adapters.config import DaemonSettings, parse_storage_config
+from pvestord.adapters.locks import (
     FlockLock,
     LockDirLock,
     LockLifetimeError,
     LockTimeout,
     vg_lock,
 )
-from pvestord.lvm import LvmError
-from pvestord.vghealth import VgHealth, VgUnhealthyError
+from pvestord.adapters.lvm import LvmError
+from pvestord.adapters.vghealth import VgHealth, VgUnhealthyError
+from pvestord.engine.extender import Extender
+from pvestord.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 #: A lock lifetime short enough for tests, long enough for a loaded machine.

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pvestord.locks import (
+from pvestord.adapters.locks import (
     EmulatedPmxcfsExpiry,
     FlockLock,
     Lock,
@@ -125,7 +125,8 @@ def test_a_stale_lock_directory_is_expired(tmp_path: Path, caplog: pytest.LogCap
     path.mkdir()  # left by a holder that died ...
     old = time.time() - 200
     os.utime(path, (old, old))  # ... 200 s ago
-    with caplog.at_level(logging.WARNING, logger="pvestord.locks"), lock.acquire(timeout=5):
+    with caplog.at_level(logging.WARNING, logger="pvestord.adapters.locks"), \
+            lock.acquire(timeout=5):
         assert path.is_dir()
     assert not path.exists()
     assert "expiring lock" in caplog.text
@@ -197,7 +198,7 @@ def test_the_holder_notices_its_lock_was_expired(tmp_path: Path,
                                                  caplog: pytest.LogCaptureFixture) -> None:
     first, path = make("lockdir", tmp_path)
     second = LockDirLock(path.parent, path.name)
-    with caplog.at_level(logging.WARNING, logger="pvestord.locks"):
+    with caplog.at_level(logging.WARNING, logger="pvestord.adapters.locks"):
         with first.acquire():
             old = time.time() - 200
             os.utime(path, (old, old))  # the holder overran pmxcfs's 120 s
@@ -212,7 +213,7 @@ def test_holding_past_the_budget_warns(tmp_path: Path, caplog: pytest.LogCapture
     (tmp_path / "lock").mkdir()
     for lock in (LockDirLock(tmp_path / "lock", "x", hold_budget=0.05),
                  FlockLock(tmp_path / "f", hold_budget=0.05)):
-        with caplog.at_level(logging.WARNING, logger="pvestord.locks"), lock.acquire():
+        with caplog.at_level(logging.WARNING, logger="pvestord.adapters.locks"), lock.acquire():
             time.sleep(0.1)
         assert "longer than its" in caplog.text
         caplog.clear()

@@ -21,11 +21,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pvestord import lvmshell
-from pvestord.command import KILL_WAIT, UnkillableCommandError
+from pvestord.adapters import lvmshell
+from pvestord.adapters.command import KILL_WAIT, UnkillableCommandError
+from pvestord.adapters.lvm import FAST_CONFIG, LvmError, LvMissingError, VgFullError, _classify
+from pvestord.adapters.lvmshell import LvmShellError, command_line, command_status
 from pvestord.errors import CommandError
-from pvestord.lvm import FAST_CONFIG, LvmError, LvMissingError, VgFullError, _classify
-from pvestord.lvmshell import LvmShellError, command_line, command_status
 
 #: What an argument may hold and still pass through LVM's splitting of a line.
 quotable = st.text(st.characters(blacklist_characters="\"'\\\n\r",

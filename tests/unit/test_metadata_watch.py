@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pvestord.nodereport import (
+from pvestord.engine.nodereport import (
     METADATA_LOW_SHARE,
     SEGMENT_BYTES,
     MetadataWatch,
@@ -61,7 +61,7 @@ def fielded(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str, str, str]]
 
 
 def test_warns_once_per_crossing(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="pvestord.nodereport")
+    caplog.set_level(logging.INFO, logger="pvestord.engine.nodereport")
     watch = MetadataWatch()
     for free in (13_000, 9_000, 4_100):           # above a quarter of 16 KiB: quiet
         watch.check(view(free))
@@ -78,7 +78,7 @@ def test_warns_once_per_crossing(caplog: pytest.LogCaptureFixture) -> None:
 
 
 def test_unknown_or_unreadable_vgs_say_nothing(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="pvestord.nodereport")
+    caplog.set_level(logging.INFO, logger="pvestord.engine.nodereport")
     watch = MetadataWatch()
     watch.check(view(0, size=0))
     watch.check(StorageView(vg="vgm", visible=False, lvm_ok=False, error="gone"))

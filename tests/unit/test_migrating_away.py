@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from pvestord.extender import migrating_away
-from pvestord.qmp import RunState
+from pvestord.adapters.qmp import RunState
+from pvestord.engine.extender import migrating_away
 
 
 class FakeMonitor:

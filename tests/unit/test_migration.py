@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pvestord import migration
-from pvestord.config import parse_storage_config
-from pvestord.lvm import LvRow
-from pvestord.migration import Deferral
+from pvestord.adapters.config import parse_storage_config
+from pvestord.adapters.lvm import LvRow
+from pvestord.engine import migration
+from pvestord.engine.migration import Deferral
 
 CFG = """lvm: thin
 \tvgname san
@@ -81,7 +81,7 @@ def test_stale_mark_is_removed_and_said_at_warning(
     mark.write_text("outgoing 0\n")
     old = time.time() - migration.MARK_GRACE - 5
     os.utime(mark, (old, old))
-    with caplog.at_level(logging.WARNING, logger="pvestord.migration"):
+    with caplog.at_level(logging.WARNING, logger="pvestord.engine.migration"):
         decided = migration.outgoing_deferral(tmp_path, 7, in_flight=False)
     assert decided is Deferral.STALE and not decided.defers
     assert not mark.exists()

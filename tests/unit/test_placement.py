@@ -19,13 +19,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pvestord.cli import main
-from pvestord.nodereport import NodeReport, StorageView, publish
-from pvestord.placement import MODEL, scores
-from pvestord.placement.events import EventError, parse_event, sim_command
-from pvestord.placement.explain import cannot_place, render_json, render_text
-from pvestord.placement.inputs import read_pve_dir
-from pvestord.placement.manager import predict
-from pvestord.placement.model import (
+from pvestord.engine.nodereport import NodeReport, StorageView, publish
+from pvestord.features.placement import MODEL, scores
+from pvestord.features.placement.events import EventError, parse_event, sim_command
+from pvestord.features.placement.explain import cannot_place, render_json, render_text
+from pvestord.features.placement.inputs import read_pve_dir
+from pvestord.features.placement.manager import predict
+from pvestord.features.placement.model import (
     Cluster,
     Event,
     NodeFacts,
@@ -33,7 +33,7 @@ from pvestord.placement.model import (
     ServiceConfig,
     ServiceStatus,
 )
-from pvestord.placement.rules import RuleData
+from pvestord.features.placement.rules import RuleData
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "placement"
 SCENARIOS = sorted(FIXTURES.glob("*.json"))

@@ -6,10 +6,20 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pvestord.placement.explain import cannot_place
-from pvestord.placement.failures import FailureCounters, InjectedFailures, injected_failures
-from pvestord.placement.manager import predict
-from pvestord.placement.model import Cluster, Event, NodeFacts, ServiceConfig, ServiceStatus
+from pvestord.features.placement.explain import cannot_place
+from pvestord.features.placement.failures import (
+    FailureCounters,
+    InjectedFailures,
+    injected_failures,
+)
+from pvestord.features.placement.manager import predict
+from pvestord.features.placement.model import (
+    Cluster,
+    Event,
+    NodeFacts,
+    ServiceConfig,
+    ServiceStatus,
+)
 
 NODES = ("node1", "node2", "node3")
 

@@ -1,4 +1,4 @@
-"""The storage plugin's decisions (pvestord.plugin) and its request parsing."""
+"""The storage plugin's decisions (pvestord.features.plugin) and its request parsing."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pvestord import plugin
-from pvestord.config import PLUGIN_TYPE, StorageOptionError, parse_storage_config
-from pvestord.plugin import Kind
-from pvestord.sizes import GiB, MiB
+from pvestord.adapters.config import PLUGIN_TYPE, StorageOptionError, parse_storage_config
+from pvestord.features import plugin
+from pvestord.features.plugin import Kind
+from pvestord.policy.sizes import GiB, MiB
 
 extents = st.sampled_from([1 * MiB, 4 * MiB, 32 * MiB])
 sizes = st.integers(min_value=1, max_value=64 * 1024 * GiB)

@@ -38,7 +38,7 @@ from pvestord.policy import (
     threshold,
     wanted_headroom,
 )
-from pvestord.sizes import GiB, MiB
+from pvestord.policy.sizes import GiB, MiB
 
 EXTENT = 4 * MiB
 

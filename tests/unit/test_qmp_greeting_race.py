@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pvestord.qmp import QmpError, VmMonitor
+from pvestord.adapters.qmp import QmpError, VmMonitor
 from tests.unit.test_qmp_timeouts import GREETING, fake_qemu, read_message
 
 RESUME = {"timestamp": {"seconds": 1, "microseconds": 2}, "event": "RESUME"}

@@ -7,7 +7,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pvestord.qmp import run_state_from, thin_drives_from
+from pvestord.adapters.qmp import run_state_from, thin_drives_from
 
 MiB = 1024 * 1024
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pvestord.qmp import QmpTimeout, VmMonitor
+from pvestord.adapters.qmp import QmpTimeout, VmMonitor
 
 GREETING = {"QMP": {"version": {"qemu": {"major": 7, "minor": 2, "micro": 0},
                                 "package": ""}, "capabilities": []}}

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pvestord.queue import (
+from pvestord.adapters.queue import (
     MAX_REJECTED_LINE,
     Entry,
     ExtendQueue,
@@ -266,7 +266,7 @@ def test_binary_garbage_moves_to_the_rejected_file(queue: ExtendQueue,
     lines = [g for pair in zip(garbage, render(valid).splitlines(), strict=True) for g in pair]
     queue.path.write_bytes(b"\n".join(lines) + b"\n\x00\x01\x02")
     assert queue.list() == valid  # reading is never fatal
-    with caplog.at_level(logging.WARNING, logger="pvestord.queue"):
+    with caplog.at_level(logging.WARNING, logger="pvestord.adapters.queue"):
         queue.append([Entry(999, "new")])
     assert [e.key for e in queue.list()] == [e.key for e in valid] + [(999, "new")]
     rejected = queue.rejected()
@@ -282,7 +282,7 @@ def test_a_2_mib_file_of_garbage_and_entries(queue: ExtendQueue,
     chunk = (2 * 1024 * 1024) // 100
     queue.path.write_bytes(b"".join(os.urandom(chunk) + b"\n" + e.format().encode() + b"\n"
                                     for e in valid))
-    with caplog.at_level(logging.WARNING, logger="pvestord.queue"):
+    with caplog.at_level(logging.WARNING, logger="pvestord.adapters.queue"):
         queue.append([Entry(999, "new")])
     assert [e.key for e in queue.list()] == [e.key for e in valid] + [(999, "new")]
     # More garbage than the rejected file may hold: it keeps the newest, says so.
@@ -307,7 +307,7 @@ def test_the_rejected_file_keeps_its_bound_and_says_what_it_dropped(
     queue = ExtendQueue(tmp_path / "q", max_bytes=4096)
     for round_ in range(5):
         queue.path.write_bytes(b"".join(b"garbage %d %d\n" % (round_, i) for i in range(20)))
-        with caplog.at_level(logging.WARNING, logger="pvestord.queue"):
+        with caplog.at_level(logging.WARNING, logger="pvestord.adapters.queue"):
             queue.flush()
     assert queue.rejected_path.stat().st_size <= 4096
     assert "dropped its" in caplog.text

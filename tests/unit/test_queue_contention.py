@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from pvestord.queue import ExtendQueue
+from pvestord.adapters.queue import ExtendQueue
 
 HELPER = Path(__file__).with_name("helpers_queue.py")
 WRITERS = 8

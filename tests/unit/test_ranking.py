@@ -12,8 +12,9 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pvestord import nodereport, ranking
-from pvestord.nodereport import NodeReport, StorageView
+from pvestord.engine import nodereport
+from pvestord.engine.nodereport import NodeReport, StorageView
+from pvestord.features import ranking
 
 PVESTORD = Path(sys.executable).with_name("pvestord")
 NOW = 1_000_000.0

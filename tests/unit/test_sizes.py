@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pvestord.sizes import GiB, KiB, MiB, TiB, align_down, align_up, format_size, parse_size
+from pvestord.policy.sizes import GiB, KiB, MiB, TiB, align_down, align_up, format_size, parse_size
 
 
 @pytest.mark.parametrize(("text", "size"), [

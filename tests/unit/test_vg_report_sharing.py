@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from pvestord.config import DaemonSettings, StorageConfig
-from pvestord.extender import Extender
+from pvestord.adapters.config import DaemonSettings, StorageConfig
+from pvestord.engine.extender import Extender
 
 MiB = 1024 * 1024
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from pvestord.adapters.vghealth import VgHealth, VgUnhealthyError
 from pvestord.errors import PvestordError
-from pvestord.vghealth import VgHealth, VgUnhealthyError
 
 
 def test_a_healthy_vg_passes_the_check(tmp_path: Path) -> None:

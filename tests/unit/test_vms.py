@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pvestord.vms import local_vm, local_vms
+from pvestord.adapters.vms import local_vm, local_vms
 
 
 @pytest.fixture

@@ -17,9 +17,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pvestord import policy
-from pvestord.config import parse_storage_config
-from pvestord.sizes import GiB, MiB
-from pvestord.volumes import (
+from pvestord.adapters.config import parse_storage_config
+from pvestord.features.volumes import (
     MAX_VOLUMES_PER_GUEST,
     ClusterView,
     Membership,
@@ -41,6 +40,7 @@ from pvestord.volumes import (
     thin_storage,
     vmlist_owner,
 )
+from pvestord.policy.sizes import GiB, MiB
 
 PVESTORD = Path(sys.executable).with_name("pvestord")
 TIMEOUT = 30.0
@@ -421,7 +421,7 @@ def test_parse_members_and_vmlist() -> None:
 @pytest.fixture
 def local_qemu_double(tmp_path: Path) -> Iterator[Path]:
     """A process whose command line names ``-pidfile <run>/301.pid``, as qemu-server
-    starts QEMU: what :func:`pvestord.vms.local_vm` recognises (a fake QEMU)."""
+    starts QEMU: what :func:`pvestord.adapters.vms.local_vm` recognises (a fake QEMU)."""
     run = tmp_path / "run"
     run.mkdir()
     pidfile = run / "301.pid"

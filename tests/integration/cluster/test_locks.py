@@ -1,7 +1,7 @@
 """pmxcfs lock semantics across the two nodes: exclusion, the 10 s timeout, stale expiry.
 
 Both guests take ``<pve>/priv/lock/<id>`` on the shared folder through
-:class:`pvestord.locks.LockDirLock` (``tests/harness/lockholder.py``), as the
+:class:`pvestord.adapters.locks.LockDirLock` (``tests/harness/lockholder.py``), as the
 daemons do; ``flock`` would not reach across the guests, ``mkdir`` does. The
 last test puts a real pvestord behind a lock held by the other node.
 """

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from pvestord.queue import Entry, ExtendQueue
+from pvestord.adapters.queue import Entry, ExtendQueue
 from tests.harness.qemu import QEMU_ENV
 
 

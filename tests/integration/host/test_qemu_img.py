@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from pvestord import command, qemu_img
+from pvestord.adapters import command, qemu_img
+from pvestord.adapters.qemu_img import Bitmap, CheckStatus, QemuImgError
 from pvestord.errors import CommandError
 from pvestord.policy import maximum_size
-from pvestord.qemu_img import Bitmap, CheckStatus, QemuImgError
-from pvestord.sizes import GiB, MiB
+from pvestord.policy.sizes import GiB, MiB
 
 #: Every qemu-img/qemu-io call the test makes itself.
 TOOL_TIMEOUT = 120.0

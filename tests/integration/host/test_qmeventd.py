@@ -23,7 +23,8 @@ from typing import Any
 
 import pytest
 
-from pvestord.queue import ExtendQueue, Reason
+from pvestord.adapters.queue import ExtendQueue
+from pvestord.policy import Reason
 from tests.harness.qemu import Disk, QemuVM, create_qcow2
 
 pytestmark = pytest.mark.root

@@ -31,7 +31,8 @@ from pathlib import Path
 
 import pytest
 
-from pvestord.queue import Entry, Reason
+from pvestord.adapters.queue import Entry
+from pvestord.policy import Reason
 from tests.harness.daemons import NodeBed, ThinStorageSpec, daemons, start_pvestord, wait_for
 from tests.harness.lvmbed import (
     VG,

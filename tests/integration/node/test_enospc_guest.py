@@ -62,8 +62,9 @@ from typing import Any
 
 import pytest
 
-from pvestord.queue import Entry, Reason
-from pvestord.sizes import align_up, format_size
+from pvestord.adapters.queue import Entry
+from pvestord.policy import Reason
+from pvestord.policy.sizes import align_up, format_size
 from tests.harness import daemons as daemons_module
 from tests.harness.daemons import Daemon, NodeBed, ThinStorageSpec, start_qmeventd, wait_for
 from tests.harness.lvmbed import VG, GiB, MiB, loop_vg, qcow2_check, qcow2_create

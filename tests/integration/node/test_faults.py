@@ -42,8 +42,8 @@ from pathlib import Path
 
 import pytest
 
-from pvestord.locks import storage_lock
-from pvestord.queue import Entry
+from pvestord.adapters.locks import storage_lock
+from pvestord.adapters.queue import Entry
 from tests.harness.daemons import Daemon, NodeBed, ThinStorageSpec, start_qmeventd, wait_for
 from tests.harness.faults import (
     FaultLog,
@@ -546,7 +546,7 @@ def test_storage_lock_holder_killed(
 HOLDER = """
 import sys, time
 from pathlib import Path
-from pvestord.locks import LockDirLock
+from pvestord.adapters.locks import LockDirLock
 with LockDirLock(Path(sys.argv[1]), "storage-thin1").acquire(10):
     print("held", flush=True)
     time.sleep(3600)

@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from pvestord import migration
+from pvestord.engine import migration
 from tests.harness.daemonlog import parse
 from tests.harness.daemons import Daemon, NodeBed, ThinStorageSpec, start_qmeventd, wait_for
 from tests.harness.faults import LvmFaults
@@ -65,7 +65,7 @@ WATCHDOG_USEC = 2_000_000
 #: the default.
 PASS_DEADLINE = 60.0
 #: From the stuck command's start to the deadline, the wedge (deadline +
-#: pvestord.daemon.WEDGE_GRACE) and a few pings missed, with margin.
+#: pvestord.engine.daemon.WEDGE_GRACE) and a few pings missed, with margin.
 WEDGE_TIMEOUT = 300.0
 
 

@@ -30,9 +30,9 @@ from typing import Any
 
 import pytest
 
-from pvestord.policy import enospc_is_new
-from pvestord.queue import Entry, Reason
-from pvestord.sizes import align_up
+from pvestord.adapters.queue import Entry
+from pvestord.policy import Reason, enospc_is_new
+from pvestord.policy.sizes import align_up
 from tests.harness import daemonlog
 from tests.harness.daemons import (
     VENV_BIN,

@@ -61,7 +61,7 @@ STUCK_FOR = 2 * LIFETIME
 WAITER = """
 import json, sys, time
 from pathlib import Path
-from pvestord.locks import EmulatedPmxcfsExpiry, LockDirLock
+from pvestord.adapters.locks import EmulatedPmxcfsExpiry, LockDirLock
 from tests.harness.faults import alive
 lock_dir, lock_id, lifetime, folder = sys.argv[1:5]
 lock = LockDirLock(Path(lock_dir), lock_id, unlock_request=EmulatedPmxcfsExpiry(float(lifetime)))
@@ -201,7 +201,7 @@ def test_an_lvm_sigkill_does_not_end_keeps_the_lock_and_marks_the_vg(
 SLOW_WAITER = """
 import json, sys, time
 from pathlib import Path
-from pvestord.locks import EmulatedPmxcfsExpiry, LockDirLock
+from pvestord.adapters.locks import EmulatedPmxcfsExpiry, LockDirLock
 from tests.harness.faults import alive
 lock_dir, lock_id, lifetime, folder = sys.argv[1:5]
 lock = LockDirLock(Path(lock_dir), lock_id, unlock_request=EmulatedPmxcfsExpiry(float(lifetime)))

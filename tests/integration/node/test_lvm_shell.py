@@ -1,4 +1,4 @@
-"""pvestord's persistent lvm shells against real LVM (:mod:`pvestord.lvmshell`).
+"""pvestord's persistent lvm shells against real LVM (:mod:`pvestord.adapters.lvmshell`).
 
 The extension path's two commands (``lvs``, ``lvextend``) go through a shell
 per VG. These tests hold it to what a process per command gives: the same
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from pvestord import lvm
-from pvestord.lvmshell import LvmShells
+from pvestord.adapters import lvm
+from pvestord.adapters.lvmshell import LvmShells
 from tests.harness.lvmbed import VG, MiB, sh
 
 #: LVM's lock file of a VG (global/locking_dir of lvm.conf: the default).
@@ -126,7 +126,7 @@ async def test_a_shell_killed_between_commands_is_replaced(vg: VG, shells: LvmSh
     first = await shell_serving_lv_a(vg, shells)
     os.kill(first, signal.SIGKILL)
     await wait_gone(first)
-    with caplog.at_level(logging.WARNING, logger="pvestord.lvmshell"):
+    with caplog.at_level(logging.WARNING, logger="pvestord.adapters.lvmshell"):
         await lvm.extend(vg.name, "a", 16 * MiB, shells=shells)
     assert vg.lv_size("a") == 16 * MiB
     assert shells.pids()[vg.name] != first
@@ -168,7 +168,7 @@ async def test_without_its_profile_lvm_runs_as_processes(vg: VG,
     shells = LvmShells(profile="pvestord-not-installed")
     try:
         vg.create_lv("a", 8 * MiB)
-        with caplog.at_level(logging.WARNING, logger="pvestord.lvmshell"):
+        with caplog.at_level(logging.WARNING, logger="pvestord.adapters.lvmshell"):
             assert (await lvm.lv_info(vg.name, "a", shells=shells)).size == 8 * MiB
             await lvm.extend(vg.name, "a", 16 * MiB, shells=shells)
             with pytest.raises(lvm.VgFullError):

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from pvestord import plugin
+from pvestord.features import plugin
 from tests.harness.daemons import VENV_BIN
 from tests.harness.lvmbed import VG, GiB, MiB, loop_vg, measured_maximum, qcow2_check, sh
 from tests.proxmox import upstream

@@ -6,7 +6,7 @@ package PVE::Storage::Custom::PvestordPlugin;
 # A subclass of Proxmox's LVM plugin with its own section type ('pvestord'),
 # so that Proxmox itself parses, keeps and writes back the thin options. The
 # Perl here only maps Proxmox's method calls onto 'pvestord plugin' (JSON on
-# stdin and stdout, see pvestord/plugin.py), which decides every size; what it
+# stdin and stdout, see pvestord/features/plugin.py), which decides every size; what it
 # answers is carried out with Proxmox's own helpers, under the storage lock
 # Proxmox's callers hold or that is taken here as LVMPlugin does.
 #

@@ -16,7 +16,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from pvestord.placement.scores import GuestSize, NodeCapacity
+from pvestord.features.placement.scores import GuestSize, NodeCapacity
 
 
 @dataclass(frozen=True)

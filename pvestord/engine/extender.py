@@ -35,13 +35,25 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from pvestord import lvm, migration, policy, qemu_img
-from pvestord.command import KILL_WAIT
-from pvestord.config import DaemonSettings, StorageConfig, ThinStorage
+from pvestord import policy
+from pvestord.adapters import lvm, qemu_img
+from pvestord.adapters.command import KILL_WAIT
+from pvestord.adapters.config import DaemonSettings, StorageConfig, ThinStorage
+from pvestord.adapters.locks import Held, VgLock, vg_lock
+from pvestord.adapters.lvmshell import LvmShells
+from pvestord.adapters.qmp import (
+    MIGRATION_STATES,
+    ThinDriveView,
+    VmBusyError,
+    VmMonitor,
+    migration_status_from,
+)
+from pvestord.adapters.service import fields
+from pvestord.adapters.vghealth import VgHealth
+from pvestord.adapters.vms import LocalVm
+from pvestord.engine import migration
+from pvestord.engine.nodereport import LvmHealth
 from pvestord.errors import PvestordError
-from pvestord.locks import Held, VgLock, vg_lock
-from pvestord.lvmshell import LvmShells
-from pvestord.nodereport import LvmHealth
 from pvestord.policy import (
     Decision,
     DriveIdentity,
@@ -50,17 +62,7 @@ from pvestord.policy import (
     Reason,
     TableState,
 )
-from pvestord.qmp import (
-    MIGRATION_STATES,
-    ThinDriveView,
-    VmBusyError,
-    VmMonitor,
-    migration_status_from,
-)
-from pvestord.service import fields
-from pvestord.sizes import format_size
-from pvestord.vghealth import VgHealth
-from pvestord.vms import LocalVm
+from pvestord.policy.sizes import format_size
 
 log = logging.getLogger(__name__)
 
@@ -628,7 +630,7 @@ class Extender:
         """Whether ``vm`` is the source of a live migration now, or is about to
         be: its LVs must not grow here (the destination could miss the new size).
         QEMU's word (``query-migrate``, run state) and the outgoing mark together
-        (:func:`pvestord.migration.deferral`)."""
+        (:func:`pvestord.engine.migration.deferral`)."""
         if monitor is None:
             async with self._monitor(vm) as fresh:
                 in_flight = await migrating_away(fresh)

@@ -14,11 +14,22 @@ from pathlib import Path
 from typing import Any
 
 from pvestord.errors import PvestordError
-from pvestord.placement.events import sim_events
-from pvestord.placement.model import Cluster, Event, NodeFacts, ServiceConfig, ServiceStatus
-from pvestord.placement.rules import Group, groups_from_sections, normalize_sid, rules_from_sections
-from pvestord.placement.scores import GuestSize, NodeCapacity
-from pvestord.placement.sectionconfig import parse_sections
+from pvestord.features.placement.events import sim_events
+from pvestord.features.placement.model import (
+    Cluster,
+    Event,
+    NodeFacts,
+    ServiceConfig,
+    ServiceStatus,
+)
+from pvestord.features.placement.rules import (
+    Group,
+    groups_from_sections,
+    normalize_sid,
+    rules_from_sections,
+)
+from pvestord.features.placement.scores import GuestSize, NodeCapacity
+from pvestord.features.placement.sectionconfig import parse_sections
 
 MIB = 1024 ** 2
 #: The simulator's defaults (Sim/Hardware.pm) when a test gives no stats.

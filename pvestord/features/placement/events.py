@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from pvestord.placement.model import Command, Event
-from pvestord.placement.rules import normalize_sid
+from pvestord.features.placement.model import Command, Event
+from pvestord.features.placement.rules import normalize_sid
 
 NODE_EVENTS = ("maintenance", "end-maintenance", "fail", "return", "shutdown", "reboot")
 SERVICE_EVENTS = ("start", "stop")

@@ -34,10 +34,10 @@ Failures, and what they mean for the caller:
   unknown; the caller's retry decides, as after any failed command (pvestord's
   extensions are to absolute sizes, so a retry is safe).
 - The killed shell does not end within
-  :data:`~pvestord.command.KILL_WAIT` (D state): the wait is given up and
-  the call raises :class:`~pvestord.command.UnkillableCommandError` naming
+  :data:`~pvestord.adapters.command.KILL_WAIT` (D state): the wait is given up and
+  the call raises :class:`~pvestord.adapters.command.UnkillableCommandError` naming
   its pid; the storage lock's holder then marks the VG and keeps the lock
-  (:class:`pvestord.locks.VgLock`).
+  (:class:`pvestord.adapters.locks.VgLock`).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pvestord.command import (
+from pvestord.adapters.command import (
     KILL_WAIT,
     Completed,
     StuckProcess,
@@ -225,7 +225,7 @@ class LvmShell:
     async def run(self, argv: Sequence[str], *, timeout: float,  # noqa: ASYNC109
                   check: bool = True) -> Completed:
         """Run ``argv`` (``[lvm, command, args...]``) in the shell, as
-        :func:`pvestord.command.run_async` would run it as a process.
+        :func:`pvestord.adapters.command.run_async` would run it as a process.
 
         ``stdout`` of the result is the report document (JSON, with the same
         ``report`` list as a plain ``--reportformat json`` command);

@@ -18,9 +18,9 @@ to stay ours from its last successful renewal. :meth:`Held.require` refuses
 (:class:`LockLifetimeError`) when less than a change's budget remains, so no
 LVM change starts that could outlive the lock. Budgets, all counted from a
 renewal: a change's command timeout plus the bounded wait after its kill
-(:data:`pvestord.command.KILL_WAIT`) plus :data:`MARGIN_SHARE` of the
+(:data:`pvestord.adapters.command.KILL_WAIT`) plus :data:`MARGIN_SHARE` of the
 lifetime must fit in the ``1 - RENEW_SHARE`` of it that a renewal leaves at
-worst (30 + 5 + 10 s of 90 s on pmxcfs; :class:`pvestord.config.DaemonSettings`
+worst (30 + 5 + 10 s of 90 s on pmxcfs; :class:`pvestord.adapters.config.DaemonSettings`
 refuses settings where it does not).
 
 :class:`VgLock` holds the locks of every storage on one VG (Proxmox locks
@@ -76,9 +76,9 @@ from pathlib import Path
 from typing import Protocol
 
 from pvestord import paths
-from pvestord.command import UnkillableCommandError
+from pvestord.adapters.command import UnkillableCommandError
+from pvestord.adapters.vghealth import VgHealth
 from pvestord.errors import PvestordError
-from pvestord.vghealth import VgHealth
 
 log = logging.getLogger(__name__)
 
@@ -770,7 +770,7 @@ class VgLock:
     two of them cannot deadlock).
 
     Before taking anything, a VG marked unhealthy on this node
-    (:class:`pvestord.vghealth.VgHealth`) is refused. When a command under
+    (:class:`pvestord.adapters.vghealth.VgHealth`) is refused. When a command under
     the locks could not be killed (:class:`UnkillableCommandError`), the VG
     is marked, and the locks go to a custodian task that keeps renewing
     them while the stuck process lives (it may still write the metadata),

@@ -19,7 +19,7 @@ The daemon only ever grows LVs; this module is where a thin LV starts small
   qcow2 is ``metadata``, which writes every L2 table up front; a thin LV
   needs them allocated as the guest writes;
 - all metadata changes under the storage locks of every storage on the VG
-  (:func:`pvestord.locks.vg_lock`; each is the lock Proxmox's ``vdisk_alloc``
+  (:func:`pvestord.adapters.locks.vg_lock`; each is the lock Proxmox's ``vdisk_alloc``
   holds around ``alloc_image``), and nothing else: ``qemu-img create`` runs
   after the lock is released.
 
@@ -28,7 +28,7 @@ Shrinking: when is it safe?
     nothing past the new end is data. We refuse, with the reason:
 
     1. the VM runs on this node (``<run-dir>/<vmid>.pid`` names a live QEMU,
-       :func:`pvestord.vms.local_vm`): a certain answer;
+       :func:`pvestord.adapters.vms.local_vm`): a certain answer;
     2. this node cannot prove that it owns the VM. LVM cannot see another
        node's activations (no lvmlockd), and Proxmox keeps no run marker in
        ``/etc/pve``, so the proof is the ownership pmxcfs keeps: a VM runs
@@ -81,13 +81,14 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from pvestord import command, lvm, paths, policy, qemu_img, vghealth
-from pvestord.config import StorageConfig, ThinStorage, load_storage_config
+from pvestord import paths, policy
+from pvestord.adapters import command, lvm, qemu_img, vghealth
+from pvestord.adapters.config import StorageConfig, ThinStorage, load_storage_config
+from pvestord.adapters.locks import PMXCFS_LOCK_EXPIRY, Held, vg_lock
+from pvestord.adapters.vghealth import VgHealth
+from pvestord.adapters.vms import local_vm
 from pvestord.errors import CommandError, PvestordError
-from pvestord.locks import PMXCFS_LOCK_EXPIRY, Held, vg_lock
-from pvestord.sizes import align_up, format_size
-from pvestord.vghealth import VgHealth
-from pvestord.vms import local_vm
+from pvestord.policy.sizes import align_up, format_size
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +141,7 @@ class VolumeSettings:
     lock_dir: Path | None = None
     #: Lifetime of a lock directory off pmxcfs (the emulated expiry's; tests).
     lock_lifetime: float = PMXCFS_LOCK_EXPIRY
-    #: Where VGs this node must not change are marked (:mod:`pvestord.vghealth`).
+    #: Where VGs this node must not change are marked (:mod:`pvestord.adapters.vghealth`).
     vg_health_dir: Path = vghealth.DEFAULT_DIR
 
 

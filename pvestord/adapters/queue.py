@@ -26,7 +26,7 @@ Rules:
   next round; ``id`` makes a line removed and queued again differ from the
   old one too. A crash in between leaves the line queued.
 * every change is a read-modify-write under the queue lock
-  (:func:`pvestord.locks.queue_lock`), written to a temporary file in the same
+  (:func:`pvestord.adapters.locks.queue_lock`), written to a temporary file in the same
   directory, fsynced and renamed over the queue: readers never take the lock
   and never see half a file.
 * the file is bounded by ``max_bytes`` (1 MiB: pmxcfs refuses larger files).
@@ -50,7 +50,6 @@ from __future__ import annotations
 import base64
 import builtins
 import contextlib
-import enum
 import hashlib
 import json
 import logging
@@ -64,8 +63,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from pvestord.adapters.locks import DEFAULT_TIMEOUT, Lock, queue_lock
 from pvestord.errors import PvestordError
-from pvestord.locks import DEFAULT_TIMEOUT, Lock, queue_lock
+from pvestord.policy.reason import Reason
 
 log = logging.getLogger(__name__)
 
@@ -108,23 +108,6 @@ class QueueFullError(QueueError):
 
 class InvalidEntryError(QueueError, ValueError):
     """A VMID, node-name or field that the queue format does not allow."""
-
-
-class Reason(enum.Enum):
-    """Why a drive was queued."""
-
-    THRESHOLD = "threshold"  # QEMU's write threshold fired
-    NOSPACE = "nospace"      # the VM paused on ENOSPC: the most urgent
-    ARM = "arm"              # (re)arm a threshold, e.g. after a migration
-    MANUAL = "manual"        # an administrator asked
-
-    @property
-    def strength(self) -> int:
-        """Merge order: the stronger reason survives a merge."""
-        return _STRENGTH[self]
-
-
-_STRENGTH = {Reason.ARM: 0, Reason.MANUAL: 1, Reason.THRESHOLD: 2, Reason.NOSPACE: 3}
 
 
 def check_vmid(vmid: int) -> int:
@@ -437,7 +420,7 @@ def _read(path: Path) -> bytes:
 def write_atomically(path: Path, data: bytes) -> None:
     """Temporary file in the same directory, fsync, rename over ``path``, fsync the directory.
 
-    Also what the node reports (:mod:`pvestord.nodereport`) are written with.
+    Also what the node reports (:mod:`pvestord.engine.nodereport`) are written with.
     """
     _refuse_symlink(path)
     try:

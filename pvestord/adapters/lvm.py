@@ -6,7 +6,7 @@ grew it). Every command runs with a ``--config`` that skips work an
 ``lvextend`` of a linear LV does not need (docs/design.md, "LVM", has the figures).
 The two commands of an extension (:func:`lv_info`, :func:`extend`) can run
 in a persistent ``lvm`` shell instead of a process each
-(:mod:`pvestord.lvmshell`); everything else is rare and runs as a process.
+(:mod:`pvestord.adapters.lvmshell`); everything else is rare and runs as a process.
 
 Why absolute sizes (``-L <bytes>b``) and never ``+N``: an extension is
 retried after crashes and timeouts, and "grow to X" is idempotent where
@@ -22,9 +22,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from pvestord.command import Completed, binary, run_async
+from pvestord.adapters.command import Completed, binary, run_async
+from pvestord.adapters.lvmshell import LvmShellError, LvmShells
 from pvestord.errors import CommandError, PvestordError
-from pvestord.lvmshell import LvmShellError, LvmShells
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 REPORT_TIMEOUT = 30.0
 #: Budget for a metadata change. It runs under the storage lock: with the
 #: wait after a kill (command.KILL_WAIT) and the lock's margin it must fit in
-#: the 90 s a renewed pmxcfs lock is surely ours (40 + 5 + 10 s; pvestord.locks).
+#: the 90 s a renewed pmxcfs lock is surely ours (40 + 5 + 10 s; pvestord.adapters.locks).
 CHANGE_TIMEOUT = 40.0
 
 #: Settings that are safe for the linear LVs we read, create and resize, and
@@ -232,7 +232,7 @@ def _report_rows(stdout: str, kind: str) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------------------
 # Volume life cycle: listing, creating, activating and reducing LVs.
 #
-# Added for ``pvestord volume`` (pvestord/volumes.py). They use the same
+# Added for ``pvestord volume`` (pvestord/features/volumes.py). They use the same
 # FAST_CONFIG as the daemon's commands: it leaves udev synchronisation on,
 # which creating, activating and resizing LVs need.
 
@@ -282,7 +282,7 @@ async def vg_info(vg: str) -> VgInfo:
 
 @dataclass(frozen=True)
 class VgHealth:
-    """How a VG looks from this node: for the node report (:mod:`pvestord.nodereport`)."""
+    """How a VG looks from this node: for the node report (:mod:`pvestord.engine.nodereport`)."""
 
     vg: str
     pvs: int

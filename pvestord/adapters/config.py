@@ -37,10 +37,11 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Literal
 
-from pvestord import locks, paths, vghealth
-from pvestord.command import KILL_WAIT
+from pvestord import paths
+from pvestord.adapters import locks, vghealth
+from pvestord.adapters.command import KILL_WAIT
 from pvestord.errors import ConfigError
-from pvestord.sizes import GiB, MiB, format_size, parse_size
+from pvestord.policy.sizes import GiB, MiB, format_size, parse_size
 
 #: Defaults of our ``lvm:`` options (docs/design.md, "Storage configuration").
 DEFAULT_CHUNKSIZE = 1 * GiB
@@ -501,7 +502,7 @@ class DaemonSettings:
     #: Kept as a real option so the benchmark can compare the two.
     global_worker: bool = False
     #: Run an extension's ``lvs`` and ``lvextend`` in a persistent ``lvm``
-    #: shell per VG (:mod:`pvestord.lvmshell`), which skips LVM's start-up.
+    #: shell per VG (:mod:`pvestord.adapters.lvmshell`), which skips LVM's start-up.
     #: Without its profile installed, pvestord falls back to a process per
     #: command by itself; False forces that (the fault tests put a wrapper in
     #: place of ``lvm``, which sees only the shell's start).
@@ -510,7 +511,7 @@ class DaemonSettings:
     #: ``poll_interval`` (the original proposal's behaviour, for the benchmark).
     inotify: bool = True
     #: Where each node publishes its view of the thin storages for
-    #: ``pvestord rank-nodes`` (:mod:`pvestord.nodereport`). None: the
+    #: ``pvestord rank-nodes`` (:mod:`pvestord.engine.nodereport`). None: the
     #: ``nodes`` folder beside the queue (``/etc/pve/nodes``, pmxcfs's
     #: per-node folders).
     nodes_dir: Path | None = None
@@ -528,7 +529,7 @@ class DaemonSettings:
     #: ignores its budget (an ``lvm`` in D state) gets here.
     pass_deadline: float = 180.0
     #: Where the marks of VGs this node must not change any more live
-    #: (:mod:`pvestord.vghealth`).
+    #: (:mod:`pvestord.adapters.vghealth`).
     vg_health_dir: Path = vghealth.DEFAULT_DIR
 
     @property

@@ -5,18 +5,18 @@ Three loops on one event loop, no threads:
 - the queue loop wakes on inotify (a local write renames a new queue file into
   the directory) or every ``poll_interval`` (other nodes' writes, which FUSE
   does not report), takes the entries of VMs running here and starts one
-  pass per VM (:class:`pvestord.extender.Extender`);
+  pass per VM (:class:`pvestord.engine.extender.Extender`);
 - the reconcile loop runs a pass over every local VM at start, for every VM
   that appears, and every ``reconcile_interval``: events are the fast path,
   correctness never depends on them;
 - the report loop publishes this node's view of its thin storages every
-  ``report_interval`` (:mod:`pvestord.nodereport`, for ``rank-nodes``);
+  ``report_interval`` (:mod:`pvestord.engine.nodereport`, for ``rank-nodes``);
 - the watchdog loop pings systemd while the engine makes progress
   (:func:`engine_wedged`).
 
 Every pass has a deadline (``pass_deadline``). A pass past it is abandoned:
 cancelled, logged at error, the VGs of its VM marked unhealthy if it was in
-the middle of an LVM change (:mod:`pvestord.vghealth`), and its VM's slot freed,
+the middle of an LVM change (:mod:`pvestord.adapters.vghealth`), and its VM's slot freed,
 so the other VMs, and every other VG, keep being served. A pass whose
 cancellation does not take (a command in D state) wedges the engine: the
 watchdog stops being fed, and systemd restarts the daemon.
@@ -42,19 +42,25 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pvestord import nodereport, service
-from pvestord.config import DaemonSettings, StorageConfig, load_storage_config, parse_storage_config
+from pvestord.adapters import service
+from pvestord.adapters.config import (
+    DaemonSettings,
+    StorageConfig,
+    load_storage_config,
+    parse_storage_config,
+)
+from pvestord.adapters.locks import queue_lock
+from pvestord.adapters.qmp import VmBusyError, VmGoneError
+from pvestord.adapters.queue import Entry, ExtendQueue
+from pvestord.adapters.service import fields
+from pvestord.adapters.vghealth import VgHealth
+from pvestord.adapters.vms import LocalVm, local_vm, local_vms
+from pvestord.adapters.watch import FolderWatch
+from pvestord.engine import nodereport
+from pvestord.engine.extender import Extender, VmOutcome
+from pvestord.engine.migration import ExtensionsDeferred
 from pvestord.errors import ConfigError, PvestordError
-from pvestord.extender import Extender, VmOutcome
-from pvestord.locks import queue_lock
-from pvestord.migration import ExtensionsDeferred
 from pvestord.policy import Reason
-from pvestord.qmp import VmBusyError, VmGoneError
-from pvestord.queue import Entry, ExtendQueue
-from pvestord.service import fields
-from pvestord.vghealth import VgHealth
-from pvestord.vms import LocalVm, local_vm, local_vms
-from pvestord.watch import FolderWatch
 
 log = logging.getLogger(__name__)
 

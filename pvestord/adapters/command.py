@@ -69,7 +69,7 @@ def run(argv: Sequence[str], *, timeout: float, check: bool = True,
 #: on a SAN path that queues while it has no path) or left a descendant
 #: outside its process group. Bounded so that no caller waits without end
 #: under the storage lock (the lock's budgets count this wait: see
-#: :mod:`pvestord.locks`).
+#: :mod:`pvestord.adapters.locks`).
 KILL_WAIT = 5.0
 
 

@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from pvestord.nodereport import NodeReport
-from pvestord.sizes import format_size
+from pvestord.engine.nodereport import NodeReport
+from pvestord.policy.sizes import format_size
 
 #: A report older than this is not trusted (its writer reports every 10 s).
 DEFAULT_STALE_AFTER = 60.0

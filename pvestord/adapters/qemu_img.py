@@ -1,13 +1,13 @@
 """``qemu-img info``, ``measure`` and ``check``, and the maximum LV size of an image.
 
-Each call runs the binary from :func:`pvestord.command.binary` (``PVESTORD_QEMU_IMG``
+Each call runs the binary from :func:`pvestord.adapters.command.binary` (``PVESTORD_QEMU_IMG``
 overrides it) with ``--output=json`` and returns a typed result. Failures are
 :class:`~pvestord.errors.CommandError` (the command, exit status, stderr) or
 :class:`QemuImgError` (output we cannot read). ``qemu-img check`` finding
 leaks or corruption is a result, not an error: the caller decides.
 
 Every call takes a ``timeout`` with a documented default (the named
-constants below) and passes it to :func:`pvestord.command.run_async`, which
+constants below) and passes it to :func:`pvestord.adapters.command.run_async`, which
 kills the whole process group when it runs out: a plain ``asyncio.timeout``
 around the call would do the same, but every caller would then have to know
 the budget.
@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pvestord import command
+from pvestord.adapters import command
 from pvestord.errors import CommandError, PvestordError
-from pvestord.sizes import align_up
+from pvestord.policy.sizes import align_up
 
 #: ``info`` reads the header only (backing files are not opened).
 INFO_TIMEOUT = 30.0

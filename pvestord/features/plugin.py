@@ -39,11 +39,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pvestord import lvm, policy, qemu_img
-from pvestord.config import ThinStorage, thin_from_options
+from pvestord import policy
+from pvestord.adapters import lvm, qemu_img
+from pvestord.adapters.config import ThinStorage, thin_from_options
 from pvestord.errors import PvestordError
-from pvestord.sizes import KiB, align_up
-from pvestord.volumes import initial_lv_size
+from pvestord.features.volumes import initial_lv_size
+from pvestord.policy.sizes import KiB, align_up
 
 #: ``PVE::Storage::Common::qemu_img_create_qcow2_backed``'s fixed overlay layout.
 OVERLAY_CLUSTER_SIZE = 128 * KiB

@@ -43,15 +43,16 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
-from pvestord import lvm, policy, qemu_img
-from pvestord.command import KILL_WAIT
-from pvestord.config import DaemonSettings, StorageConfig, ThinStorage
+from pvestord import policy
+from pvestord.adapters import lvm, qemu_img
+from pvestord.adapters.command import KILL_WAIT
+from pvestord.adapters.config import DaemonSettings, StorageConfig, ThinStorage
+from pvestord.adapters.locks import Held, VgLock, vg_lock
+from pvestord.adapters.qmp import VmBusyError
+from pvestord.adapters.service import fields
+from pvestord.adapters.vghealth import VgHealth
 from pvestord.errors import PvestordError
-from pvestord.locks import Held, VgLock, vg_lock
-from pvestord.qmp import VmBusyError
-from pvestord.service import fields
-from pvestord.sizes import format_size
-from pvestord.vghealth import VgHealth
+from pvestord.policy.sizes import format_size
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ storage this node may use (the storage's ``nodes`` option), whether the VG is
 visible here, how many of its PVs are missing, whether this node's last LVM
 command on it succeeded, its free space and its metadata room. The same probe
 warns when a VG's LVM metadata runs low (:class:`MetadataWatch`).
-``pvestord rank-nodes`` (:mod:`pvestord.ranking`) reads every node's file to
+``pvestord rank-nodes`` (:mod:`pvestord.features.ranking`) reads every node's file to
 tell a placement decision (the ``rank_nodes`` hook proposed for Proxmox's HA
 rebalancer) which nodes can run a guest's thin volumes.
 
@@ -18,7 +18,7 @@ and only while its pvestord runs: so every report carries its time, and a
 reader treats an old one as "unknown", not as "fine".
 
 The files are small (one line per storage), written atomically as the queue
-is (:func:`pvestord.queue.write_atomically`), so a reader never sees half of one.
+is (:func:`pvestord.adapters.queue.write_atomically`), so a reader never sees half of one.
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from pvestord import lvm
-from pvestord.config import StorageConfig
-from pvestord.queue import write_atomically
-from pvestord.service import fields
+from pvestord.adapters import lvm
+from pvestord.adapters.config import StorageConfig
+from pvestord.adapters.queue import write_atomically
+from pvestord.adapters.service import fields
 
 log = logging.getLogger(__name__)
 

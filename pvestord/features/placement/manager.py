@@ -13,8 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from pvestord.placement.failures import FailureCounters, InjectedFailures, injected_failures
-from pvestord.placement.model import (
+from pvestord.features.placement.failures import (
+    FailureCounters,
+    InjectedFailures,
+    injected_failures,
+)
+from pvestord.features.placement.model import (
     Cluster,
     Command,
     Decision,
@@ -24,10 +28,10 @@ from pvestord.placement.model import (
     Prediction,
     ServiceConfig,
 )
-from pvestord.placement.rebalance import Bundle, best_move
-from pvestord.placement.rules import RuleSet, build_rules
-from pvestord.placement.scores import GuestSize, NodeCapacity, basic_scores, static_scores
-from pvestord.placement.select import (
+from pvestord.features.placement.rebalance import Bundle, best_move
+from pvestord.features.placement.rules import RuleSet, build_rules
+from pvestord.features.placement.scores import GuestSize, NodeCapacity, basic_scores, static_scores
+from pvestord.features.placement.select import (
     Placed,
     StorageFilter,
     select_service_node,

@@ -24,16 +24,11 @@ shrank): it can never be armed, so it must grow first.
 from __future__ import annotations
 
 import enum
-import json
 import math
-from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 
-# Re-exported: the queue entry's reason is the policy's input. ``MANUAL``
-# (``pvestord extend``) forces a one-chunk extension even with headroom; the
-# others are judged by the drive's state (see :func:`decide`).
-from pvestord.queue import Reason as Reason
-from pvestord.sizes import align_up
+from pvestord.policy.reason import Reason
+from pvestord.policy.sizes import align_up
 
 
 class ExtensionState(enum.Enum):
@@ -172,7 +167,7 @@ def maximum_size(measured_fully_allocated: int, extent_size: int) -> int:
 
     ``measured_fully_allocated`` is ``qemu-img measure``'s fully allocated
     size for the image's virtual size and cluster layout, plus its bitmaps
-    (:func:`pvestord.qemu_img.required_size`).
+    (:func:`pvestord.adapters.qemu_img.required_size`).
     """
     return align_up(measured_fully_allocated, extent_size)
 
@@ -271,30 +266,6 @@ def decide(state: DriveState) -> Decision:
     return Arm(wanted)
 
 
-class TableState(enum.Enum):
-    """This node's device-mapper table of an LV against the LV's metadata."""
-
-    MATCH = "match"
-    #: Smaller than the metadata: another node grew the LV; refresh before
-    #: anything else (a threshold armed past the table's end never fires, and
-    #: reads past it return zeros).
-    BEHIND = "behind"
-    #: Larger than the metadata: an extension was lost, or the LV was shrunk
-    #: elsewhere. The PEs past the metadata's end are free in the VG, and an
-    #: ``lvextend`` would map others over data the guest wrote there: never
-    #: extend, never resume; an operator must look.
-    AHEAD = "ahead"
-
-
-def table_state(lv_size: int, table_size: int) -> TableState:
-    """Compare the LV's size in LVM's metadata with its device-mapper table's."""
-    if table_size < lv_size:
-        return TableState.BEHIND
-    if table_size > lv_size:
-        return TableState.AHEAD
-    return TableState.MATCH
-
-
 def classify(state: DriveState, *, extending: bool = False,
              failed: bool = False) -> ExtensionState:
     """The reporting state of a thin drive.
@@ -314,103 +285,3 @@ def classify(state: DriveState, *, extending: bool = False,
     if state.paused_nospace or exceeded(state):
         return ExtensionState.EXCEEDED
     return ExtensionState.ARMED if state.threshold != 0 else ExtensionState.IDLE
-
-
-# --- resuming a VM paused on ENOSPC -------------------------------------------
-
-@dataclass(frozen=True)
-class BlockDevice:
-    """A device of ``query-block``, as far as pausing and resuming go."""
-
-    #: The device's name (``device``, or its ``qdev`` path), for messages.
-    name: str
-    #: ``inserted.node-name``: the device's root node (PVE 9: a throttle filter
-    #: above the format node; plain ``-blockdev``: the format node itself).
-    node_name: str | None
-    #: ``inserted.file``, and for a ``json:`` pseudo-filename every
-    #: ``filename`` inside it: the paths the device's nodes sit on.
-    filenames: frozenset[str]
-
-
-def device_filenames(file: object) -> frozenset[str]:
-    """The paths named by a node's ``file`` (``inserted.file``), exactly as written.
-
-    A plain filename is itself. A ``json:{...}`` one (a node whose options do
-    not fit a plain name) holds the path in a nested ``filename`` member.
-    """
-    if not isinstance(file, str) or not file:
-        return frozenset()
-    if not file.startswith("json:"):
-        return frozenset({file})
-    try:
-        tree = json.loads(file[len("json:"):])
-    except ValueError:
-        return frozenset()
-    return frozenset(_filenames_in(tree))
-
-
-def _filenames_in(tree: object) -> Iterator[str]:
-    if isinstance(tree, dict):
-        for key, value in tree.items():
-            if key == "filename" and isinstance(value, str):
-                yield value
-            else:
-                yield from _filenames_in(value)
-    elif isinstance(tree, list):
-        for item in tree:
-            yield from _filenames_in(item)
-
-
-@dataclass(frozen=True)
-class DriveIdentity:
-    """How a thin drive is recognised in ``query-block``: its LV path and node-names."""
-
-    path: str
-    node_names: frozenset[str]
-
-
-def device_on(device: BlockDevice, drive: DriveIdentity) -> bool:
-    """Whether ``device`` sits on ``drive``: exact names only, never a substring
-    (``/dev/san1/vm-101-disk-1`` is not ``/dev/san1/vm-101-disk-10``)."""
-    return drive.path in device.filenames or (
-        device.node_name is not None and device.node_name in drive.node_names)
-
-
-class BlockedBecause(enum.Enum):
-    """Why a VM paused for room is not resumed (a journal field's value)."""
-
-    #: A device out of space that is none of our thin drives (a qcow2 on a
-    #: full directory storage), or one whose ``nospace`` is left over from an
-    #: earlier pause (QEMU keeps it after ``cont`` on ``-blockdev`` devices).
-    NOT_THIN = "not-thin"
-    #: One of our thin drives failed this pass (LVM error, stale table).
-    DRIVE_FAILED = "drive-failed"
-
-
-@dataclass(frozen=True)
-class ResumeBlocker:
-    device: str
-    because: BlockedBecause
-
-
-def resume_blocker(nospace: Sequence[BlockDevice], usable: Collection[DriveIdentity],
-                   failing: Collection[DriveIdentity], *,
-                   unowned_pause: bool) -> ResumeBlocker | None:
-    """What keeps a VM paused for room from being resumed; None: resume it.
-
-    ``nospace``: the devices with io-status ``nospace``; ``usable``: thin
-    drives that have room now; ``failing``: thin drives whose work failed.
-    Resumed only when every device out of space is a usable thin drive; a
-    pause no device owns (``unowned_pause``, a migration's) only when no thin
-    drive failed.
-    """
-    for device in nospace:
-        if any(device_on(device, drive) for drive in usable):
-            continue
-        if any(device_on(device, drive) for drive in failing):
-            return ResumeBlocker(device.name, BlockedBecause.DRIVE_FAILED)
-        return ResumeBlocker(device.name, BlockedBecause.NOT_THIN)
-    if unowned_pause and failing:
-        return ResumeBlocker(sorted(failing, key=lambda d: d.path)[0].path,
-                             BlockedBecause.DRIVE_FAILED)
-    return None

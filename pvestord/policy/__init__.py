@@ -1,0 +1,71 @@
+"""The pure layer: what to do, decided from figures others observed.
+
+Nothing here does I/O, starts a process or waits: every function takes byte
+counts, names and states that the adapters read from LVM, QMP and
+``qemu-img``, so each rule can be tested exhaustively with hypothesis and
+shared by the daemon and the commands. The engine imports the decisions it
+needs from here; the submodules group them by question:
+
+- :mod:`~pvestord.policy.extension`: when and how far a thin drive grows;
+- :mod:`~pvestord.policy.table`: this node's device-mapper table against LVM;
+- :mod:`~pvestord.policy.devices`, :mod:`~pvestord.policy.resume`: which
+  device is which drive, and when a paused VM may run again;
+- :mod:`~pvestord.policy.reason`, :mod:`~pvestord.policy.sizes`: the
+  vocabulary (why a drive was queued, byte sizes).
+"""
+
+from pvestord.policy.devices import BlockDevice, DriveIdentity, device_filenames, device_on
+from pvestord.policy.extension import (
+    Arm,
+    AtMaximum,
+    Decision,
+    DriveState,
+    Extend,
+    ExtendPastMaximum,
+    ExtensionState,
+    Nothing,
+    NotThin,
+    classify,
+    decide,
+    enospc_is_new,
+    exceeded,
+    extend_target,
+    maximum_size,
+    may_pass_maximum,
+    threshold,
+    wanted_headroom,
+)
+from pvestord.policy.reason import Reason
+from pvestord.policy.resume import BlockedBecause, ResumeBlocker, resume_blocker
+from pvestord.policy.table import TableState, table_state
+
+__all__ = [
+    "Arm",
+    "AtMaximum",
+    "BlockDevice",
+    "BlockedBecause",
+    "Decision",
+    "DriveIdentity",
+    "DriveState",
+    "Extend",
+    "ExtendPastMaximum",
+    "ExtensionState",
+    "NotThin",
+    "Nothing",
+    "Reason",
+    "ResumeBlocker",
+    "TableState",
+    "classify",
+    "decide",
+    "device_filenames",
+    "device_on",
+    "enospc_is_new",
+    "exceeded",
+    "extend_target",
+    "maximum_size",
+    "may_pass_maximum",
+    "resume_blocker",
+    "table_state",
+    "threshold",
+    "wanted_headroom",
+]

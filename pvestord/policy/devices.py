@@ -1,0 +1,65 @@
+"""How QEMU's block devices are matched to thin drives: exact names, no I/O."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class BlockDevice:
+    """A device of ``query-block``, as far as pausing and resuming go."""
+
+    #: The device's name (``device``, or its ``qdev`` path), for messages.
+    name: str
+    #: ``inserted.node-name``: the device's root node (PVE 9: a throttle filter
+    #: above the format node; plain ``-blockdev``: the format node itself).
+    node_name: str | None
+    #: ``inserted.file``, and for a ``json:`` pseudo-filename every
+    #: ``filename`` inside it: the paths the device's nodes sit on.
+    filenames: frozenset[str]
+
+
+def device_filenames(file: object) -> frozenset[str]:
+    """The paths named by a node's ``file`` (``inserted.file``), exactly as written.
+
+    A plain filename is itself. A ``json:{...}`` one (a node whose options do
+    not fit a plain name) holds the path in a nested ``filename`` member.
+    """
+    if not isinstance(file, str) or not file:
+        return frozenset()
+    if not file.startswith("json:"):
+        return frozenset({file})
+    try:
+        tree = json.loads(file[len("json:"):])
+    except ValueError:
+        return frozenset()
+    return frozenset(_filenames_in(tree))
+
+
+def _filenames_in(tree: object) -> Iterator[str]:
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            if key == "filename" and isinstance(value, str):
+                yield value
+            else:
+                yield from _filenames_in(value)
+    elif isinstance(tree, list):
+        for item in tree:
+            yield from _filenames_in(item)
+
+
+@dataclass(frozen=True)
+class DriveIdentity:
+    """How a thin drive is recognised in ``query-block``: its LV path and node-names."""
+
+    path: str
+    node_names: frozenset[str]
+
+
+def device_on(device: BlockDevice, drive: DriveIdentity) -> bool:
+    """Whether ``device`` sits on ``drive``: exact names only, never a substring
+    (``/dev/san1/vm-101-disk-1`` is not ``/dev/san1/vm-101-disk-10``)."""
+    return drive.path in device.filenames or (
+        device.node_name is not None and device.node_name in drive.node_names)

@@ -1,0 +1,125 @@
+"""The layers of the package, as the folder tree shows them, enforced.
+
+A module may import its own layer and the ones below it, never one above:
+pure policy knows nothing of LVM or QEMU, the adapters nothing of the engine,
+the engine nothing of the features or the command line. ``qmeventd_py`` is a
+program of its own beside ``pvestord``: it uses the policy and the adapters
+(the queue, the locks, the journal), never the engine.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: Lower first. The vocabulary (errors, paths) is below everything.
+LAYERS = ("vocabulary", "policy", "adapters", "engine", "features", "cli")
+VOCABULARY = {"pvestord", "pvestord.errors", "pvestord.paths"}
+#: Modules of ours that run beside the product, never imported by it.
+PROGRAMS = {"qmeventd_py": "adapters"}
+
+
+def layer_of(module: str) -> str:
+    if module in VOCABULARY:
+        return "vocabulary"
+    top, _, rest = module.partition(".")
+    if top in PROGRAMS:
+        return top
+    sub = rest.split(".")[0]
+    if top == "pvestord" and sub in LAYERS:
+        return sub
+    raise AssertionError(f"{module} belongs to no layer: put it in one of {LAYERS}")
+
+
+def modules() -> list[tuple[str, Path]]:
+    found = []
+    for package in ("pvestord", *PROGRAMS):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            found.append((name, path))
+    return found
+
+
+def imports_of(path: Path, module: str) -> set[str]:
+    """Every module of ours that ``path`` imports, at any depth of its code."""
+    is_package = path.name == "__init__.py"
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = module.split(".")
+                anchor = anchor[:len(anchor) - node.level + (1 if is_package else 0)]
+                base = ".".join([*anchor, base] if base else anchor)
+            found.add(base)
+            # ``from pvestord import lvm`` imports the submodule, not the package.
+            found.update(f"{base}.{alias.name}" for alias in node.names
+                         if base in ("pvestord", *(f"pvestord.{layer}" for layer in LAYERS)))
+    return {name for name in found
+            if name.split(".")[0] in ("pvestord", *PROGRAMS) and _is_module(name)}
+
+
+def _is_module(name: str) -> bool:
+    path = ROOT.joinpath(*name.split("."))
+    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
+
+
+def allowed(importer: str, imported: str) -> bool:
+    mine, theirs = layer_of(importer), layer_of(imported)
+    if mine in PROGRAMS:
+        return theirs == mine or LAYERS.index(theirs) <= LAYERS.index(PROGRAMS[mine])
+    if theirs in PROGRAMS:
+        return False
+    return LAYERS.index(theirs) <= LAYERS.index(mine)
+
+
+@pytest.mark.parametrize(("module", "path"), modules(), ids=[m for m, _ in modules()])
+def test_imports_only_its_layer_or_below(module: str, path: Path) -> None:
+    wrong = sorted(name for name in imports_of(path, module) if not allowed(module, name))
+    assert not wrong, f"{module} ({layer_of(module)}) imports a higher layer: {wrong}"
+
+
+def test_cli_modules_keep_to_their_own_private_helpers() -> None:
+    for module, path in modules():
+        if layer_of(module) != "cli":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("pvestord.cli"):
+                private = [a.name for a in node.names if a.name.startswith("_")]
+                assert not private, f"{module} uses {node.module}'s private {private}"
+
+
+def test_policy_does_no_io() -> None:
+    """The pure layer imports no module that reaches outside the process."""
+    io_modules = {"asyncio", "os", "subprocess", "socket", "pathlib", "shutil", "time",
+                  "fcntl", "logging", "tempfile", "threading", "io"}
+    for module, path in modules():
+        if layer_of(module) != "policy":
+            continue
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                imported.add((node.module or "").split(".")[0])
+        assert not imported & io_modules, f"{module} imports {sorted(imported & io_modules)}"
+
+
+def test_the_checker_sees_a_violation(tmp_path: Path) -> None:
+    """The rules themselves: an adapter importing the engine is refused."""
+    assert not allowed("pvestord.adapters.qmp", "pvestord.engine.extender")
+    assert not allowed("pvestord.policy.extension", "pvestord.adapters.queue")
+    assert not allowed("qmeventd_py.server", "pvestord.engine.daemon")
+    assert allowed("qmeventd_py.server", "pvestord.adapters.queue")
+    assert allowed("pvestord.cli.engine", "pvestord.engine.daemon")
+    assert allowed("pvestord.adapters.qmp", "pvestord.policy.devices")
+    source = tmp_path / "x.py"
+    source.write_text("from pvestord import lvm\nfrom pvestord.engine import extender\n")
+    assert imports_of(source, "pvestord.adapters.x") >= {"pvestord.engine.extender"}
