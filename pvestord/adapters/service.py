@@ -23,6 +23,8 @@ FIELDS = ("VMID", "NODE_NAME", "LV", "VG", "OLD_SIZE", "NEW_SIZE", "DURATION_MS"
           "ROUND_STARTED", "QMP_MS", "LOCK_WAIT_MS", "LVM_MS",
           # stale device-mapper tables and blocked resumes (extender.py)
           "THRESHOLD", "TABLE", "TABLE_SIZE", "LV_SIZE", "DEVICE", "RESUME_BLOCKED",
+          # extensions held back by a live migration (daemon.py)
+          "DEFERRED",
           # the metadata watch (nodereport.py)
           "MDA_FREE", "MDA_SIZE")
 

@@ -189,8 +189,8 @@ class Daemon:
         self.vg_health = VgHealth(settings.vg_health_dir)
         self._retry: dict[int, VmRetry] = {}
         self._busy: dict[int, VmRetry] = {}
-        #: Busy VMs said at warning (paused while deferred), once per deferral.
-        self._warned_paused: set[int] = set()
+        #: What was said of a VM's deferral (migrating, paused), until it ends.
+        self._said_deferral: dict[int, str] = {}
         self._errors: dict[tuple[int, str], str] = {}
         self._known_vms: set[int] = set()
         self._reconcile_due: set[int] = set()
@@ -346,7 +346,7 @@ class Daemon:
             self._retry.pop(vmid, None)
             self.extender.forget(vmid)
             self._busy.pop(vmid, None)
-            self._warned_paused.discard(vmid)
+            self._said_deferral.pop(vmid, None)
             self._reconcile_due.discard(vmid)
         self._known_vms = current
 
@@ -481,7 +481,7 @@ class Daemon:
             self._backoff(vm.vmid)
             return
         self._busy.pop(vm.vmid, None)
-        self._warned_paused.discard(vm.vmid)
+        self._said_deferral.pop(vm.vmid, None)
         self._clear_error((vm.vmid, ""), f"VM {vm.vmid}: QMP works again")
         await self._settle_entries(vm, entries, outcome)
 
@@ -524,13 +524,22 @@ class Daemon:
         self._reconcile_due.add(vmid)
         delay = self._busy.setdefault(vmid, VmRetry(first=BUSY_FIRST, maximum=BUSY_MAX)).failed()
         asyncio.get_running_loop().call_later(delay, self._wake.set)
-        if (isinstance(err, ExtensionsDeferred) and err.paused
-                and vmid not in self._warned_paused):
-            self._warned_paused.add(vmid)
-            log.warning("VM %d is paused for room and migrating away: its extension is "
-                        "deferred to the destination, or to the end of the migration here",
-                        vmid, extra=fields(VMID=vmid))
-            return
+        if isinstance(err, ExtensionsDeferred):
+            # Said once per deferral (and once more if the VM pauses for room
+            # meanwhile), with the DEFERRED field: the journal shows when a
+            # migration held extensions back.
+            said = self._said_deferral.get(vmid)
+            if err.paused and said != "paused":
+                self._said_deferral[vmid] = "paused"
+                log.warning("VM %d is paused for room and migrating away: its extension is "
+                            "deferred to the destination, or to the end of the migration here",
+                            vmid, extra=fields(VMID=vmid, DEFERRED="paused"))
+                return
+            if said is None:
+                self._said_deferral[vmid] = "migrating"
+                log.info("VM %d is migrating away: its extensions are deferred", vmid,
+                         extra=fields(VMID=vmid, DEFERRED="migrating"))
+                return
         log.debug("%s; next attempt in %g s", err, delay)
 
     def _note_error(self, key: tuple[int, str], message: str,

@@ -63,6 +63,7 @@ from pvestord.policy import (
     TableState,
 )
 from pvestord.policy.sizes import format_size
+from pvestord.policy.vmconfig import MIGRATE_LOCK_GRACE, ConfigLockRule
 
 log = logging.getLogger(__name__)
 
@@ -387,6 +388,13 @@ class Extender:
                 raise VmBusyError(f"VM {vm.vmid} is in state {run.status}: later")
             if await self._migrating_away(vm, monitor):
                 raise migration.ExtensionsDeferred(vm.vmid, paused=run.paused_for_room)
+            if migration.config_lock(self.settings, vm.vmid, in_flight=False) \
+                    is ConfigLockRule.RENAMING:
+                # qemu-server is renaming the VM's LVs under its running QEMU
+                # (snapshot, its deletion, rollback): a name read now may not
+                # be the device QEMU writes. Back once the lock is gone.
+                raise VmBusyError(f"VM {vm.vmid}: its config is locked for a snapshot "
+                                  "operation that renames its LVs: later")
             fresh = requests is None
             drives = await self._drives(monitor, outcome, fresh=fresh, shared=shared)
             thin_nodes = {name for d in drives if d.storage is not None
@@ -582,11 +590,15 @@ class Extender:
         async with self._vg_gate(drive.vg), \
                 self._storage_lock(drive.storage).acquire_async(STORAGE_LOCK_TIMEOUT) as held:
             locked = time.monotonic()
-            # Under the lock only the mark: a migration's begin marks the VM
-            # and then takes this lock, so the mark is a barrier for us.
-            if migration.outgoing_marked(self.settings.run_dir, vm.vmid):
-                raise VmBusyError(f"VM {vm.vmid} started migrating away: extension of "
-                                  f"{node} deferred")
+            # Under the lock only files, no QMP: a migration's begin marks the
+            # VM and then takes this lock, and qemu-server writes lock: migrate
+            # before the target activates the LVs (itself under no lock, but
+            # the target's catch-up takes this one): both are barriers for us.
+            if migration.outgoing_marked(self.settings.run_dir, vm.vmid) or \
+                    migration.config_lock(self.settings, vm.vmid, in_flight=False) in (
+                        ConfigLockRule.MIGRATING, ConfigLockRule.RENAMING):
+                raise VmBusyError(f"VM {vm.vmid} started migrating away or its LVs are "
+                                  f"being renamed: extension of {node} deferred")
             checked = time.monotonic()
             info, table, verdict = await self._catch_up_table(drive, held)
             if verdict is TableState.AHEAD:
@@ -636,8 +648,18 @@ class Extender:
                 in_flight = await migrating_away(fresh)
         else:
             in_flight = await migrating_away(monitor)
-        return migration.outgoing_deferral(self.settings.run_dir, vm.vmid,
-                                           in_flight=in_flight).defers
+        marked = migration.outgoing_deferral(self.settings.run_dir, vm.vmid,
+                                             in_flight=in_flight).defers
+        locked = migration.config_lock(self.settings, vm.vmid, in_flight=in_flight)
+        if locked is ConfigLockRule.STALE_MIGRATE:
+            self._say((vm.vmid, "", "config-lock"), logging.WARNING,
+                      "VM %d: its config has had 'lock: migrate' for over %d s and no "
+                      "migration is in flight: taken as left over, extensions not deferred "
+                      "('qm unlock %d' clears it)", vm.vmid, MIGRATE_LOCK_GRACE, vm.vmid,
+                      extra=fields(VMID=vm.vmid))
+        else:
+            self._said.pop((vm.vmid, "", "config-lock"), None)
+        return marked or locked is ConfigLockRule.MIGRATING
 
     async def _catch_up_incoming(self, vm: LocalVm, monitor: VmMonitor) -> None:
         """Refresh every thin LV of an incoming VM that another node grew.

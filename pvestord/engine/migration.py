@@ -51,8 +51,10 @@ from pvestord.adapters.locks import Held, VgLock, vg_lock
 from pvestord.adapters.qmp import VmBusyError
 from pvestord.adapters.service import fields
 from pvestord.adapters.vghealth import VgHealth
+from pvestord.adapters.vmconfig import read_config_lock
 from pvestord.errors import PvestordError
 from pvestord.policy.sizes import format_size
+from pvestord.policy.vmconfig import ConfigLockRule, config_lock_rule
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +166,24 @@ def outgoing_deferral(run_dir: Path, vmid: int, *, in_flight: bool,
                     "'end' not run?)", vmid, path, age,
                     extra=fields(VMID=vmid, DURATION_MS=round(age * 1000)))
     return decided
+
+
+def config_lock(settings: DaemonSettings, vmid: int, *, in_flight: bool,
+                now: float | None = None) -> ConfigLockRule:
+    """What ``vmid``'s qemu-server config lock on this node says
+    (:func:`pvestord.policy.vmconfig.config_lock_rule`).
+
+    ``lock: migrate`` is written by qemu-server before it starts the target
+    and activates the LVs there: from then on an LV grown here could be short
+    on the target, so it defers like the hint's mark, with no hint at all. A
+    left-over one is said at warning (``qm unlock`` clears it) and defers
+    nothing (the engine says so at warning), so that a guest paused for room
+    is not kept waiting for an admin.
+    """
+    found = read_config_lock(settings.reports_dir, settings.node, vmid, now)
+    if found is None:
+        return ConfigLockRule.NONE
+    return config_lock_rule(found.lock, age=found.age, in_flight=in_flight)
 
 
 @dataclass(frozen=True)

@@ -74,3 +74,24 @@ def test_read_from_this_nodes_folder(tmp_path: Path) -> None:
     found = read_config_lock(tmp_path, "pve1", 101, now=1030.0)
     assert found is not None and found.lock == "migrate" and found.age == 30.0
     assert read_config_lock(tmp_path, "pve2", 101) is None
+
+
+def test_engine_reads_this_nodes_config(tmp_path: Path) -> None:
+    """The engine's view (pvestord.engine.migration.config_lock): the config on
+    this node's folder under the settings' nodes dir, aged by its mtime."""
+    from pvestord.adapters.config import DaemonSettings
+    from pvestord.engine.migration import config_lock
+
+    settings = DaemonSettings(node="pve1", queue=tmp_path / "extend-queue",
+                              nodes_dir=tmp_path / "nodes", run_dir=tmp_path / "run")
+    assert config_lock(settings, 101, in_flight=False) is ConfigLockRule.NONE
+    path = config_path(tmp_path / "nodes", "pve1", 101)
+    path.parent.mkdir(parents=True)
+    path.write_text(CONFIG)
+    assert config_lock(settings, 101, in_flight=False) is ConfigLockRule.MIGRATING
+    old = path.stat().st_mtime - MIGRATE_LOCK_GRACE - 1
+    os.utime(path, (old, old))
+    assert config_lock(settings, 101, in_flight=False) is ConfigLockRule.STALE_MIGRATE
+    assert config_lock(settings, 101, in_flight=True) is ConfigLockRule.MIGRATING
+    path.write_text(CONFIG.replace("lock: migrate", "lock: snapshot"))
+    assert config_lock(settings, 101, in_flight=False) is ConfigLockRule.RENAMING

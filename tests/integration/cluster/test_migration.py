@@ -22,6 +22,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.harness.daemonlog import parse
 from tests.harness.twonode import (
     Cluster,
     MiB,
@@ -93,6 +94,16 @@ class Guest:
         lvm(a, "lvchange", "-an", f"{self.cluster.vg}/{self.lv}")
         self.on = b
 
+    def config_lock(self, lock: str | None) -> None:
+        """Write the VM's config on A as qemu-server would, with ``lock: LOCK``
+        in its main section (None: without one, as ``qm unlock`` leaves it)."""
+        config = self.cluster.pve / "nodes" / self.cluster.a.name / "qemu-server" / \
+            f"{self.vmid}.conf"
+        config.parent.mkdir(parents=True, exist_ok=True)
+        locked = f"lock: {lock}\n" if lock else ""
+        config.write_text(f"cores: 1\n{locked}memory: 512\n"
+                          f"scsi0: thin:{self.lv},size={INITIAL}\n")
+
     def stop(self) -> None:
         for node in self.cluster.nodes:
             node.call("vm_shutdown", vmid=self.vmid)
@@ -117,8 +128,8 @@ def guest(daemons: Cluster) -> Iterator[Guest]:
     assert check.rc == 0, check.stdout + check.stderr
 
 
-@pytest.mark.parametrize("hint", [pytest.param(True, marks=pytest.mark.cluster_full), False],
-                         ids=["hint", "nohint"])
+@pytest.mark.parametrize("hint", [True, False], ids=["hint", "nohint"])
+@pytest.mark.cluster_full  # make check runs the no-hint case with qemu-server's lock instead
 def test_extension_before_migration_verifies_on_b(guest: Guest, hint: bool) -> None:
     cluster, a, b = guest.cluster, guest.cluster.a, guest.cluster.b
     if hint:
@@ -190,6 +201,44 @@ def test_threshold_crossed_at_switchover_is_extended_on_b(guest: Guest, hint: bo
                "re-armed on B")
     assert b.vm(guest.vmid, "read_verify", "fmt0", 0, crossing, 0x5E, timeout=300)
     assert "deferred" in a.log_text("pvestord") or "later" in a.log_text("pvestord")
+
+
+def test_qemu_servers_lock_defers_from_target_start_to_switchover(guest: Guest) -> None:
+    """Without the hint, as Proxmox migrates: an extension before the migration,
+    a threshold crossed after qemu-server wrote ``lock: migrate`` and the target
+    activated the LV (the window the hint was for: B's table is taken now, and
+    an extension on A would leave it short), and one after the switchover on B.
+    Every byte reads back on B."""
+    cluster, a, b = guest.cluster, guest.cluster.a, guest.cluster.b
+    write(a, guest.vmid, 0, 56 * MiB, 0x61)                  # crosses 48 MiB: before
+    grown = INITIAL + CHUNK
+    wait_until(lambda: threshold(a, guest.vmid) == grown - CHUNK // 2, EXTEND_TIMEOUT,
+               "extended on A before the migration and re-armed")
+    guest.config_lock("migrate")  # QemuMigrate::phase1, before the target starts
+    guest.activate_on_b()         # the target's start activates (and refreshes) the LV
+    assert device_size(b, cluster.vg, guest.lv) == grown
+    crossing = grown - CHUNK // 2 + 4 * MiB
+    write(a, guest.vmid, 56 * MiB, crossing, 0x62)           # crosses the threshold: at
+    wait_until(lambda: any(line.fields.get("VMID") == str(guest.vmid)
+                           and line.fields.get("DEFERRED") == "migrating"
+                           for line in parse(a.log_text("pvestord"))),
+               EXTEND_TIMEOUT, "A deferred the extension for qemu-server's lock")
+    assert guest.size() == grown and device_size(b, cluster.vg, guest.lv) == grown
+    guest.start_migration()
+    guest.finish_migration()
+    guest.config_lock(None)       # qemu-server moves the config to B and unlocks it
+    assert device_size(b, cluster.vg, guest.lv) == lv_size(b, cluster.vg, guest.lv) == grown
+    assert b.vm(guest.vmid, "read_verify", "fmt0", 0, 56 * MiB, 0x61, timeout=300)
+    assert b.vm(guest.vmid, "read_verify", "fmt0", 56 * MiB, crossing - 56 * MiB, 0x62,
+                timeout=300)
+    # B starts with no allocation figure: it arms below the real allocation,
+    # and the next allocating write extends on B: after.
+    wait_until(lambda: threshold(b, guest.vmid) == grown - CHUNK // 2, 60, "armed on B")
+    write(b, guest.vmid, crossing, crossing + 4 * MiB, 0x63)
+    wait_until(lambda: lv_size(b, cluster.vg, guest.lv) == grown + CHUNK, EXTEND_TIMEOUT,
+               "extended on B after the switchover")
+    assert run_status(b, guest.vmid) == "running"
+    assert b.vm(guest.vmid, "read_verify", "fmt0", crossing, 4 * MiB, 0x63, timeout=300)
 
 
 def test_pre_extension_stops_at_what_the_qcow2_can_use(daemons: Cluster) -> None:
