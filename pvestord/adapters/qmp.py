@@ -30,7 +30,7 @@ from qemu.qmp import ExecuteError, QMPClient, QMPError
 from qemu.qmp.qmp_client import GreetingError
 
 from pvestord.errors import PvestordError
-from pvestord.policy import BlockDevice, DriveIdentity, device_filenames, device_on
+from pvestord.policy import BlockDevice, DriveIdentity, device_filenames, device_on, qom_path
 
 log = logging.getLogger(__name__)
 
@@ -225,6 +225,25 @@ class VmMonitor:
 
     async def cont(self) -> None:
         await self.execute("cont")
+
+    async def block_devices(self) -> list[BlockDevice]:
+        """Every device of ``query-block`` with a medium."""
+        block = await self.execute("query-block")
+        return [block_device_from(d) for d in block
+                if isinstance(d, dict) and isinstance(d.get("inserted"), dict)] \
+            if isinstance(block, list) else []
+
+    async def write_error_action(self, device: BlockDevice) -> str | None:
+        """The device's ``werror`` property (``qom-get``); None when QEMU has
+        none to give (a device without one, an older QEMU)."""
+        try:
+            value = await self.execute("qom-get", {"path": qom_path(device),
+                                                   "property": "werror"})
+        except QmpTimeout:
+            raise
+        except QmpError:
+            return None
+        return value if isinstance(value, str) else None
 
 
 def thin_drives_from(nodes: object, stats: object) -> list[ThinDriveView]:

@@ -25,6 +25,8 @@ FIELDS = ("VMID", "NODE_NAME", "LV", "VG", "OLD_SIZE", "NEW_SIZE", "DURATION_MS"
           "THRESHOLD", "TABLE", "TABLE_SIZE", "LV_SIZE", "DEVICE", "RESUME_BLOCKED",
           # extensions held back by a live migration (daemon.py)
           "DEFERRED",
+          # a thin drive whose device does not pause on ENOSPC (extender.py)
+          "WERROR",
           # the metadata watch (nodereport.py)
           "MDA_FREE", "MDA_SIZE")
 

@@ -61,6 +61,8 @@ from pvestord.policy import (
     ExtensionState,
     Reason,
     TableState,
+    device_on,
+    hands_enospc_to_guest,
 )
 from pvestord.policy.sizes import format_size
 from pvestord.policy.vmconfig import MIGRATE_LOCK_GRACE, ConfigLockRule
@@ -193,6 +195,9 @@ class Extender:
         #: The last message logged per (vmid, node, topic), for conditions that
         #: last many passes: logged at their level once per change, then at DEBUG.
         self._said: dict[tuple[int, str, str], str] = {}
+        #: QEMUs (vmid, pid) whose thin drives' ``werror`` was looked at: a
+        #: device's error action is set when it is created.
+        self._werror_checked: set[tuple[int, int]] = set()
 
     def forget(self, vmid: int) -> None:
         """``vmid`` no longer runs here: drop what was remembered of its drives."""
@@ -200,6 +205,7 @@ class Extender:
             del self._answered[key]
         for said in [k for k in self._said if k[0] == vmid]:
             del self._said[said]
+        self._werror_checked = {k for k in self._werror_checked if k[0] != vmid}
 
     def _say(self, key: tuple[int, str, str], level: int, message: str, *args: object,
              extra: dict[str, str]) -> None:
@@ -313,6 +319,7 @@ class Extender:
         async with self._monitor(vm) as monitor:
             drives = await self._drives(monitor, fresh=True)
             run = await monitor.run_state()
+            werror = await self._werror_risks(monitor, drives)
         reports = []
         for drive in drives:
             info = await lvm.lv_info(drive.vg, drive.lv, timeout=self.settings.lvm_timeout)
@@ -328,8 +335,40 @@ class Extender:
                 policy.classify(state, extending=(vm.vmid, drive.view.file_node)
                                 in self.extending, failed=verdict is TableState.AHEAD)
                 if drive.storage else ExtensionState.IDLE,
-                _table_problem(verdict, info.size, table) if drive.storage else None))
+                _table_problem(verdict, info.size, table) or _werror_problem(
+                    werror.get(drive.view.file_node)) if drive.storage else None))
         return reports
+
+    async def _werror_risks(self, monitor: VmMonitor, drives: list[Drive]) -> dict[str, str]:
+        """The thin drives whose device hands ENOSPC to the guest: file node ->
+        the device's ``werror``. Thin provisioning relies on QEMU pausing the
+        VM when a write meets the end of the LV."""
+        thin = [d for d in drives if d.storage is not None]
+        if not thin:
+            return {}
+        risks: dict[str, str] = {}
+        for device in await monitor.block_devices():
+            on = [d for d in thin if device_on(device, d.identity)]
+            if not on:
+                continue
+            werror = await monitor.write_error_action(device)
+            if hands_enospc_to_guest(werror):
+                assert werror is not None
+                risks.update((d.view.file_node, werror) for d in on)
+        return risks
+
+    async def _check_werror_once(self, monitor: VmMonitor, vm: LocalVm,
+                                 drives: list[Drive]) -> None:
+        if (vm.vmid, vm.pid) in self._werror_checked:
+            return
+        risks = await self._werror_risks(monitor, drives)
+        self._werror_checked.add((vm.vmid, vm.pid))
+        for node, werror in sorted(risks.items()):
+            log.warning("VM %d %s: its device has werror=%s: a write at the end of the LV "
+                        "fails in the guest instead of pausing the VM until it grows (set "
+                        "the disk's write error action to its default, enospc)",
+                        vm.vmid, node, werror,
+                        extra=fields(VMID=vm.vmid, NODE_NAME=node, WERROR=werror))
 
     async def thin_node_names(self, vm: LocalVm) -> tuple[set[str], set[str]]:
         """(every node-name of ``vm``, the node-names of its thin drives), from
@@ -397,6 +436,7 @@ class Extender:
                                   "operation that renames its LVs: later")
             fresh = requests is None
             drives = await self._drives(monitor, outcome, fresh=fresh, shared=shared)
+            await self._check_werror_once(monitor, vm, drives)
             thin_nodes = {name for d in drives if d.storage is not None
                           for name in (d.view.file_node, d.view.format_node)}
             if requests:
@@ -783,6 +823,13 @@ def reason_for(drive: Drive, requests: dict[str, Reason] | None,
     relevant = [reason for name, reason in requests.items()
                 if name in names or (name not in thin_nodes and reason is Reason.NOSPACE)]
     return max(relevant, key=lambda r: r.strength) if relevant else None
+
+
+def _werror_problem(werror: str | None) -> str | None:
+    if werror is None:
+        return None
+    return (f"werror={werror}: ENOSPC at the end of the LV fails the guest's write instead "
+            "of pausing the VM")
 
 
 def _table_problem(verdict: TableState, size: int, table: int) -> str | None:

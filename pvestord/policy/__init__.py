@@ -14,7 +14,14 @@ needs from here; the submodules group them by question:
   vocabulary (why a drive was queued, byte sizes).
 """
 
-from pvestord.policy.devices import BlockDevice, DriveIdentity, device_filenames, device_on
+from pvestord.policy.devices import (
+    BlockDevice,
+    DriveIdentity,
+    device_filenames,
+    device_on,
+    hands_enospc_to_guest,
+    qom_path,
+)
 from pvestord.policy.extension import (
     Arm,
     AtMaximum,
@@ -62,8 +69,10 @@ __all__ = [
     "enospc_is_new",
     "exceeded",
     "extend_target",
+    "hands_enospc_to_guest",
     "maximum_size",
     "may_pass_maximum",
+    "qom_path",
     "resume_blocker",
     "table_state",
     "threshold",

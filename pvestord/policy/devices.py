@@ -63,3 +63,23 @@ def device_on(device: BlockDevice, drive: DriveIdentity) -> bool:
     (``/dev/san1/vm-101-disk-1`` is not ``/dev/san1/vm-101-disk-10``)."""
     return drive.path in device.filenames or (
         device.node_name is not None and device.node_name in drive.node_names)
+
+
+#: ``werror`` values under which QEMU pauses the VM on ENOSPC, as thin
+#: provisioning needs: ``auto`` is a device's default and means ``enospc``
+#: for writes (the BlockBackend's own default). ``report`` and ``ignore``
+#: hand the error to the guest, whose file system sees a failed write.
+PAUSING_WERROR = frozenset({"auto", "enospc", "stop"})
+
+
+def hands_enospc_to_guest(werror: str | None) -> bool:
+    """Whether a device with this ``werror`` lets a full LV fail the guest's
+    write instead of pausing it (None: unknown, assumed fine)."""
+    return werror is not None and werror not in PAUSING_WERROR
+
+
+def qom_path(device: BlockDevice) -> str:
+    """The QOM path of a ``query-block`` device: its ``qdev`` is a path
+    already (virtio-blk's backend) or the device's id (``scsi0``)."""
+    return device.name if device.name.startswith("/") else f"/machine/peripheral/{device.name}"
+
