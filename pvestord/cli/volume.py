@@ -135,7 +135,8 @@ def _shrink(args: argparse.Namespace) -> int:
 def _list(args: argparse.Namespace) -> int:
     reports = asyncio.run(volumes.list_volumes(_settings(args)))
     if args.json:
-        print(json.dumps([dataclasses.asdict(r) for r in reports], indent=2))
+        print(json.dumps([{**dataclasses.asdict(r), "snapshot": r.snapshot} for r in reports],
+                         indent=2))
         return 0
 
     def size(value: int | None) -> str:

@@ -53,6 +53,7 @@ from pvestord.adapters.service import fields
 from pvestord.adapters.vghealth import VgHealth
 from pvestord.adapters.vmconfig import read_config_lock
 from pvestord.errors import PvestordError
+from pvestord.policy.lvnames import chain_vmid
 from pvestord.policy.sizes import format_size
 from pvestord.policy.vmconfig import ConfigLockRule, config_lock_rule
 
@@ -197,12 +198,13 @@ class LvAction:
 
 def vm_lvs(config: StorageConfig, rows: dict[str, list[lvm.LvRow]],
            vmid: int) -> list[tuple[ThinStorage, lvm.LvRow]]:
-    """The thin LVs of ``vmid``, named as Proxmox names them (``vm-<vmid>-...``)."""
-    prefix = f"vm-{vmid}-"
+    """The active thin LVs of ``vmid``'s qcow2 chains, named as Proxmox names
+    them: its disks and their snapshot LVs, which a migration's target opens
+    as well (:func:`pvestord.policy.lvnames.chain_vmid`)."""
     found = []
     for storage in config.thin_storages.values():
         for row in rows.get(storage.vgname, []):
-            if row.lv.startswith(prefix) and row.active:
+            if chain_vmid(row.lv) == vmid and row.active:
                 found.append((storage, row))
     return found
 

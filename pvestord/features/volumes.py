@@ -88,6 +88,7 @@ from pvestord.adapters.locks import PMXCFS_LOCK_EXPIRY, Held, vg_lock
 from pvestord.adapters.vghealth import VgHealth
 from pvestord.adapters.vms import local_vm
 from pvestord.errors import CommandError, PvestordError
+from pvestord.policy.lvnames import chain_vmid, is_snapshot
 from pvestord.policy.sizes import align_up, format_size
 
 log = logging.getLogger(__name__)
@@ -651,6 +652,12 @@ class VolumeReport:
     reclaimable: int | None = None
     error: str | None = None
 
+    @property
+    def snapshot(self) -> bool:
+        """A snapshot LV of a disk's chain (``snap_vm-...``), not a volume of
+        its own: Proxmox lists it as the disk's snapshot."""
+        return is_snapshot(self.lv)
+
 
 async def list_volumes(settings: VolumeSettings) -> list[VolumeReport]:
     """Every qcow2 volume of every thin-enabled storage, as this node sees it.
@@ -670,11 +677,11 @@ async def list_volumes(settings: VolumeSettings) -> list[VolumeReport]:
             log.warning("storage '%s': %s", storage.storeid, err)
             continue
         for row in rows:
-            try:
-                vmid = parse_volname(row.lv)
-            except VolumeError:
-                continue
-            reports.append(await _report(storage, vg.extent_size, row, vmid))
+            # Disks and their snapshot LVs (a chain's backing files grow too:
+            # a commit writes into them).
+            vmid = chain_vmid(row.lv)
+            if vmid is not None:
+                reports.append(await _report(storage, vg.extent_size, row, vmid))
     return reports
 
 

@@ -37,16 +37,20 @@ def row(vg: str, lv: str, active: bool = True) -> LvRow:
     return LvRow(vg, lv, 1 << 30, (), active, False, "-")
 
 
-def test_vm_lvs_are_the_active_thin_lvs_named_for_the_vm() -> None:
+def test_vm_lvs_are_the_active_thin_lvs_of_the_vms_chains() -> None:
     config = parse_storage_config(CFG, "storage.cfg")
     rows = {
         "san": [row("san", "vm-10-disk-0.qcow2"), row("san", "vm-100-disk-0.qcow2"),
-                row("san", "vm-10-disk-1.qcow2", active=False), row("san", "base-10-disk-0")],
+                row("san", "vm-10-disk-1.qcow2", active=False), row("san", "base-10-disk-0"),
+                # the disk's snapshot LV: a backing file the target opens too
+                row("san", "snap_vm-10-disk-0_before.qcow2"),
+                row("san", "snap_vm-100-disk-0_before.qcow2")],
         "other": [row("other", "vm-10-disk-0.qcow2")],   # not thin: never ours
         "san2": [row("san2", "vm-10-state-x.qcow2")],
     }
     found = sorted((s.storeid, r.lv) for s, r in migration.vm_lvs(config, rows, 10))
-    assert found == [("thin", "vm-10-disk-0.qcow2"), ("thin2", "vm-10-state-x.qcow2")]
+    assert found == [("thin", "snap_vm-10-disk-0_before.qcow2"), ("thin", "vm-10-disk-0.qcow2"),
+                     ("thin2", "vm-10-state-x.qcow2")]
 
 
 def test_outgoing_mark_defers_until_removed_or_past_its_grace(tmp_path: Path) -> None:

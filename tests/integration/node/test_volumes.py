@@ -160,6 +160,14 @@ def test_create_names_flags_tags_and_sizes(bed: NodeBed, vg: VG) -> None:
     assert (disk0["state"], disk0["lv_size"], disk0["virtual_size"], disk0["maximum"]) == (
         "active", 256 * MiB, 8 * GiB, measured_maximum(8 * GiB, vg.extent_size()))
     assert disk0["reclaimable"] == 0  # already initial-size
+    assert not any(r["snapshot"] for r in listed.values())
+
+    # A snapshot LV, as Proxmox renames a disk's LV when it takes a snapshot:
+    # listed with its VM, as a snapshot.
+    sh("lvrename", "-q", vg.name, "vm-100-disk-1.qcow2", "snap_vm-100-disk-0_before.qcow2")
+    listed = {r["volid"]: r for r in json.loads(pvestord(bed, "list", "--json").stdout)}
+    snap = listed["thin1:snap_vm-100-disk-0_before.qcow2"]
+    assert (snap["vmid"], snap["snapshot"], snap["virtual_size"]) == (100, True, 1 * GiB)
 
 
 def test_created_volume_grows_through_the_daemon(bed: NodeBed, vg: VG) -> None:
