@@ -77,6 +77,13 @@ MAX_ROUNDS = 4
 VG_REPORT_SHARE = 2.0
 #: Budget for waiting on the storage lock: as ``cfs_lock``.
 STORAGE_LOCK_TIMEOUT = 10.0
+#: The budget when the VM waits paused for the extension: Proxmox holds the
+#: storage lock for a whole allocation (tens of seconds with metadata
+#: preallocation on a SAN), and ``cfs_lock`` ends any holder's locked code
+#: after 60 s, so every holder lets go within its 10 s acquire plus 60 s.
+#: Waiting it out takes the lock the moment it is free; giving up and
+#: retrying would leave the guest paused through the gaps between tries.
+PAUSED_STORAGE_LOCK_TIMEOUT = 70.0
 #: ``query-migrate`` statuses of a migration in flight (``completed`` leaves
 #: the source in run state ``postmigrate``, already one of MIGRATION_STATES).
 MIGRATING = frozenset({"setup", "active", "postcopy-active", "postcopy-paused",
@@ -627,8 +634,9 @@ class Extender:
             raise VmBusyError(f"VM {vm.vmid} started migrating away: extension of "
                               f"{node} deferred")
         observed = time.monotonic()
+        budget = PAUSED_STORAGE_LOCK_TIMEOUT if state.paused_nospace else STORAGE_LOCK_TIMEOUT
         async with self._vg_gate(drive.vg), \
-                self._storage_lock(drive.storage).acquire_async(STORAGE_LOCK_TIMEOUT) as held:
+                self._storage_lock(drive.storage).acquire_async(budget) as held:
             locked = time.monotonic()
             # Under the lock only files, no QMP: a migration's begin marks the
             # VM and then takes this lock, and qemu-server writes lock: migrate

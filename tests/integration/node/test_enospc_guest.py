@@ -55,6 +55,8 @@ import contextlib
 import json
 import re
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -66,6 +68,7 @@ from pvestord.adapters.queue import Entry
 from pvestord.policy import Reason
 from pvestord.policy.sizes import align_up, format_size
 from tests.harness import daemons as daemons_module
+from tests.harness.daemonlog import parse
 from tests.harness.daemons import Daemon, NodeBed, ThinStorageSpec, start_qmeventd, wait_for
 from tests.harness.lvmbed import VG, GiB, MiB, loop_vg, qcow2_check, qcow2_create
 from tests.harness.qemu import Disk, QemuVM
@@ -94,6 +97,8 @@ IO_TIMEOUT = 180.0
 #: A daemon's start-up (Python imports over 9p) with other node guests busy on
 #: the same two cores: 30 s was seen to be too short.
 DAEMON_START_TIMEOUT = 180.0
+#: How long "Proxmox" holds the storage lock while a guest waits paused.
+PROXMOX_HOLD = 25.0
 #: QEMU's QMP socket under the same load.
 LAUNCH_TIMEOUT = 120.0
 
@@ -344,6 +349,72 @@ def test_running_daemons_resume_a_vm_that_outran_them(
             f"{format_size(expected)} in") in log
     assert log.count(" extended ") == 1
     assert log.count("resumed after it paused") == 1
+    assert qcow2_check(vg.lv_path(lv))["exit"] == 0
+
+
+@contextlib.contextmanager
+def proxmox_holding_the_storage_lock(storeid: str, release: Path) -> Iterator[None]:
+    """The storage's lock held by another process, as Proxmox's ``vdisk_alloc``
+    holds it (here the flock of a non-pmxcfs node, which the daemon then
+    takes), until ``release`` exists."""
+    lock = f"/var/lock/pve-manager/pve-storage-{storeid}"
+    script = ("import fcntl, os, sys, time\n"
+              "os.makedirs(os.path.dirname(sys.argv[1]), exist_ok=True)\n"
+              "f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX)\n"
+              "print('held', flush=True)\n"
+              "while not os.path.exists(sys.argv[2]): time.sleep(0.05)\n")
+    holder = subprocess.Popen([sys.executable, "-c", script, lock, str(release)],  # noqa: S603
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        yield
+    finally:
+        release.touch()
+        holder.wait(timeout=30)
+
+
+def test_a_paused_vm_runs_once_proxmox_lets_go_of_the_storage_lock(
+        bed: NodeBed, vg: VG, tmp_path: Path, out_dir: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Proxmox holds ``storage-<id>`` for a whole allocation. A guest paused on
+    ENOSPC meanwhile is extended as the lock comes free: the daemon waits it
+    out (never a give-up and a retry later), so the pause ends one extension
+    after the release."""
+    guest = build_writer(tmp_path, out_dir, "writer-903", start=PREFILL, length=GUEST_WRITE,
+                         pattern=GUEST_PATTERN)
+    vm, lv = writer_vm(bed, vg, 903, guest)
+    release = tmp_path / "release-storage-lock"
+    with vm:
+        prefill(vm, PREFILL, LV_SIZE)
+        stop = run_guest_until_paused(vm, guest)
+        expected = extended_size(allocation(vm))
+        with proxmox_holding_the_storage_lock("thin1", release), \
+                daemons(bed, monkeypatch) as (_, pvestord):
+            # The start reconcile found the VM paused and waits on the lock:
+            # the scenario is Proxmox's hold, so its length is set, not awaited.
+            time.sleep(PROXMOX_HOLD)
+            assert vg.lv_size(lv) == LV_SIZE
+            release.touch()
+            released = time.time()
+            resume = assert_resumed_and_written(vm, guest, prefilled=PREFILL)
+            wait_for(lambda: any("NEW_SIZE" in line.fields
+                                 for line in parse(pvestord.log_text())), 30,
+                     "the extension logged")
+            lines = list(parse(pvestord.log_text()))
+        extension = next(line.fields for line in lines if "NEW_SIZE" in line.fields)
+        errors = [line for line in lines if line.level == "ERROR"]
+        record(out_dir, "storage_lock_held", {
+            "hold_s": PROXMOX_HOLD,
+            "stop_to_resume_s": timestamp(resume) - timestamp(stop),
+            "release_to_resume_s": timestamp(resume) - released,
+            "lock_wait_s": int(extension["LOCK_WAIT_MS"]) / 1000,
+        })
+        # The extension waited for the lock, and nothing gave up meanwhile.
+        assert int(extension["LOCK_WAIT_MS"]) >= PROXMOX_HOLD * 1000 / 2
+        assert errors == [], [e.message for e in errors]
+        # Paused no longer than the hold and one extension after it.
+        assert timestamp(resume) - released <= int(extension["LVM_MS"]) / 1000 + 5
+        assert vg.lv_size(lv) == expected
     assert qcow2_check(vg.lv_path(lv))["exit"] == 0
 
 
