@@ -21,6 +21,7 @@ from pvestord.engine import nodereport
 from pvestord.errors import PvestordError
 from pvestord.features import ranking
 from pvestord.features.volumes import check_vmid
+from pvestord.policy.lvnames import chain_vmid
 
 
 class RankError(PvestordError):
@@ -42,8 +43,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                       help="the nodes to judge, in order of preference (default: every "
                       "node with a report, by name)")
     rank.add_argument("--storages", metavar="STOREID,...",
-                      help="the VM's thin storages (default: those holding an LV named "
-                      "vm-VMID-*, as this node's LVM lists them)")
+                      help="the VM's thin storages (default: those holding an LV of "
+                      "its disks and their snapshot LVs, as this node's LVM lists them)")
     rank.add_argument("--stale-after", type=float, default=ranking.DEFAULT_STALE_AFTER,
                       metavar="SECONDS", help="ignore reports older than this "
                       "(default: %(default)s)")
@@ -63,7 +64,8 @@ def _names(text: str | None) -> list[str] | None:
 
 
 async def vm_storages(config: StorageConfig, vmid: int) -> set[str]:
-    """The thin storages holding an LV of ``vmid`` (``vm-<vmid>-*``), by this node's LVM."""
+    """The thin storages holding an LV of ``vmid``'s qcow2 chains (its disks and
+    their ``snap_vm-<vmid>-*`` snapshot LVs), by this node's LVM."""
     found: set[str] = set()
     listed: dict[str, list[lvm.LvRow]] = {}
     for storeid, storage in config.thin_storages.items():
@@ -73,7 +75,7 @@ async def vm_storages(config: StorageConfig, vmid: int) -> set[str]:
             except lvm.LvmError as err:
                 raise RankError(f"cannot list VG {storage.vgname} of storage {storeid} here "
                                 f"({err}): name the VM's storages with --storages") from err
-        if any(row.lv.startswith(f"vm-{vmid}-") for row in listed[storage.vgname]):
+        if any(chain_vmid(row.lv) == vmid for row in listed[storage.vgname]):
             found.add(storeid)
     return found
 

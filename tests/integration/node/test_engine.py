@@ -33,7 +33,6 @@ import pytest
 
 from pvestord.adapters.queue import Entry
 from pvestord.policy import Reason
-from tests.harness.daemonlog import parse
 from tests.harness.daemons import NodeBed, ThinStorageSpec, daemons, start_pvestord, wait_for
 from tests.harness.lvmbed import (
     VG,
@@ -288,32 +287,6 @@ def test_manual_extend_and_drives_commands(bed: NodeBed, vg: VG) -> None:
             capture_output=True, text=True, timeout=120)
         assert bad.returncode == 1
         assert "no block node 'nosuch'" in bad.stderr
-
-
-def test_a_drive_that_hands_enospc_to_the_guest_is_marked(bed: NodeBed, vg: VG) -> None:
-    """Thin provisioning relies on QEMU pausing the VM at the end of the LV.
-    A device with ``werror=report`` hands the error to the guest instead: the
-    daemon warns once with the WERROR field, and ``drives`` marks the drive;
-    a device left at its default (``auto``, i.e. ``enospc``) is not marked."""
-    common = ["--storage-config", str(bed.storage_cfg), "--run-dir", str(bed.run_dir)]
-    second = vg.create_lv("vm-702-disk-1.qcow2", 256 * MiB)
-    qcow2_create(second, 8 * GiB)
-    devices = ["-S", "-device", "virtio-blk-pci,drive=fmt0,id=virtio0,werror=report",
-               *Disk(second, "fmt1", "file1").args(),
-               "-device", "virtio-blk-pci,drive=fmt1,id=virtio1"]
-    with thin_vm(bed, vg, 702, machine="pc", extra_args=devices), \
-            daemons(bed) as (_, pvestord):
-        wait_for(lambda: any(line.fields.get("WERROR") == "report"
-                             for line in parse(pvestord.log_text())), 60,
-                 "the daemon's warning about werror=report")
-        report = json.loads(subprocess.run(  # noqa: S603 - argument list
-            ["pvestord", "--queue", str(bed.queue_path), "drives", "--json", *common],
-            capture_output=True, text=True, timeout=120, check=True).stdout)
-        problems = {row["node_name"]: row["problem"] for row in report}
-        assert problems["file1"] is None
-        assert problems["file0"] is not None and "werror=report" in problems["file0"]
-        warned = [line for line in parse(pvestord.log_text()) if "WERROR" in line.fields]
-        assert [(w.fields["VMID"], w.fields["NODE_NAME"]) for w in warned] == [("702", "file0")]
 
 
 def test_restarted_daemon_finishes_queued_work(bed: NodeBed, vg: VG) -> None:

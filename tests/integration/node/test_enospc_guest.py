@@ -69,7 +69,14 @@ from pvestord.policy import Reason
 from pvestord.policy.sizes import align_up, format_size
 from tests.harness import daemons as daemons_module
 from tests.harness.daemonlog import parse
-from tests.harness.daemons import Daemon, NodeBed, ThinStorageSpec, start_qmeventd, wait_for
+from tests.harness.daemons import (
+    VENV_BIN,
+    Daemon,
+    NodeBed,
+    ThinStorageSpec,
+    start_qmeventd,
+    wait_for,
+)
 from tests.harness.lvmbed import VG, GiB, MiB, loop_vg, qcow2_check, qcow2_create
 from tests.harness.qemu import Disk, QemuVM
 from tests.harness.writerguest import WriterGuest, build_writer
@@ -106,15 +113,25 @@ LAUNCH_TIMEOUT = 120.0
 # -- the VM ---------------------------------------------------------------------
 
 def writer_vm(bed: NodeBed, vg: VG, vmid: int, guest: WriterGuest, *,
-              lv_size: int = LV_SIZE) -> tuple[QemuVM, str]:
+              lv_size: int = LV_SIZE, extra_args: tuple[str, ...] = ()) -> tuple[QemuVM, str]:
     """A VM with the writer guest and a qcow2 on a new LV; started with -S."""
     lv = f"vm-{vmid}-disk-0.qcow2"
     path = vg.create_lv(lv, lv_size)
     qcow2_create(path, VIRTUAL)
     vm = QemuVM(vmid, bed.run_dir, disks=[Disk(path, "fmt0", "file0")], machine="pc",
                 event_socket=bed.event_socket, log_path=bed.logs / f"qemu-{vmid}.log",
-                extra_args=["-S", *guest.args("fmt0")], launch_timeout=LAUNCH_TIMEOUT)
+                extra_args=["-S", *guest.args("fmt0"), *extra_args],
+                launch_timeout=LAUNCH_TIMEOUT)
     return vm, lv
+
+
+def reporting_disk(vg: VG, vmid: int) -> tuple[str, ...]:
+    """A second thin disk whose device hands ENOSPC to the guest (``werror=report``),
+    with headroom enough for its threshold to be armed without an extension."""
+    path = vg.create_lv(f"vm-{vmid}-disk-1.qcow2", 2 * CHUNKSIZE)
+    qcow2_create(path, VIRTUAL)
+    return (*Disk(path, "fmt1", "file1").args(),
+            "-device", "virtio-blk-pci,drive=fmt1,id=data1,werror=report")
 
 
 # -- observations ----------------------------------------------------------------
@@ -379,10 +396,14 @@ def test_a_paused_vm_runs_once_proxmox_lets_go_of_the_storage_lock(
     """Proxmox holds ``storage-<id>`` for a whole allocation. A guest paused on
     ENOSPC meanwhile is extended as the lock comes free: the daemon waits it
     out (never a give-up and a retry later), so the pause ends one extension
-    after the release."""
+    after the release.
+
+    The VM has a second thin disk whose device has ``werror=report``: it
+    would hand ENOSPC to the guest, so the daemon warns once (``WERROR``)
+    and ``drives`` marks it; the writer's disk (werror's default) is not."""
     guest = build_writer(tmp_path, out_dir, "writer-903", start=PREFILL, length=GUEST_WRITE,
                          pattern=GUEST_PATTERN)
-    vm, lv = writer_vm(bed, vg, 903, guest)
+    vm, lv = writer_vm(bed, vg, 903, guest, extra_args=reporting_disk(vg, 903))
     release = tmp_path / "release-storage-lock"
     with vm:
         prefill(vm, PREFILL, LV_SIZE)
@@ -401,6 +422,16 @@ def test_a_paused_vm_runs_once_proxmox_lets_go_of_the_storage_lock(
                                  for line in parse(pvestord.log_text())), 30,
                      "the extension logged")
             lines = list(parse(pvestord.log_text()))
+            report = json.loads(subprocess.run(  # noqa: S603 - argument list
+                [str(VENV_BIN / "pvestord"), "--queue", str(bed.queue_path), "drives", "--json",
+                 "--storage-config", str(bed.storage_cfg), "--run-dir", str(bed.run_dir)],
+                capture_output=True, text=True, timeout=120, check=True).stdout)
+        problems = {row["node_name"]: row["problem"] for row in report}
+        assert problems["file0"] is None
+        assert problems["file1"] is not None and "werror=report" in problems["file1"]
+        warned = [line.fields for line in lines if "WERROR" in line.fields]
+        assert [(w["VMID"], w["NODE_NAME"], w["WERROR"]) for w in warned] == [
+            ("903", "file1", "report")]
         extension = next(line.fields for line in lines if "NEW_SIZE" in line.fields)
         errors = [line for line in lines if line.level == "ERROR"]
         record(out_dir, "storage_lock_held", {
