@@ -1,8 +1,8 @@
-"""Fixtures for the packaging tests: the built .deb and a Debian 12 root.
+"""Fixtures for the packaging tests: the built .deb and Debian 12 and 13 roots.
 
-Both are session-scoped: the package is built once (in a temporary copy of
-the tree, by scripts/build-deb) and installed once into a copy of the cached
-debootstrap root. Measured figures (build time, size, debootstrap and apt
+All are session-scoped: the package is built once (in a temporary copy of
+the tree, by scripts/build-deb) and installed once into a copy of each
+cached debootstrap root. Measured figures (build time, size, debootstrap and apt
 times) are printed in the test summary (``-rA`` or the ``-s`` output).
 """
 
@@ -73,18 +73,25 @@ def deb(tmp_path_factory: pytest.TempPathFactory, figures: Figures) -> Path:
     return debs[0]
 
 
-@pytest.fixture(scope="session")
-def installed_root(deb: Path, tmp_path_factory: pytest.TempPathFactory,
+@pytest.fixture(scope="session", params=list(debroot.RELEASES))
+def installed_root(request: pytest.FixtureRequest, deb: Path,
+                   tmp_path_factory: pytest.TempPathFactory,
                    figures: Figures) -> Iterator[Path]:
-    """A copy of the clean Debian 12 root with the package installed by apt."""
+    """A copy of the clean Debian 12 (``bookworm``) or 13 (``trixie``) root with
+    the package installed by apt: every test that uses it runs in both, one
+    root per release for the whole session (``trixie`` alone, for a test
+    marked ``@pytest.mark.parametrize("installed_root", ["trixie"], indirect=True)``).
+    """
     needs_root()
-    base, took = debroot.base_root()
-    figures.values["debootstrap"] = "cached" if took is None else f"{took:.0f} s"
-    root = debroot.copy_root(base, tmp_path_factory.mktemp("debroot") / "root")
+    release = debroot.RELEASES[request.param]
+    base, took = debroot.base_root(release)
+    figures.values[f"debootstrap ({release.suite})"] = (
+        "cached" if took is None else f"{took:.0f} s")
+    root = debroot.copy_root(base, tmp_path_factory.mktemp(f"debroot-{release.suite}") / "root")
     try:
         # systemd as on every Proxmox node: the units are verified there.
-        seconds = debroot.apt_install(root, deb, extra=["systemd"])
-        figures.values["apt install into the root"] = f"{seconds:.0f} s"
+        seconds = debroot.install_deb(root, release, deb, extra=["systemd"])
+        figures.values[f"apt install into the {release.suite} root"] = f"{seconds:.0f} s"
         yield root
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -7,7 +7,7 @@ exactly as on a Proxmox node after a reboot.
 
 Three layers, each made from the one before:
 
-1. ``debroot.base_root()``: debootstrap's minbase, cached.
+1. ``debroot.base_root(debroot.BOOKWORM)``: debootstrap's Debian 12 minbase, cached.
 2. :func:`systemd_root`: a copy with :data:`PACKAGES` installed by apt and the
    kernel modules the guest loads after the initrd (device-mapper, loop, ...),
    cached under ``/var/cache/pvestord-test/`` keyed by the package list, the
@@ -60,8 +60,6 @@ PACKAGES = (
 #: device-mapper and loop for LVM, the rest systemd asks for at boot.
 GUEST_MODULES = ("dm-mod", "loop", "autofs4", "configfs", "fuse", "binfmt_misc")
 
-#: apt-get update and installing PACKAGES (~150 .debs) into the cached root.
-APT_TIMEOUT = 1800.0
 #: Copying the prepared root, ``dpkg -i``, ``mkfs.ext4 -d``.
 IMAGE_TIMEOUT = 600.0
 #: Free space left in the root image beyond its files.
@@ -169,18 +167,19 @@ def _install_modules(root: Path, release: str) -> None:
 
 def systemd_root() -> tuple[Path, float | None]:
     """The cached root with PACKAGES and the guest's modules; seconds it took (None: cached)."""
-    base, _ = debroot.base_root()
-    _, _, release = kernel_and_initrd()
-    base_key = (debroot.CACHE / f"{debroot.SUITE}-{debroot.VARIANT}.stamp").read_text()
-    key = json.dumps({"base": base_key, "packages": sorted(PACKAGES), "kernel": release,
+    release = debroot.BOOKWORM
+    base, _ = debroot.base_root(release)
+    _, _, kernel_release = kernel_and_initrd()
+    base_key = debroot.stamp(release).read_text()
+    key = json.dumps({"base": base_key, "packages": sorted(PACKAGES), "kernel": kernel_release,
                       "modules": sorted(GUEST_MODULES)}, sort_keys=True) + "\n"
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
-    root = debroot.CACHE / f"{debroot.SUITE}-systemd-{digest}"
+    root = debroot.CACHE / f"{release.suite}-systemd-{digest}"
     stamp = root.with_name(root.name + ".stamp")
     if root.is_dir() and stamp.is_file() and stamp.read_text() == key:
         return root, None
     # Roots made for another package list or kernel are of no further use.
-    for stale in debroot.CACHE.glob(f"{debroot.SUITE}-systemd-*"):
+    for stale in debroot.CACHE.glob(f"{release.suite}-systemd-*"):
         if stale.is_dir():
             shutil.rmtree(stale, ignore_errors=True)
         else:
@@ -189,19 +188,10 @@ def systemd_root() -> tuple[Path, float | None]:
     shutil.rmtree(partial, ignore_errors=True)
     start = time.monotonic()
     debroot.copy_root(base, partial)
-    cache = partial / "var/cache/apt/archives"
-    cache.mkdir(parents=True, exist_ok=True)
-    for pkg in debroot.archives().glob("*.deb"):
-        shutil.copy2(pkg, cache / pkg.name)
-    debroot.chroot(partial, ["apt-get", "update", "-q"], timeout=APT_TIMEOUT)
-    debroot.chroot(partial, ["apt-get", "install", "-y", "-q", "--no-install-recommends",
-                             *PACKAGES], timeout=APT_TIMEOUT)
-    for pkg in cache.glob("*.deb"):
-        if not (debroot.archives() / pkg.name).exists():
-            shutil.copy2(pkg, debroot.archives() / pkg.name)
+    debroot.apt_install(partial, release, PACKAGES)
     # The image is copied every run: no .debs in it.
     debroot.chroot(partial, ["apt-get", "clean"])
-    _install_modules(partial, release)
+    _install_modules(partial, kernel_release)
     # Only a finished root gets the name and the stamp (as debroot.base_root).
     partial.rename(root)
     stamp.write_text(key)
@@ -228,7 +218,7 @@ def node_image(base: Path, deb: Path, storage_cfg: str, work: Path) -> NodeImage
     root = debroot.copy_root(base, work / "root")
     try:
         # Where qemu-server installs it, so that the admin can mask it.
-        (root / "lib/systemd/system" / QMEVENTD_UNIT).write_text(_QMEVENTD_STANDIN_TEXT)
+        (root / "usr/lib/systemd/system" / QMEVENTD_UNIT).write_text(_QMEVENTD_STANDIN_TEXT)
         debroot.chroot(root, ["systemctl", "enable", QMEVENTD_UNIT])
         shutil.copy2(deb, root / "tmp" / deb.name)
         # dpkg, not apt: every dependency is in the cached root, and a missing
