@@ -247,3 +247,14 @@ def test_daemon_settings_defaults_and_validation() -> None:
         DaemonSettings(qmp_timeout=float("inf"))
     with pytest.raises(ConfigError, match="node name is empty"):
         DaemonSettings(node="")
+
+
+def test_the_shipped_example_is_a_thin_pvestord_storage_and_a_thick_one() -> None:
+    """packaging/storage.cfg.example, which the package ships as the way to
+    set up a storage, parses without a warning: one thin, one left alone."""
+    example = Path(__file__).resolve().parents[2] / "packaging" / "storage.cfg.example"
+    config = parse_storage_config(example.read_text(), str(example))
+    assert config.warnings == ()
+    assert sorted(config.thin_storages) == ["san-thin"]
+    thin = config.thin_storages["san-thin"]
+    assert (thin.vgname, thin.chunksize, thin.initial_size) == ("vg_san", GiB, 2 * GiB)
