@@ -393,14 +393,11 @@ def storage_section(cluster: Cluster, *, storeid: str = "san", chunksize: str = 
 
 
 def lvm(node: Node, command: str, *args: str) -> str:
-    """An LVM command on ``node`` with pvestord's own ``--config``.
-
-    Workaround: pvestord runs lvextend/refresh with udev rules off
-    (``pvestord.adapters.lvm.FAST_CONFIG``), and on a node where udevd runs that makes
-    udev drop the ``/dev/VG/LV`` and ``/dev/mapper`` links of an LV that was
-    created or activated with the rules on (seen here: the link is gone
-    seconds after the first extension, and pvestord's next pass fails). LVs
-    made and activated with the same config keep LVM's own links.
+    """An LVM command on ``node`` with pvestord's own ``--config``
+    (:data:`pvestord.adapters.lvm.FAST_CONFIG`), so that the LVs a test makes
+    and activates are handled by LVM as the daemon's own commands handle them:
+    a test's activation and the daemon's refresh must not differ in how they
+    scan devices or whether they wait for udev.
     """
     return node.sh("lvm", command, "--config", FAST_CONFIG, *args)
 

@@ -118,8 +118,8 @@ def guest(daemons: Cluster) -> Iterator[Guest]:
         yield g
     finally:
         g.stop()
-    # The /dev link may be gone (udev drops it after an extension with rules
-    # off, see twonode.lvm): remake it; the check is about the image.
+    # Remake the /dev links in case a node's udev dropped them (the check is
+    # about the image, not the links).
     g.on.run(["vgmknodes", daemons.vg], check=False)
     check = g.on.run(["qemu-img", "check", g.path], check=False)
     for node in daemons.nodes:
