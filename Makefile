@@ -21,6 +21,7 @@ deps:
 check: deps lint unit host packaging node cluster
 	@echo "make check: all tiers passed"
 
+# mypy's packages (pyproject.toml) are the product, tests and bench.
 lint: deps
 	$(PY) -m ruff check pvestord qmeventd_py tests bench
 	$(PY) -m mypy --strict

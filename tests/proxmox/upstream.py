@@ -20,6 +20,7 @@ import select
 import subprocess
 import tarfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,10 +82,11 @@ class Upstream:
             self.root / "pve-storage" / "src", self.root / "pve-common" / "src",
             self.root / "pve-cluster" / "src"))
 
-    def env(self, *, plugin: bool = True, **extra: str) -> dict[str, str]:
+    def env(self, extra: Mapping[str, str] | None = None, *, plugin: bool = True
+            ) -> dict[str, str]:
         return {**os.environ, "PERL5LIB": self.perl5lib(plugin=plugin),
                 "PVESTORD_TEST_PVE_DIR": str(self.pve_dir),
-                "PVESTORD_TEST_LOCK_DIR": str(self.lock_dir), **extra}
+                "PVESTORD_TEST_LOCK_DIR": str(self.lock_dir), **(extra or {})}
 
     def write_storage_cfg(self, text: str) -> None:
         (self.pve_dir / "storage.cfg").write_text(text)
@@ -92,12 +94,12 @@ class Upstream:
     def perl(self, code: str, **extra: str) -> subprocess.CompletedProcess[str]:
         """Run ``code`` after the stand-ins loaded the real PVE::Storage."""
         return subprocess.run(  # noqa: S603 - argument list
-            ["perl", "-MPvestordTest::StandIns", "-MJSON", "-e", code], env=self.env(**extra),
+            ["perl", "-MPvestordTest::StandIns", "-MJSON", "-e", code], env=self.env(extra),
             capture_output=True, text=True, timeout=PERL_TIMEOUT, check=False)
 
     def session(self, stderr: Path, **extra: str) -> PerlSession:
         """A Perl process serving many requests (see ``PvestordTest/Session.pm``)."""
-        return PerlSession(self.env(**extra), stderr)
+        return PerlSession(self.env(extra), stderr)
 
     def perl_installed(self, code: str, installed_perl5: Path
                        ) -> subprocess.CompletedProcess[str]:
@@ -107,8 +109,8 @@ class Upstream:
         return subprocess.run(  # noqa: S603 - argument list
             ["unshare", "--mount", "--propagation", "private", "--", "perl",
              "-MPvestordTest::InstalledPlugin", "-MPvestordTest::StandIns", "-MJSON", "-e", code],
-            env=self.env(plugin=False, PVESTORD_TEST_NO_REGISTER="1",
-                         PVESTORD_TEST_INSTALLED_PERL5=str(installed_perl5)),
+            env=self.env({"PVESTORD_TEST_NO_REGISTER": "1",
+                          "PVESTORD_TEST_INSTALLED_PERL5": str(installed_perl5)}, plugin=False),
             capture_output=True, text=True, timeout=PERL_TIMEOUT, check=False)
 
     def perl_json(self, code: str, **extra: str) -> Any:

@@ -125,7 +125,7 @@ class Size:
     @property
     def bytes(self) -> int:
         # Proxmox truncates to whole bytes.
-        scale = 10 ** len(self.fraction)
+        scale: int = 10 ** len(self.fraction)
         return (self.whole * scale + int(self.fraction or 0)) * UNITS[self.unit] // scale
 
 

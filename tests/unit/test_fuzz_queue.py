@@ -22,11 +22,11 @@ from pvestord.adapters.queue import (
     N_MAX,
     Entry,
     ExtendQueue,
-    Reason,
     RejectedLine,
     parse_queue,
     render,
 )
+from pvestord.policy.reason import Reason
 
 fuzz = settings(max_examples=200, deadline=None)
 #: For the strategies that build whole files: each example costs more to draw.

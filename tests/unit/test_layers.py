@@ -103,7 +103,7 @@ def test_policy_does_no_io() -> None:
     for module, path in modules():
         if layer_of(module) != "policy":
             continue
-        imported = set()
+        imported: set[str] = set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 imported.update(a.name.split(".")[0] for a in node.names)

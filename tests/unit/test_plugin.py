@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pvestord.adapters.config import PLUGIN_TYPE, StorageOptionError, parse_storage_config
+from pvestord.errors import PvestordError
 from pvestord.features import plugin
 from pvestord.features.plugin import Kind
 from pvestord.policy.sizes import GiB, MiB
@@ -81,7 +82,7 @@ def test_request_carries_the_storage_options_as_proxmox_parsed_them() -> None:
 @pytest.mark.parametrize("text", ["", "[]", '{"op": "grow"}', '{"op": "alloc"}',
                                   _request(op="alloc").replace("vg_san1", "vg san1")])
 def test_malformed_requests_are_refused(text: str) -> None:
-    with pytest.raises(plugin.PvestordError):
+    with pytest.raises(PvestordError):
         plugin.parse_request(text)
 
 

@@ -20,11 +20,11 @@ from pvestord.adapters.queue import (
     InvalidEntryError,
     QueueError,
     QueueFullError,
-    Reason,
     parse_key,
     parse_queue,
     render,
 )
+from pvestord.policy.reason import Reason
 
 # -- strategies
 

@@ -57,15 +57,16 @@ def test_writers_and_taker_lose_nothing(fast_dir: Path, backend: str) -> None:
     common = ["--queue", str(queue_path), "--backend", backend, "--lock-dir", str(lock_dir),
               "--go", str(go)]
     total = WRITERS * PER_WRITER
+    roles = ["taker", *(f"writer {w}" for w in range(WRITERS))]
     procs = [spawn("taker", *common, "--total", str(total), "--budget", str(PROCESS_BUDGET - 10))]
     procs += [spawn("writer", *common, "--writer", str(w), "--count", str(PER_WRITER))
               for w in range(WRITERS)]
     go.touch()
     results = []
     try:
-        for proc in procs:
+        for role, proc in zip(roles, procs, strict=True):
             out, err = proc.communicate(timeout=PROCESS_BUDGET)
-            assert proc.returncode == 0, f"{proc.args[2]} failed: {err[-2000:]}"
+            assert proc.returncode == 0, f"{role} failed: {err[-2000:]}"
             results.append(json.loads(out.splitlines()[-1]))
     finally:
         for proc in procs:

@@ -13,8 +13,8 @@ import secrets
 import time
 from typing import Any
 
+from tests.harness.nodeguest import VENV_BIN
 from tests.harness.twonode import (
-    VENV_BIN,
     Cluster,
     MiB,
     Node,
@@ -60,7 +60,8 @@ class Holder:
         """
         wait_until(lambda: not self.node.call("alive", name=self.name), timeout,
                    f"{self.name} exited")
-        return self.node.call("stop", name=self.name)["rc"]
+        status: int | None = self.node.call("stop", name=self.name)["rc"]
+        return status
 
 
 def take(cluster: Cluster, node: Node, lock_id: str, *args: str) -> tuple[int, dict[str, Any],

@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from tests.harness.twonode import VENV_BIN, Cluster, Node, create_thin_volume, wait_until
+from tests.harness.nodeguest import VENV_BIN
+from tests.harness.twonode import Cluster, Node, create_thin_volume, wait_until
 
 VMID = 381
 #: Rejects every device: the VG, its PVs and LVs vanish from this LVM's view.

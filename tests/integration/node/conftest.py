@@ -69,6 +69,6 @@ def vg() -> Iterator[VG]:
 def out_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
     """Where a test leaves logs worth reading after a failure (the shared folder)."""
     base = Path(os.environ.get("PVESTORD_TEST_OUT", str(tmp_path)))
-    path = base / "tests" / request.node.name
+    path: Path = base / "tests" / request.node.name
     path.mkdir(parents=True, exist_ok=True)
     return path
