@@ -1,0 +1,171 @@
+"""The pure capacity accounting and guards (pvestord.policy.capacity)."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pvestord.policy import capacity
+from pvestord.policy.capacity import FreeThreshold, Guards, Level, LvFigures, Sample
+from pvestord.policy.sizes import GiB, MiB
+
+sizes = st.integers(min_value=0, max_value=1 << 44)
+positive = st.integers(min_value=1, max_value=1 << 44)
+
+
+def parsed(options: dict[str, str | None]) -> tuple[Guards, list[str]]:
+    problems: list[str] = []
+    guards = capacity.parse_guards(options, lambda option, _reason: problems.append(option))
+    return guards, problems
+
+
+def test_defaults_warn_at_ten_percent_refuse_at_five_and_reserve_one_chunk() -> None:
+    guards, problems = parsed({})
+    assert problems == []
+    assert guards.warn_free.bytes_of(100 * GiB) == 10 * GiB
+    assert guards.critical_free.bytes_of(100 * GiB) == 5 * GiB
+    assert guards.max_overcommit is None
+    assert guards.reserve_bytes(GiB) == GiB
+
+
+def test_options_parse_shares_sizes_ratios_and_a_zero_reserve() -> None:
+    guards, problems = parsed({"thin-warn-free": "20%", "thin-critical-free": "50G",
+                               "max-overcommit": "2.5", "reserve": "0"})
+    assert problems == []
+    assert guards.warn_free == FreeThreshold(percent=20.0)
+    assert guards.critical_free == FreeThreshold(size=50 * GiB)
+    assert guards.max_overcommit == 2.5
+    assert guards.reserve_bytes(GiB) == 0
+
+
+@given(st.sampled_from(["thin-warn-free", "thin-critical-free", "max-overcommit", "reserve"]),
+       st.one_of(st.none(), st.sampled_from(["", "abc", "-1", "101%", "1g", "0", "1.5x"])))
+def test_an_unusable_value_is_reported_and_the_default_kept(option: str,
+                                                            text: str | None) -> None:
+    guards, problems = parsed({option: text})
+    if problems:
+        assert problems == [option]
+        default = Guards()
+        assert (guards.warn_free, guards.critical_free) == (default.warn_free,
+                                                            default.critical_free) \
+            or option in ("max-overcommit", "reserve")
+
+
+@given(positive, sizes, st.lists(st.tuples(sizes, st.one_of(st.none(), sizes), st.booleans()),
+                                 max_size=20))
+def test_account_sums_and_ratio(size: int, free_raw: int,
+                                raw: list[tuple[int, int | None, bool]]) -> None:
+    free = min(free_raw, size)
+    lvs = [LvFigures(s, m, thin) for s, m, thin in raw]
+    got = capacity.account("vg", size, free, lvs)
+    thin = [lv for lv in lvs if lv.thin]
+    assert got.thin_allocated == sum(lv.size for lv in thin)
+    # A maximum never counts below what the LV already holds.
+    assert got.thin_virtual >= got.thin_allocated
+    assert got.unmeasured == sum(lv.maximum is None for lv in thin)
+    assert got.overcommit == got.committed / size
+    assert got.growth is None and got.time_to_full is None
+
+
+def test_overcommit_counts_thick_lvs_at_their_size_and_thin_at_their_maximum() -> None:
+    lvs = [LvFigures(10 * GiB, thin=False), LvFigures(GiB, 40 * GiB), LvFigures(GiB, 50 * GiB)]
+    got = capacity.account("vg", 100 * GiB, 88 * GiB, lvs)
+    assert got.committed == 100 * GiB
+    assert got.overcommit == 1.0
+
+
+@given(st.lists(st.tuples(st.floats(0, 7200), sizes), max_size=30), st.floats(0, 7200))
+def test_growth_is_measured_inside_the_window_only(raw: list[tuple[float, int]],
+                                                   now: float) -> None:
+    samples = [Sample(at, allocated) for at, allocated in raw]
+    grown = capacity.growth(samples, now)
+    inside = sorted((s for s in samples if now - 3600 <= s.at <= now), key=lambda s: s.at)
+    if grown is None:
+        assert len(inside) < 2 or inside[-1].at - inside[0].at < capacity.MIN_GROWTH_SPAN
+    else:
+        gained, span = grown
+        assert 0 < span <= 3600
+        assert gained == inside[-1].allocated - inside[0].allocated
+
+
+@given(st.lists(st.floats(0, 10000), max_size=30), st.floats(0, 10000))
+def test_kept_samples_still_cover_the_window(times: list[float], now: float) -> None:
+    samples = [Sample(t, 0) for t in times]
+    kept = capacity.keep_samples(samples, now)
+    assert all(s.at >= now - 3600 for s in kept[1:])
+    assert {s.at for s in samples if s.at >= now - 3600} <= {s.at for s in kept}
+    assert len(kept) <= len(samples)
+
+
+@given(sizes, st.integers(1, 1 << 40), st.floats(1, 3600))
+def test_time_to_full_at_the_measured_rate(free: int, gained: int, span: float) -> None:
+    seconds = capacity.time_to_full(free, gained, span)
+    assert seconds is not None
+    assert abs(seconds * gained / span - free) <= max(free, 1) * 1e-9 + 1
+
+
+def test_a_vg_that_does_not_fill_has_no_time_to_full() -> None:
+    assert capacity.time_to_full(GiB, 0, 600) is None
+    assert capacity.time_to_full(GiB, -GiB, 600) is None
+    samples = [Sample(0, 10 * GiB), Sample(1800, 11 * GiB)]
+    got = capacity.account("vg", 100 * GiB, 20 * GiB, [], samples, now=1800)
+    assert got.growth == GiB and got.time_to_full == 20 * 1800
+
+
+@given(positive, sizes)
+def test_levels_are_ordered_by_free_space(size: int, free: int) -> None:
+    guards = Guards()
+    got = capacity.level(free, size, guards)
+    assert (got is Level.CRITICAL) == (free < guards.critical_free.bytes_of(size))
+    assert (got >= Level.WARN) == (free < guards.warn_free.bytes_of(size))
+
+
+@given(st.lists(st.sampled_from(list(Level)), min_size=1, max_size=30))
+def test_one_warning_per_crossing(levels: list[Level]) -> None:
+    previous: Level | None = None
+    warnings = 0
+    for current in levels:
+        warnings += capacity.warn_now(previous, current)
+        previous = current
+    crossings = sum(1 for before, after in zip([Level.OK, *levels], levels, strict=False)
+                    if after > before)
+    assert warnings == crossings
+
+
+@given(positive, sizes, sizes, sizes)
+def test_new_volumes_stop_at_critical_free(size: int, free_raw: int, lv_size: int,
+                                           maximum: int) -> None:
+    free = min(free_raw, size)
+    acc = capacity.account("vg", size, free, [])
+    refusal = capacity.new_volume_refusal(acc, Guards(), lv_size=lv_size, maximum=maximum,
+                                          storeid="s")
+    assert (refusal is not None) == (free - lv_size < Guards().critical_free.bytes_of(size))
+    if refusal is not None:
+        assert "thin-critical-free" in refusal
+
+
+def test_max_overcommit_caps_new_volumes() -> None:
+    guards = Guards(max_overcommit=2.0)
+    acc = capacity.account("vg", 100 * GiB, 90 * GiB, [LvFigures(10 * GiB, 150 * GiB)])
+    assert capacity.new_volume_refusal(acc, guards, lv_size=GiB, maximum=50 * GiB,
+                                       storeid="s") is None
+    refusal = capacity.new_volume_refusal(acc, guards, lv_size=GiB, maximum=51 * GiB,
+                                          storeid="s")
+    assert refusal is not None and "max-overcommit" in refusal
+
+
+@given(sizes, st.integers(1, 1 << 40), sizes, st.booleans())
+def test_an_extension_leaves_the_reserve_unless_a_vm_is_paused(
+        free: int, grow_by: int, reserve: int, paused: bool) -> None:
+    refusal = capacity.extension_refusal(vg_free=free, grow_by=grow_by, reserve=reserve,
+                                         paused_nospace=paused)
+    if paused:
+        assert refusal is None
+    else:
+        assert (refusal is None) == (free - grow_by >= reserve)
+
+
+def test_reserve_message_names_the_sizes() -> None:
+    refusal = capacity.extension_refusal(vg_free=1536 * MiB, grow_by=GiB, reserve=GiB,
+                                         paused_nospace=False)
+    assert refusal is not None and "512 MiB" in refusal and "1 GiB" in refusal
