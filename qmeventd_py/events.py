@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from pvestord.adapters.queue import Entry, InvalidEntryError, check_node_name
 from pvestord.policy import Reason
+from pvestord.policy.queueformat import Entry, InvalidEntryError, check_node_name
 
 #: Proxmox VMIDs are 100..999999999; we accept any positive id that fits.
 _VMID = re.compile(r"[1-9][0-9]{0,9}")

@@ -1,25 +1,15 @@
 """The cluster extend queue: one file, one drive a line, shared by every node.
 
-Format (UTF-8 text, one entry a line, fields separated by blanks)::
-
-    VMID:NODE-NAME [reason=threshold|nospace|arm|manual] [origin=NODE] [ts=UNIX]
-                   [n=N] [id=HEX] [key=value ...]
-
-The original proposal's plain ``101:drive-scsi0`` lines are entries with the
-default reason ``threshold``. ``origin`` is the cluster node that queued it,
-``ts`` the time of the oldest event merged into it, ``n`` how many events it
-stands for (written when more than one), ``id`` a random tag given when the
-line is created. Unknown ``key=value`` fields are kept as they are: a newer
-writer's fields survive an older reader.
+The line format (:class:`Entry`, parsing, merging, :class:`RejectedLine`) is
+pure and lives in :mod:`pvestord.policy.queueformat`; here are the file, its
+lock and the changes to it.
 
 Rules:
 
 * one line per ``VMID:NODE-NAME``: a second event for a queued drive merges
-  into its line (the strongest reason wins, ``nospace`` > ``threshold`` >
-  ``manual`` > ``arm``; the oldest ``ts`` wins; ``n`` adds up), so the file
-  stays small however many events arrive;
+  into its line, so the file stays small however many events arrive;
 * an entry leaves the queue only when its work is done or moot. The daemon
-  reads a snapshot (:meth:`ExtendQueue.pending`), works, then calls
+  reads a snapshot (:meth:`ExtendQueue.list_async`), works, then calls
   :meth:`ExtendQueue.complete`, which removes a line only if it is still
   *equal* to the snapshot. A merge always changes the line (``n`` grows), so
   an event that arrived during the work keeps its line queued and is handled
@@ -47,433 +37,63 @@ Rules:
 
 from __future__ import annotations
 
-import base64
 import builtins
-import contextlib
-import hashlib
-import json
 import logging
-import os
-import re
 import secrets
-import stat
-import tempfile
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
+from pvestord.adapters.atomicfile import (
+    read_bounded,
+    remove_leftover_temporaries,
+    write_atomically,
+)
 from pvestord.adapters.locks import DEFAULT_TIMEOUT, Lock, queue_lock
-from pvestord.errors import PvestordError
+from pvestord.policy.queueformat import (
+    MAX_LINE,
+    MAX_REJECTED_LINE,
+    N_MAX,
+    VMID_MAX,
+    VMID_MIN,
+    Contents,
+    Entry,
+    InvalidEntryError,
+    ParseCache,
+    QueueError,
+    QueueFullError,
+    RejectedLine,
+    check_node_name,
+    check_vmid,
+    parse_contents,
+    parse_key,
+    render,
+    render_keeping,
+)
 from pvestord.policy.reason import Reason
 
 log = logging.getLogger(__name__)
 
 #: pmxcfs refuses files larger than this (MEMDB_MAX_FILE_SIZE).
 MAX_BYTES = 1024 * 1024
-#: Longest line we accept as an entry; longer lines are rejected.
-MAX_LINE = 1024
-#: Longest part of a rejected line kept in the rejected file.
-MAX_REJECTED_LINE = 4096
 #: We read at most this much of a queue file; a larger one is refused unread.
 MAX_READ = 64 * MAX_BYTES
-#: Proxmox's VMID range (PVE::JSONSchema pve_verify_vmid: ``^[1-9][0-9]{2,8}$``).
-VMID_MIN, VMID_MAX = 100, 999_999_999
-#: Largest ``n`` (and ``ts``) a line can hold: a signed 64-bit integer, as
-#: Proxmox's Perl tools would read it.
-N_MAX = 2**63 - 1
 #: How many rejected lines are logged one by one before a summary.
 _LOG_REJECTED_LINES = 20
 
-# QEMU's id_wellformed(): a letter, then letters, digits, '-', '.', '_';
-# BlockDriverState.node_name holds 31 characters.
-_NODE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9._-]{0,30}")
-# A Proxmox node name is a DNS label (PVE::JSONSchema pve-node).
-_ORIGIN = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
-_ID = re.compile(r"[0-9a-f]{1,32}")
-_EXTRA_KEY = re.compile(r"[a-z][a-z0-9_-]{0,31}")
-_EXTRA_VALUE = re.compile(r"[\x21-\x7e]{1,256}")
-_UINT = re.compile(r"[0-9]{1,19}")
-_KNOWN_FIELDS = ("reason", "origin", "ts", "n", "id")
-_NOT_PRINTABLE_ASCII = re.compile(r"[^\t\x20-\x7e]")
-
-
-class QueueError(PvestordError):
-    """The queue file cannot be read or written as asked."""
-
-
-class QueueFullError(QueueError):
-    """An append would grow the queue past its bound; nothing was changed."""
-
-
-class InvalidEntryError(QueueError, ValueError):
-    """A VMID, node-name or field that the queue format does not allow."""
-
-
-def check_vmid(vmid: int) -> int:
-    if isinstance(vmid, bool) or not isinstance(vmid, int) or not VMID_MIN <= vmid <= VMID_MAX:
-        raise InvalidEntryError(f"invalid VMID {vmid!r}: must be {VMID_MIN}..{VMID_MAX}")
-    return vmid
-
-
-def check_node_name(name: str) -> str:
-    if not isinstance(name, str) or not _NODE_NAME.fullmatch(name):
-        shown = name if isinstance(name, str) and len(name) <= 40 else f"{str(name)[:40]!r}..."
-        raise InvalidEntryError(
-            f"invalid node-name {shown!r}: QEMU node names are at most 31 letters, digits, "
-            "'-', '.', '_', starting with a letter")
-    return name
-
-
-def parse_key(text: str) -> tuple[int, str]:
-    """``"101:drive-scsi0"`` -> ``(101, "drive-scsi0")``; :class:`InvalidEntryError` otherwise."""
-    vmid_text, sep, name = text.partition(":")
-    if not sep or not re.fullmatch(r"[0-9]{1,10}", vmid_text):
-        raise InvalidEntryError(f"expected VMID:NODE-NAME, got {text[:60]!r}")
-    return check_vmid(int(vmid_text)), check_node_name(name)
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One queued drive. Equality covers every field: :meth:`ExtendQueue.complete`
-    relies on it to tell an untouched line from one that merged a new event."""
-
-    vmid: int
-    node_name: str
-    reason: Reason = Reason.THRESHOLD
-    origin: str | None = None
-    ts: int | None = None
-    n: int = 1
-    id: str | None = None
-    extra: tuple[tuple[str, str], ...] = field(default=())
-
-    def __post_init__(self) -> None:
-        check_vmid(self.vmid)
-        check_node_name(self.node_name)
-        if not isinstance(self.reason, Reason):
-            raise InvalidEntryError(f"invalid reason {self.reason!r}")
-        if self.origin is not None and not _ORIGIN.fullmatch(self.origin):
-            raise InvalidEntryError(f"invalid origin {self.origin[:70]!r}: not a node name")
-        if self.ts is not None and (isinstance(self.ts, bool) or not 0 <= self.ts <= N_MAX):
-            raise InvalidEntryError(f"invalid ts {self.ts!r}: not a unix time")
-        if isinstance(self.n, bool) or not 1 <= self.n <= N_MAX:
-            raise InvalidEntryError(f"invalid n {self.n!r}: must be a positive count")
-        if self.id is not None and not _ID.fullmatch(self.id):
-            raise InvalidEntryError(f"invalid id {self.id[:40]!r}: hexadecimal only")
-        keys = set(_KNOWN_FIELDS)
-        for key, value in self.extra:
-            if key in keys or not _EXTRA_KEY.fullmatch(key):
-                raise InvalidEntryError(f"invalid or repeated field name {key[:40]!r}")
-            if not _EXTRA_VALUE.fullmatch(value):
-                raise InvalidEntryError(f"invalid value for field {key!r}")
-            keys.add(key)
-
-    @property
-    def key(self) -> tuple[int, str]:
-        return (self.vmid, self.node_name)
-
-    def format(self) -> str:
-        """The entry as one queue line, without the newline."""
-        parts = [f"{self.vmid}:{self.node_name}", f"reason={self.reason.value}"]
-        if self.origin is not None:
-            parts.append(f"origin={self.origin}")
-        if self.ts is not None:
-            parts.append(f"ts={self.ts}")
-        if self.n != 1:
-            parts.append(f"n={self.n}")
-        if self.id is not None:
-            parts.append(f"id={self.id}")
-        parts.extend(f"{k}={v}" for k, v in self.extra)
-        return " ".join(parts)
-
-    @classmethod
-    def parse(cls, line: str) -> Entry:
-        """One queue line (surrounding blanks allowed); :class:`InvalidEntryError` if malformed."""
-        words = line.split()
-        if not words:
-            raise InvalidEntryError("empty line")
-        vmid, name = parse_key(words[0])
-        known: dict[str, str] = {}
-        extra: list[tuple[str, str]] = []
-        for word in words[1:]:
-            key, sep, value = word.partition("=")
-            if not sep or not value:
-                raise InvalidEntryError(f"expected key=value, got {word[:40]!r}")
-            if key in known or any(key == k for k, _ in extra):
-                raise InvalidEntryError(f"field {key[:40]!r} given twice")
-            if key in _KNOWN_FIELDS:
-                known[key] = value
-            else:
-                extra.append((key, value))
-        try:
-            reason = Reason(known.get("reason", Reason.THRESHOLD.value))
-        except ValueError:
-            raise InvalidEntryError(f"unknown reason {known['reason'][:40]!r}") from None
-        n = _uint(known, "n")
-        return cls(vmid, name, reason, known.get("origin"), _uint(known, "ts"),
-                   1 if n is None else n, known.get("id"), tuple(extra))
-
-    def merged(self, other: Entry) -> Entry:
-        """This line after ``other`` (an event for the same drive) merged into it.
-
-        Commutative and associative in every field but ``id`` and ``extra``,
-        where this line's values win: the strongest reason, its origin (ties
-        broken by the node name, a known one first), the oldest known ts, and
-        the sum of the counts (at most :data:`N_MAX`).
-        """
-        if other.key != self.key:
-            raise InvalidEntryError(f"cannot merge {other.key} into {self.key}")
-        strongest = max(self.reason.strength, other.reason.strength)
-        winner = min((e for e in (self, other) if e.reason.strength == strongest), key=_rank)
-        known_ts = [t for t in (self.ts, other.ts) if t is not None]
-        have = {k for k, _ in self.extra}
-        return replace(
-            self,
-            reason=winner.reason,
-            origin=winner.origin,
-            ts=min(known_ts) if known_ts else None,
-            # Saturated: two hostile counts must not make the file unreadable.
-            n=min(N_MAX, self.n + other.n),
-            id=self.id if self.id is not None else other.id,
-            extra=self.extra + tuple((k, v) for k, v in other.extra if k not in have),
-        )
-
-
-def _rank(entry: Entry) -> tuple[bool, str]:
-    # Only fields that merging does not change, so that merging is associative.
-    return (entry.origin is None, entry.origin or "")
-
-
-def _uint(fields: dict[str, str], key: str) -> int | None:
-    value = fields.get(key)
-    if value is None:
-        return None
-    if not _UINT.fullmatch(value):
-        raise InvalidEntryError(f"{key}={value[:40]!r} is not a non-negative integer")
-    return int(value)
-
-
-@dataclass(frozen=True)
-class RejectedLine:
-    """A queue line that did not parse, as kept in ``<queue>.rejected``."""
-
-    raw: bytes          # the line (its first 4 KiB when truncated)
-    error: str          # why it was rejected
-    ts: int             # when it was moved out of the queue
-    length: int         # the full line's length in bytes
-    sha256: str         # of the full line
-
-    @property
-    def truncated(self) -> bool:
-        return len(self.raw) < self.length
-
-    @property
-    def text(self) -> str:
-        """The line for display: undecodable bytes as backslash escapes."""
-        return self.raw.decode("utf-8", "backslashreplace")
-
-    def to_json(self) -> str:
-        return json.dumps({"ts": self.ts, "error": self.error, "length": self.length,
-                           "sha256": self.sha256, "truncated": self.truncated,
-                           "line_b64": base64.b64encode(self.raw).decode("ascii"),
-                           "line": self.text}, sort_keys=True)
-
-    @classmethod
-    def from_json(cls, record: bytes) -> RejectedLine:
-        try:
-            obj = json.loads(record)
-            raw = base64.b64decode(obj["line_b64"], validate=True)
-            return cls(raw, str(obj["error"]), int(obj["ts"]), int(obj["length"]),
-                       str(obj["sha256"]))
-        except (ValueError, KeyError, TypeError, OverflowError, RecursionError):
-            # Someone edited the rejected file: show the record itself. (A ts of
-            # 1e999 overflows int(); deep nesting exhausts the JSON decoder.)
-            return cls(record, "unreadable record in the rejected file", 0, len(record),
-                       hashlib.sha256(record).hexdigest())
-
-
-def _reject(raw: bytes, error: str, now: int) -> RejectedLine:
-    return RejectedLine(raw[:MAX_REJECTED_LINE], error, now, len(raw),
-                        hashlib.sha256(raw).hexdigest())
-
-
-def _parse_line(raw: bytes) -> Entry:
-    if len(raw) > MAX_LINE:
-        raise InvalidEntryError(f"line of {len(raw)} bytes, longer than {MAX_LINE}")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise InvalidEntryError("not UTF-8 text") from None
-    if _NOT_PRINTABLE_ASCII.search(text):
-        raise InvalidEntryError("control or non-ASCII characters in line")
-    return Entry.parse(text)
-
-
-@dataclass
-class _Contents:
-    raw: bytes
-    entries: dict[tuple[int, str], Entry]
-    rejected: list[RejectedLine]
-    #: The file's own line for each entry that came from exactly one line:
-    #: rewritten as it was unless the entry changes.
-    lines: dict[tuple[int, str], bytes]
-
-
-#: Parsed lines, shared by the reads of one queue: the file changes by a few
-#: lines per write, so most lines parse once per process.
-_ParseCache = dict[bytes, "Entry | str"]
-_PARSE_CACHE_MAX = 65536
-
 
 def parse_queue(data: bytes, now: int | None = None) -> tuple[list[Entry], list[RejectedLine]]:
-    """Every entry in file order (duplicates merged) and every rejected line."""
-    contents = _parse(data, int(time.time()) if now is None else now, {})
+    """Every entry in file order (duplicates merged) and every rejected line
+    (stamped ``now``, by default the current time)."""
+    contents = parse_contents(data, int(time.time()) if now is None else now, {})
     return list(contents.entries.values()), contents.rejected
 
 
-def _parse(data: bytes, now: int, cache: _ParseCache) -> _Contents:
-    if len(cache) > _PARSE_CACHE_MAX:
-        cache.clear()
-    entries: dict[tuple[int, str], Entry] = {}
-    lines: dict[tuple[int, str], bytes] = {}
-    rejected: list[RejectedLine] = []
-    for raw_line in data.split(b"\n"):
-        line = raw_line.strip(b" \t\r")
-        if not line:
-            continue
-        parsed = cache.get(line)
-        if parsed is None:
-            try:
-                parsed = _parse_line(line)
-            except InvalidEntryError as err:
-                parsed = str(err)
-            cache[line] = parsed
-        if isinstance(parsed, str):
-            rejected.append(_reject(raw_line, parsed, now))
-            continue
-        old = entries.get(parsed.key)
-        if old is None:
-            entries[parsed.key] = parsed
-            lines[parsed.key] = line
-        else:
-            entries[parsed.key] = old.merged(parsed)
-            lines.pop(parsed.key, None)
-    return _Contents(data, entries, rejected, lines)
-
-
-def _render(entries: Iterable[Entry], before: _Contents) -> bytes:
-    out = []
-    for entry in entries:
-        line = before.lines.get(entry.key)
-        if line is None or before.entries.get(entry.key) is not entry:
-            line = entry.format().encode("utf-8")
-        out.append(line + b"\n")
-    return b"".join(out)
-
-
-def render(entries: Iterable[Entry]) -> bytes:
-    """The queue file for these entries."""
-    return b"".join(e.format().encode("utf-8") + b"\n" for e in entries)
-
-
-# ---------------------------------------------------------------------------
-# files
-
-
-def _refuse_symlink(path: Path) -> None:
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    except OSError as err:
-        raise QueueError(f"cannot stat {path}: {err.strerror}") from err
-    if stat.S_ISLNK(st.st_mode):
-        raise QueueError(f"{path} is a symbolic link; refusing to follow it (a link would "
-                         "let its owner choose where root writes); replace it with a file")
-    if not stat.S_ISREG(st.st_mode):
-        raise QueueError(f"{path} is not a regular file")
-
-
 def _read(path: Path) -> bytes:
-    _refuse_symlink(path)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return b""
-    except OSError as err:
-        raise QueueError(f"cannot open {path}: {err.strerror}") from err
-    try:
-        size = os.fstat(fd).st_size
-        if size > MAX_READ:
-            raise QueueError(f"{path} is {size} bytes, far beyond the queue's bound; "
-                             "refusing to read it: move it aside and check who writes it")
-        chunks = []
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-        return b"".join(chunks)
-    except OSError as err:
-        raise QueueError(f"cannot read {path}: {err.strerror}") from err
-    finally:
-        os.close(fd)
+    return read_bounded(path, MAX_READ)
 
 
-def write_atomically(path: Path, data: bytes) -> None:
-    """Temporary file in the same directory, fsync, rename over ``path``, fsync the directory.
-
-    Also what the node reports (:mod:`pvestord.engine.nodereport`) are written with.
-    """
-    _refuse_symlink(path)
-    try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as err:
-        raise QueueError(f"cannot create a temporary file beside {path}: {err.strerror}") from err
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            with contextlib.suppress(OSError):  # pmxcfs decides modes itself
-                os.fchmod(fd, 0o644)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(tmp, path)
-    except OSError as err:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise QueueError(f"cannot write {path}: {err.strerror}") from err
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    try:
-        dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        os.fsync(dfd)
-    except OSError as err:  # some FUSE file systems cannot fsync a directory
-        log.debug("fsync of %s: %s", path.parent, err.strerror)
-    finally:
-        os.close(dfd)
-
-
-def _remove_leftover_temporaries(path: Path) -> None:
-    # Called under the queue lock: every writer holds it, so any temporary
-    # file of ours that exists now was left by a writer that died.
-    prefix = f".{path.name}."
-    try:
-        names = [e.name for e in os.scandir(path.parent)
-                 if e.name.startswith(prefix) and e.name.endswith(".tmp")]
-    except OSError:
-        return
-    for name in names:
-        with contextlib.suppress(OSError):
-            os.unlink(path.parent / name)
-            log.info("removed %s, left by a writer that died", path.parent / name)
-
-
-# ---------------------------------------------------------------------------
 # the queue
 
 
@@ -499,15 +119,15 @@ class ExtendQueue:
         self.max_bytes = max_bytes
         self.lock_timeout = lock_timeout
         self._swept = False
-        self._cache: _ParseCache = {}
+        self._cache: ParseCache = {}
 
     def __repr__(self) -> str:
         return f"ExtendQueue({str(self.path)!r})"
 
     # -- reads
 
-    def _load(self) -> _Contents:
-        return _parse(_read(self.path), int(time.time()), self._cache)
+    def _load(self) -> Contents:
+        return parse_contents(_read(self.path), int(time.time()), self._cache)
 
     def list(self) -> Entries:
         """Every queued entry, in file order."""
@@ -527,14 +147,14 @@ class ExtendQueue:
     def _apply(self, change: Change, *, grows: bool) -> int:
         """One read-modify-write; the caller holds the lock."""
         if not self._swept:
-            _remove_leftover_temporaries(self.path)
+            remove_leftover_temporaries(self.path)
             self._swept = True
         cur = self._load()
         entries = dict(cur.entries)
         result = change(entries)
-        data = _render(entries.values(), cur)
-        if grows and len(data) > self.max_bytes and len(data) > len(_render(cur.entries.values(),
-                                                                            cur)):
+        data = render_keeping(entries.values(), cur)
+        if (grows and len(data) > self.max_bytes
+                and len(data) > len(render_keeping(cur.entries.values(), cur))):
             raise QueueFullError(
                 f"queue {self.path} would grow to {len(data)} bytes, past its bound of "
                 f"{self.max_bytes} (pmxcfs refuses files over 1 MiB): nothing was queued, "
@@ -601,20 +221,11 @@ class ExtendQueue:
     async def list_async(self) -> Entries:
         return self.list()
 
-    async def pending_async(self, predicate: Callable[[Entry], bool]) -> Entries:
-        return self.pending(predicate)
-
     async def append_async(self, entries: Sequence[Entry]) -> None:
         await self._run_async(_appender(entries), grows=True)
 
     async def complete_async(self, entries: Sequence[Entry]) -> int:
         return await self._run_async(_completer(entries))
-
-    async def remove_async(self, keys: Sequence[tuple[int, str]]) -> int:
-        return await self._run_async(_remover(keys))
-
-    async def flush_async(self) -> int:
-        return await self._run_async(_flusher)
 
 
 def _appender(new: Sequence[Entry]) -> Change:
@@ -663,3 +274,11 @@ def _flusher(entries: dict[tuple[int, str], Entry]) -> int:
     count = len(entries)
     entries.clear()
     return count
+
+
+__all__ = [
+    "MAX_BYTES", "MAX_LINE", "MAX_READ", "MAX_REJECTED_LINE", "N_MAX", "VMID_MAX", "VMID_MIN",
+    "Entry", "ExtendQueue", "InvalidEntryError", "QueueError", "QueueFullError", "Reason",
+    "RejectedLine", "check_node_name", "check_vmid", "parse_key", "parse_queue", "render",
+    "write_atomically",
+]

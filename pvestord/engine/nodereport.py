@@ -18,7 +18,7 @@ and only while its pvestord runs: so every report carries its time, and a
 reader treats an old one as "unknown", not as "fine".
 
 The files are small (one line per storage), written atomically as the queue
-is (:func:`pvestord.adapters.queue.write_atomically`), so a reader never sees half of one.
+is (:func:`pvestord.adapters.atomicfile.write_atomically`), so a reader never sees half of one.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from pvestord.adapters import lvm
+from pvestord.adapters.atomicfile import write_atomically
 from pvestord.adapters.config import StorageConfig
-from pvestord.adapters.queue import write_atomically
 from pvestord.adapters.service import fields
 
 log = logging.getLogger(__name__)

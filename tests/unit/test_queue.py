@@ -222,7 +222,7 @@ def test_remove_and_flush_are_unconditional(queue: ExtendQueue) -> None:
 async def test_async_twins(queue: ExtendQueue) -> None:
     async def run() -> None:
         await queue.append_async([Entry(101, "a"), Entry(102, "b")])
-        batch = await queue.pending_async(lambda e: e.vmid == 102)
+        batch = [e for e in await queue.list_async() if e.vmid == 102]
         assert await queue.complete_async(batch) == 1
         assert [e.key for e in await queue.list_async()] == [(101, "a")]
     await asyncio.wait_for(run(), timeout=20)
