@@ -33,7 +33,7 @@ import pytest
 
 from pvestord.adapters.queue import Entry
 from pvestord.policy import Reason
-from tests.harness.daemons import NodeBed, ThinStorageSpec, daemons, start_pvestord, wait_for
+from tests.harness.daemons import NodeBed, ThinStorageSpec, daemons, start_pvestord
 from tests.harness.lvmbed import (
     VG,
     GiB,
@@ -43,6 +43,7 @@ from tests.harness.lvmbed import (
     qcow2_check,
     qcow2_create,
 )
+from tests.harness.polling import wait_until
 from tests.harness.qemu import Disk, QemuVM
 
 WRITE = 4 * MiB
@@ -127,11 +128,11 @@ def test_thin_disk_grows_chunk_by_chunk_to_its_maximum(bed: NodeBed, vg: VG) -> 
     maximum = measured_maximum(virtual, vg.extent_size())
     with daemons(bed) as (_, pvestord), thin_vm(bed, vg, 101, virtual=virtual) as vm:
         # The start reconcile arms the threshold: LV 256 MiB - half a chunk.
-        wait_for(lambda: vm.named_node("file0")["write_threshold"] == 128 * MiB, 30,
-                 "threshold armed by reconcile")
+        wait_until(lambda: vm.named_node("file0")["write_threshold"] == 128 * MiB, 30,
+                   "threshold armed by reconcile")
         outcome = paced_write(vm, "fmt0", 0, half, 0x5A)
         assert outcome.errors == []
-        wait_for(lambda: bed.entries() == [], EXTEND_TIMEOUT, "queue drained")
+        wait_until(lambda: bed.entries() == [], EXTEND_TIMEOUT, "queue drained")
         # Half-way: whole chunks, re-armed half a chunk below the end.
         size = vg.lv_size(lv)
         assert size % (256 * MiB) == 0
@@ -140,10 +141,10 @@ def test_thin_disk_grows_chunk_by_chunk_to_its_maximum(bed: NodeBed, vg: VG) -> 
 
         outcome = paced_write(vm, "fmt0", half, virtual - half, 0x5A)
         assert outcome.errors == []
-        wait_for(lambda: vg.lv_size(lv) == maximum, EXTEND_TIMEOUT, "LV at its maximum")
+        wait_until(lambda: vg.lv_size(lv) == maximum, EXTEND_TIMEOUT, "LV at its maximum")
         # At the maximum nothing is left to arm for.
-        wait_for(lambda: vm.named_node("file0")["write_threshold"] == 0, 30,
-                 "no threshold at the maximum")
+        wait_until(lambda: vm.named_node("file0")["write_threshold"] == 0, 30,
+                   "no threshold at the maximum")
         for offset in range(0, virtual, 128 * MiB):
             assert vm.read_verify("fmt0", offset, 128 * MiB, 0x5A), offset
         # One extension per crossing, never two.
@@ -167,7 +168,7 @@ def test_two_vgs_extend_concurrently(bed: NodeBed, vg: VG, second_vg: VG) -> Non
     with daemons(bed) as (_, pvestord), thin_vm(bed, vg, 201) as a, \
             thin_vm(bed, second_vg, 202) as b:
         for vm in (a, b):
-            wait_for(lambda vm=vm: vm.named_node("file0")["write_threshold"] > 0, 30, "armed")
+            wait_until(lambda vm=vm: vm.named_node("file0")["write_threshold"] > 0, 30, "armed")
         # Fill both to just below their 128 MiB thresholds, then cross both at
         # the same moment (each VM is its own QEMU: one thread each).
         a.write_pattern("fmt0", 0, 112 * MiB, 0x01, timeout=120)
@@ -176,9 +177,9 @@ def test_two_vgs_extend_concurrently(bed: NodeBed, vg: VG, second_vg: VG) -> Non
             crossings = [pool.submit(vm.write_pattern, "fmt0", 112 * MiB, 32 * MiB, pattern)
                          for vm, pattern in ((a, 0x01), (b, 0x02))]
             assert all(f.result(timeout=120).ok for f in crossings)
-        wait_for(lambda: vg.lv_size("vm-201-disk-0.qcow2") > 256 * MiB
-                 and second_vg.lv_size("vm-202-disk-0.qcow2") > 256 * MiB,
-                 EXTEND_TIMEOUT, "both extended")
+        wait_until(lambda: vg.lv_size("vm-201-disk-0.qcow2") > 256 * MiB
+                   and second_vg.lv_size("vm-202-disk-0.qcow2") > 256 * MiB,
+                   EXTEND_TIMEOUT, "both extended")
         log = pvestord.log_text()
     # Each extension logs when it starts working under its VG's lock and when
     # it is done: with one worker per VG the two intervals overlap.
@@ -206,10 +207,10 @@ def test_full_vg_keeps_the_entry_then_extends_when_space_is_added(
     with loop_vg(320 * MiB) as small:
         bed = NodeBed(tmp_path, [ThinStorageSpec("thin1", small.name)], logs_dir=out_dir)
         with daemons(bed) as (_, pvestord), thin_vm(bed, small, 301) as vm:
-            wait_for(lambda: vm.named_node("file0")["write_threshold"] > 0, 30, "armed")
+            wait_until(lambda: vm.named_node("file0")["write_threshold"] > 0, 30, "armed")
             vm.write_pattern("fmt0", 0, 144 * MiB, 0x07)
-            wait_for(lambda: "volume group is full" in pvestord.log_text(), EXTEND_TIMEOUT,
-                     "VG full logged")
+            wait_until(lambda: "volume group is full" in pvestord.log_text(), EXTEND_TIMEOUT,
+                       "VG full logged")
             assert [e.node_name for e in bed.entries()] == ["file0"]
             time.sleep(5)  # retries happen meanwhile...
             # ...logged once at ERROR (with -v, DEBUG lines note each retry).
@@ -217,9 +218,9 @@ def test_full_vg_keeps_the_entry_then_extends_when_space_is_added(
                       if " ERROR " in line and "volume group is full" in line]
             assert len(errors) == 1, errors
             small.add_pv(1 * GiB)
-            wait_for(lambda: small.lv_size("vm-301-disk-0.qcow2") > 256 * MiB, 120,
-                     "extended after vgextend")
-            wait_for(lambda: bed.entries() == [], 30, "entry done")
+            wait_until(lambda: small.lv_size("vm-301-disk-0.qcow2") > 256 * MiB, 120,
+                       "extended after vgextend")
+            wait_until(lambda: bed.entries() == [], 30, "entry done")
             assert vm.write_pattern("fmt0", 144 * MiB, 200 * MiB, 0x08).ok
             assert "extensions work again" in pvestord.log_text()
 
@@ -230,22 +231,22 @@ def test_reconcile_catches_missed_events(bed: NodeBed, vg: VG) -> None:
         # No daemon: the write crosses where a threshold should be, unseen.
         vm.write_pattern("fmt0", 0, 200 * MiB, 0x09)
         with daemons(bed):
-            wait_for(lambda: vg.lv_size(lv) >= 512 * MiB, EXTEND_TIMEOUT, "reconciled")
-            wait_for(lambda: vm.named_node("file0")["write_threshold"] > 200 * MiB, 30,
-                     "re-armed above the allocation")
+            wait_until(lambda: vg.lv_size(lv) >= 512 * MiB, EXTEND_TIMEOUT, "reconciled")
+            wait_until(lambda: vm.named_node("file0")["write_threshold"] > 200 * MiB, 30,
+                       "re-armed above the allocation")
         assert vm.read_verify("fmt0", 0, 200 * MiB, 0x09)
 
 
 def test_duplicate_and_stale_entries(bed: NodeBed, vg: VG) -> None:
     lv = "vm-501-disk-0.qcow2"
     with daemons(bed) as (_, pvestord), thin_vm(bed, vg, 501) as vm:
-        wait_for(lambda: vm.named_node("file0")["write_threshold"] > 0, 30, "armed")
+        wait_until(lambda: vm.named_node("file0")["write_threshold"] > 0, 30, "armed")
         bed.queue.append([
             Entry(501, "file0", Reason.THRESHOLD, origin=bed.node),   # duplicate: has headroom
             Entry(501, "nosuchnode", Reason.THRESHOLD, origin=bed.node),
             Entry(999, "file0", Reason.THRESHOLD, origin=bed.node),   # VM gone
         ])
-        wait_for(lambda: bed.entries() == [], 30, "all three handled")
+        wait_until(lambda: bed.entries() == [], 30, "all three handled")
         assert vg.lv_size(lv) == 256 * MiB  # the duplicate did nothing
         log = pvestord.log_text()
         assert "VM 501 has no block node 'nosuchnode': entry dropped" in log
@@ -254,10 +255,10 @@ def test_duplicate_and_stale_entries(bed: NodeBed, vg: VG) -> None:
 
 def test_vm_paused_by_the_user_is_never_resumed(bed: NodeBed, vg: VG) -> None:
     with daemons(bed), thin_vm(bed, vg, 601) as vm:
-        wait_for(lambda: vm.named_node("file0")["write_threshold"] > 0, 30, "armed")
+        wait_until(lambda: vm.named_node("file0")["write_threshold"] > 0, 30, "armed")
         vm.qmp("stop")
         bed.queue.append([Entry(601, "file0", Reason.NOSPACE, origin=bed.node)])
-        wait_for(lambda: bed.entries() == [], 30, "entry handled")
+        wait_until(lambda: bed.entries() == [], 30, "entry handled")
         time.sleep(2)
         assert vm.qmp("query-status")["status"] == "paused"
 
@@ -296,7 +297,7 @@ def test_restarted_daemon_finishes_queued_work(bed: NodeBed, vg: VG) -> None:
         bed.queue.append([Entry(801, "file0", Reason.THRESHOLD, origin=bed.node)])
         pvestord = start_pvestord(bed)
         try:
-            wait_for(lambda: bed.entries() == [], EXTEND_TIMEOUT, "entry done")
+            wait_until(lambda: bed.entries() == [], EXTEND_TIMEOUT, "entry done")
             assert vg.lv_size(lv) == 512 * MiB
         finally:
             assert pvestord.stop() == 0
