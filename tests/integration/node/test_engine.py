@@ -22,7 +22,6 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import logging
-import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -33,6 +32,7 @@ import pytest
 
 from pvestord.adapters.queue import Entry
 from pvestord.policy import Reason
+from tests.harness.daemonlog import extensions, records
 from tests.harness.daemons import NodeBed, ThinStorageSpec, daemons, start_pvestord
 from tests.harness.lvmbed import (
     VG,
@@ -113,10 +113,6 @@ def paced_write(vm: QemuVM, node: str, start: int, total: int, pattern: int) -> 
     return outcome
 
 
-def lv_sizes_logged(log: str) -> list[tuple[str, str]]:
-    return re.findall(r"extended (\S+ \S+) -> (\S+ \S+) in", log)
-
-
 def test_thin_disk_grows_chunk_by_chunk_to_its_maximum(bed: NodeBed, vg: VG) -> None:
     """A writer fills a 1 GiB disk. The LV grows from 256 MiB in 256 MiB chunks,
     one per threshold crossed, the threshold re-armed half a chunk below each
@@ -148,7 +144,7 @@ def test_thin_disk_grows_chunk_by_chunk_to_its_maximum(bed: NodeBed, vg: VG) -> 
         for offset in range(0, virtual, 128 * MiB):
             assert vm.read_verify("fmt0", offset, 128 * MiB, 0x5A), offset
         # One extension per crossing, never two.
-        assert len(lv_sizes_logged(pvestord.log_text())) == 4
+        assert len(extensions(pvestord.log_text())) == 4
         time.sleep(3)
         assert vg.lv_size(lv) == maximum
         # The node's device link survives the extensions (udev did not drop it).
@@ -190,14 +186,11 @@ def test_two_vgs_extend_concurrently(bed: NodeBed, vg: VG, second_vg: VG) -> Non
 
 
 def extension_spans(log: str) -> dict[str, tuple[float, float]]:
-    """VMID -> (start, end) of its first extension, from the DURATION_MS log lines."""
+    """VMID -> (start, end) of its first extension, from the DURATION_MS field."""
     spans: dict[str, tuple[float, float]] = {}
-    for line in log.splitlines():
-        m = re.match(r"(\S+ \S+) pvestord .*VM (\d+) \S+: LV .* extended .* in (\d+) ms", line)
-        if m and m.group(2) not in spans:
-            end = time.mktime(time.strptime(m.group(1)[:19], "%Y-%m-%d %H:%M:%S")) + float(
-                "0." + m.group(1)[20:])
-            spans[m.group(2)] = (end - int(m.group(3)) / 1000, end)
+    for line in extensions(log):
+        spans.setdefault(line.fields["VMID"],
+                         (line.time - int(line.fields["DURATION_MS"]) / 1000, line.time))
     return spans
 
 
@@ -209,13 +202,12 @@ def test_full_vg_keeps_the_entry_then_extends_when_space_is_added(
         with daemons(bed) as (_, pvestord), thin_vm(bed, small, 301) as vm:
             wait_until(lambda: vm.named_node("file0")["write_threshold"] > 0, 30, "armed")
             vm.write_pattern("fmt0", 0, 144 * MiB, 0x07)
-            wait_until(lambda: "volume group is full" in pvestord.log_text(), EXTEND_TIMEOUT,
-                       "VG full logged")
+            wait_until(lambda: records(pvestord.log_text(), "ERROR", VMID="301"),
+                       EXTEND_TIMEOUT, "VG full logged")
             assert [e.node_name for e in bed.entries()] == ["file0"]
             time.sleep(5)  # retries happen meanwhile...
             # ...logged once at ERROR (with -v, DEBUG lines note each retry).
-            errors = [line for line in pvestord.log_text().splitlines()
-                      if " ERROR " in line and "volume group is full" in line]
+            errors = records(pvestord.log_text(), "ERROR", VMID="301", NODE_NAME="file0")
             assert len(errors) == 1, errors
             small.add_pv(1 * GiB)
             wait_until(lambda: small.lv_size("vm-301-disk-0.qcow2") > 256 * MiB, 120,
@@ -249,8 +241,8 @@ def test_duplicate_and_stale_entries(bed: NodeBed, vg: VG) -> None:
         wait_until(lambda: bed.entries() == [], 30, "all three handled")
         assert vg.lv_size(lv) == 256 * MiB  # the duplicate did nothing
         log = pvestord.log_text()
-        assert "VM 501 has no block node 'nosuchnode': entry dropped" in log
-        assert "VM 999 is not running on this node: entry 999:file0 dropped" in log
+        assert records(log, "WARNING", VMID="501", NODE_NAME="nosuchnode"), log[-3000:]
+        assert records(log, "INFO", VMID="999", NODE_NAME="file0"), log[-3000:]
 
 
 def test_vm_paused_by_the_user_is_never_resumed(bed: NodeBed, vg: VG) -> None:

@@ -44,6 +44,7 @@ import pytest
 
 from pvestord.adapters.locks import storage_lock
 from pvestord.adapters.queue import Entry
+from tests.harness.daemonlog import extensions, records
 from tests.harness.daemons import Daemon, NodeBed, ThinStorageSpec, start_qmeventd
 from tests.harness.faults import (
     FaultLog,
@@ -301,9 +302,9 @@ def test_pvestord_killed_at_every_moment_of_an_extension(
             recovery = clock()
             assert restarted.proc.poll() is None
             log = restarted.log_text()
-            who = ("the restarted daemon" if " extended " in log
+            who = ("the restarted daemon" if extensions(log)
                    else "the killed daemon's LVM command (metadata committed, the restarted "
-                   "daemon refreshed the device)" if "grown elsewhere" in log
+                   "daemon refreshed the device)" if records(log, TABLE="refreshed")
                    else "the killed daemon's LVM command, before the kill" if before == lv_size
                    else "the killed daemon's orphaned LVM command, after the restart")
             fault_log.record(FaultRecord(
@@ -379,8 +380,9 @@ def test_qemu_killed_in_the_middle_of_an_extension(
 
 
 def error_lines(daemon: Daemon, needle: str) -> list[str]:
-    return [line for line in daemon.log_text().splitlines()
-            if " ERROR " in line and needle in line]
+    """ERROR messages quoting ``needle``: text the test's own fault injected."""
+    return [line.message for line in records(daemon.log_text(), "ERROR")
+            if needle in line.message]
 
 
 def test_lvm_failing_hanging_and_slow(

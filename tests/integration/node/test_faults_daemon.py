@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 
 from pvestord.engine import migration
-from tests.harness.daemonlog import parse
+from tests.harness.daemonlog import records
 from tests.harness.daemons import Daemon, NodeBed, ThinStorageSpec, daemons
 from tests.harness.faults import LvmFaults
 from tests.harness.lvmbed import VG, GiB, MiB, loop_vg, qcow2_create, sh
@@ -100,8 +100,7 @@ def lvm_processes(faults: LvmFaults) -> int:
 
 def log_lines(daemon: Daemon, level: str, **fields: str) -> list[str]:
     """Messages of ``daemon`` at ``level`` carrying every one of ``fields``."""
-    return [line.message for line in parse(daemon.log_text()) if line.level == level
-            and all(line.fields.get(k) == v for k, v in fields.items())]
+    return [line.message for line in records(daemon.log_text(), level, **fields)]
 
 
 class WatchdogListener:
