@@ -51,8 +51,9 @@ from bench.latency import (
 )
 from bench.together import enter_together, map_together
 from tests.harness import daemonlog
-from tests.harness.daemons import Daemon, NodeBed, ThinStorageSpec, daemons, wait_for
+from tests.harness.daemons import Daemon, NodeBed, ThinStorageSpec, daemons
 from tests.harness.lvmbed import VG, MiB, loop_vg
+from tests.harness.polling import wait_until
 from tests.harness.qemu import Disk, QemuVM
 
 FIRST_VMID = 200
@@ -131,9 +132,9 @@ class Fleet:
         self.vms.update(zip(vmids, vms, strict=True))
 
     def wait_armed(self, vmids: Sequence[int]) -> None:
-        wait_for(lambda: all(armed_threshold(self.vms[v], FILE_NODE) > 0 for v in vmids),
-                 ARM_TIMEOUT, f"thresholds of VMs {vmids[0]}..{vmids[-1]}", interval=1.0)
-        wait_for(lambda: not self.bed.entries(), ARM_TIMEOUT, "the queue to drain")
+        wait_until(lambda: all(armed_threshold(self.vms[v], FILE_NODE) > 0 for v in vmids),
+                   ARM_TIMEOUT, f"thresholds of VMs {vmids[0]}..{vmids[-1]}", interval=1.0)
+        wait_until(lambda: not self.bed.entries(), ARM_TIMEOUT, "the queue to drain")
 
 
 def burst(fleet: Fleet, pvestord: Daemon, vmids: Sequence[int]) -> dict[str, Any]:

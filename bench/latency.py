@@ -51,8 +51,9 @@ from pvestord.adapters import lvm
 from pvestord.adapters.lvmshell import LvmShells
 from pvestord.adapters.qmp import VmMonitor
 from tests.harness import daemonlog
-from tests.harness.daemons import Daemon, NodeBed, ThinStorageSpec, daemons, wait_for
+from tests.harness.daemons import Daemon, NodeBed, ThinStorageSpec, daemons
 from tests.harness.lvmbed import VG, GiB, MiB, loop_vg, qcow2_create
+from tests.harness.polling import wait_until
 from tests.harness.qemu import Disk, QemuVM
 
 VMID = 100
@@ -218,7 +219,7 @@ class DaemonSide:
         self.cursor = approach(self.vm, self.cursor)
         sample, self.cursor = cross_and_wait(self.vm, self.pvestord, self.cursor)
         self.samples.append(sample)
-        wait_for(lambda: not self.bed.entries(), 30, "the queue to drain")
+        wait_until(lambda: not self.bed.entries(), 30, "the queue to drain")
 
 
 @contextlib.contextmanager
@@ -233,7 +234,7 @@ def daemon_side(out: Path, name: str, extensions: int, pvestord_args: Sequence[s
         with daemons(bed, pvestord_args=pvestord_args) as (_, pvestord), QemuVM(
                 VMID, bed.run_dir, disks=[disk], event_socket=bed.event_socket,
                 log_path=logs / "qemu.log") as vm:
-            wait_for(lambda: armed_threshold(vm, FILE_NODE) > 0, 60, "the first threshold")
+            wait_until(lambda: armed_threshold(vm, FILE_NODE) > 0, 60, "the first threshold")
             yield DaemonSide(bed, pvestord, vm)
 
 

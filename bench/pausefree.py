@@ -28,8 +28,9 @@ from typing import Any
 
 from bench.latency import FILE_NODE, FORMAT_NODE, IO_TIMEOUT, VIRTUAL, VMID, armed_threshold
 from bench.together import enter_together, one_at_a_time
-from tests.harness.daemons import NodeBed, ThinStorageSpec, daemons, wait_for
+from tests.harness.daemons import NodeBed, ThinStorageSpec, daemons
 from tests.harness.lvmbed import VG, MiB, loop_vg, qcow2_create
+from tests.harness.polling import wait_until
 from tests.harness.qemu import Disk, QemuVM
 
 WRITE = 16 * MiB
@@ -66,7 +67,7 @@ class Setting:
                 failed += 1
                 errors.add(str(result.error))
         elapsed = time.monotonic() - began
-        wait_for(lambda: not self.bed.entries(), DRAIN_TIMEOUT, "the queue to drain")
+        wait_until(lambda: not self.bed.entries(), DRAIN_TIMEOUT, "the queue to drain")
         return {"percentage": self.percentage, "chunk": CHUNK,
                 "headroom": int(CHUNK * self.percentage), "writes": total // WRITE,
                 "failed_writes": failed, "errors": sorted(errors), "seconds": elapsed,
@@ -91,7 +92,7 @@ def setting(out: Path, percentage: float, total: int) -> Iterator[Setting]:
         with daemons(bed) as _, QemuVM(
                 VMID, bed.run_dir, disks=[Disk(path, FORMAT_NODE, FILE_NODE)],
                 event_socket=bed.event_socket, log_path=logs / "qemu.log") as vm:
-            wait_for(lambda: armed_threshold(vm, FILE_NODE) > 0, 60, "the first threshold")
+            wait_until(lambda: armed_threshold(vm, FILE_NODE) > 0, 60, "the first threshold")
             yield Setting(percentage, bed, vg, lv, vm)
 
 

@@ -121,13 +121,14 @@ class Daemon:
         return self.log_path.read_text(errors="replace")
 
     def wait_log(self, needle: str, timeout: float | None = None) -> None:
-        deadline = time.monotonic() + (START_TIMEOUT if timeout is None else timeout)
+        budget = START_TIMEOUT if timeout is None else timeout
+        deadline = time.monotonic() + budget
         while needle not in self.log_text():
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.name} exited {self.proc.returncode} before logging "
                                    f"{needle!r}:\n{self.log_text()[-4000:]}")
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{self.name} did not log {needle!r} within {timeout} s:\n"
+                raise TimeoutError(f"{self.name} did not log {needle!r} within {budget:g} s:\n"
                                    f"{self.log_text()[-4000:]}")
             time.sleep(0.1)
 
@@ -151,49 +152,42 @@ class Daemon:
         return self.proc.returncode
 
 
-def start_qmeventd(bed: NodeBed, *extra: str) -> Daemon:
+def start_qmeventd(bed: NodeBed, *extra: str, timeout: float | None = None) -> Daemon:
     daemon = Daemon("qmeventd-py", bed.qmeventd_argv(*extra), bed.logs / "qmeventd.log")
-    deadline = time.monotonic() + START_TIMEOUT
+    budget = START_TIMEOUT if timeout is None else timeout
+    deadline = time.monotonic() + budget
     while not bed.event_socket.exists():
         if daemon.proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"qmeventd-py did not listen:\n{daemon.log_text()[-4000:]}")
+            raise RuntimeError(f"qmeventd-py did not listen within {budget:g} s:\n"
+                               f"{daemon.log_text()[-4000:]}")
         time.sleep(0.05)
     return daemon
 
 
-def start_pvestord(bed: NodeBed, *extra: str) -> Daemon:
+def start_pvestord(bed: NodeBed, *extra: str, timeout: float | None = None) -> Daemon:
     daemon = Daemon("pvestord", bed.pvestord_argv(*extra), bed.logs / "pvestord.log")
-    daemon.wait_log("pvestord started")
+    try:
+        daemon.wait_log("pvestord started", timeout=timeout)
+    except BaseException:
+        daemon.stop()
+        raise
     return daemon
 
 
 @contextlib.contextmanager
-def daemons(bed: NodeBed, *, pvestord_args: Sequence[str] = ()) -> Iterator[
-        tuple[Daemon, Daemon]]:
-    """Both daemons on ``bed``; on exit, both must stop cleanly (exit 0)."""
-    qmeventd = start_qmeventd(bed)
+def daemons(bed: NodeBed, *, pvestord_args: Sequence[str] = (),
+            start_timeout: float | None = None) -> Iterator[tuple[Daemon, Daemon]]:
+    """Both daemons on ``bed`` (qmeventd-py, pvestord); on exit, each one that
+    started must stop cleanly (exit 0), or the test fails with its log.
+
+    ``start_timeout`` overrides :data:`START_TIMEOUT` for each daemon's start.
+    """
+    started = [start_qmeventd(bed, timeout=start_timeout)]
     try:
-        pvestord = start_pvestord(bed, *pvestord_args)
-    except BaseException:
-        qmeventd.stop()
-        raise
-    failures = []
-    try:
-        yield qmeventd, pvestord
+        started.append(start_pvestord(bed, *pvestord_args, timeout=start_timeout))
+        yield started[0], started[1]
     finally:
-        for daemon in (pvestord, qmeventd):
-            status = daemon.stop()
-            if status != 0:
-                failures.append(f"{daemon.name} exited {status}:\n{daemon.log_text()[-4000:]}")
+        failures = [f"{d.name} exited {status}:\n{d.log_text()[-4000:]}"
+                    for d in reversed(started) if (status := d.stop()) != 0]
     if failures:
         raise RuntimeError("\n".join(failures))
-
-
-def wait_for(predicate: object, timeout: float, what: str, interval: float = 0.2) -> None:
-    """Poll ``predicate()`` until true; TimeoutError naming ``what`` otherwise."""
-    assert callable(predicate)
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)

@@ -15,8 +15,9 @@ import time
 from pathlib import Path
 
 from tests.harness.daemonlog import EXTENDED
-from tests.harness.daemons import NodeBed, ThinStorageSpec, daemons, wait_for
+from tests.harness.daemons import NodeBed, ThinStorageSpec, daemons
 from tests.harness.lvmbed import GiB, MiB, loop_vg, qcow2_check, qcow2_create
+from tests.harness.polling import wait_until
 from tests.harness.qemu import Disk, QemuVM
 
 VMID = 100
@@ -50,8 +51,8 @@ def main() -> int:
         with daemons(bed) as (_, pvestord), QemuVM(
                 VMID, bed.run_dir, disks=[Disk(path, "drive-scsi0", "file-scsi0")],
                 event_socket=bed.event_socket, log_path=out / "qemu.log") as vm:
-            wait_for(lambda: vm.named_node("file-scsi0")["write_threshold"] > 0, 30,
-                     "the first threshold")
+            wait_until(lambda: vm.named_node("file-scsi0")["write_threshold"] > 0, 30,
+                       "the first threshold")
             say("qmeventd-py and pvestord running; threshold armed at "
                 f"{vm.named_node('file-scsi0')['write_threshold'] // MiB} MiB")
             say(f"writing {TOTAL // GiB} GiB in {WRITE // MiB} MiB writes through QEMU ...")
@@ -70,7 +71,7 @@ def main() -> int:
                 ahead = (offset + WRITE) / PACE - (time.monotonic() - began)
                 if ahead > 0:
                     time.sleep(ahead)
-            wait_for(lambda: bed.entries() == [], 60, "the queue to drain")
+            wait_until(lambda: bed.entries() == [], 60, "the queue to drain")
             for m in EXTENDED.finditer(pvestord.log_text(), seen):
                 say(f"  extended {m.group(2):>10} -> {m.group(3):>10}  in {m.group(4)} ms")
             say(f"wrote {TOTAL // MiB} MiB in {time.monotonic() - began:.1f} s, "

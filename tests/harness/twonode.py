@@ -468,13 +468,6 @@ def device_size(node: Node, vg: str, lv: str) -> int:
     return int(node.sh("python3", "-c", _DM_SIZE, name).strip())
 
 
-def wait_until(predicate: Any, timeout: float, what: str, interval: float = 0.3) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(interval)
-
 
 def pvestord_cli(cluster: Cluster, node: Node, *args: str, timeout: float = 120.0) -> str:
     """``pvestord ARGS`` on ``node`` with the bed's queue, storage.cfg, run and lock dirs."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 
+from tests.harness.polling import wait_until
 from tests.harness.twonode import (
     Cluster,
     MiB,
@@ -19,7 +20,6 @@ from tests.harness.twonode import (
     device_size,
     launch_vm,
     lv_size,
-    wait_until,
 )
 
 #: The issue asks for 20 rounds (the full set); each is one extension per node,

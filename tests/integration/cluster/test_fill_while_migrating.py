@@ -24,6 +24,7 @@ import time
 
 import pytest
 
+from tests.harness.polling import wait_until
 from tests.harness.twonode import (
     AgentError,
     Cluster,
@@ -35,7 +36,6 @@ from tests.harness.twonode import (
     migration_status,
     pvestord_cli,
     run_status,
-    wait_until,
 )
 from tests.harness.writerguest import build_writer
 

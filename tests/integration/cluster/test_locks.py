@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from tests.harness.nodeguest import VENV_BIN
+from tests.harness.polling import wait_until
 from tests.harness.twonode import (
     Cluster,
     MiB,
@@ -21,7 +22,6 @@ from tests.harness.twonode import (
     create_thin_volume,
     launch_vm,
     lv_size,
-    wait_until,
 )
 
 HOLDER = [str(VENV_BIN / "python"), "-m", "tests.harness.lockholder"]

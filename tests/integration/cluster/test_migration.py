@@ -23,6 +23,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.harness.daemonlog import parse
+from tests.harness.polling import wait_until
 from tests.harness.twonode import (
     Cluster,
     MiB,
@@ -35,7 +36,6 @@ from tests.harness.twonode import (
     migration_status,
     pvestord_cli,
     run_status,
-    wait_until,
 )
 
 INITIAL, CHUNK = 64 * MiB, 32 * MiB

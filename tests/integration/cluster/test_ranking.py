@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 
 from tests.harness.nodeguest import VENV_BIN
-from tests.harness.twonode import Cluster, Node, create_thin_volume, wait_until
+from tests.harness.polling import wait_until
+from tests.harness.twonode import Cluster, Node, create_thin_volume
 
 VMID = 381
 #: Rejects every device: the VG, its PVs and LVs vanish from this LVM's view.

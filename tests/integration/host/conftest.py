@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 import pytest
 
 from pvestord.adapters.queue import Entry, ExtendQueue
+from tests.harness.polling import wait_until
 from tests.harness.qemu import QEMU_ENV
 
 
@@ -54,15 +54,6 @@ DAEMON_START_TIMEOUT = 90.0  # a bound: generous for a loaded machine
 DAEMON_STOP_TIMEOUT = 30.0
 
 
-def wait_until(predicate: Callable[[], object], timeout: float, what: str,
-               interval: float = 0.05) -> None:
-    """Poll ``predicate`` until true; fail the test saying ``what`` did not happen."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(interval)
-
 
 class Daemon:
     """``qmeventd-py`` run from the venv, its log kept in a file."""
@@ -97,7 +88,7 @@ class Daemon:
         try:
             wait_until(lambda: len(regex.findall(self.log())) >= count, timeout,
                        f"log line /{pattern}/ x{count}")
-        except AssertionError as err:
+        except TimeoutError as err:
             raise AssertionError(f"{err}\n--- daemon log ---\n{self.log()[-6000:]}") from None
 
     def entries(self) -> list[Entry]:

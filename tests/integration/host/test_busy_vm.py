@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.polling import wait_until
 from tests.harness.qemu import QemuVM
 from tests.harness.qmpproxy import CountingQmpProxy
 
@@ -55,13 +56,6 @@ class Pvestord:
 def out(tmp_path: Path) -> Path:
     return Path(os.environ.get("PVESTORD_TEST_OUT", str(tmp_path)))
 
-
-def wait_until(predicate: object, timeout: float, what: str) -> None:
-    assert callable(predicate)
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def count_window(proxy: CountingQmpProxy, daemon: Pvestord) -> int:

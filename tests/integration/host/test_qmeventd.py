@@ -25,6 +25,7 @@ import pytest
 
 from pvestord.adapters.queue import ExtendQueue
 from pvestord.policy import Reason
+from tests.harness.polling import wait_until
 from tests.harness.qemu import Disk, QemuVM, create_qcow2
 
 pytestmark = pytest.mark.root
@@ -39,13 +40,6 @@ DaemonFactory = Callable[..., Any]
 #: QEMU start-up under load: 30 at once on 2 cores can take a while.
 LAUNCH_BUDGET = 120.0
 
-
-def _wait(predicate: Callable[[], object], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.05)
 
 
 def _vm(run_dir: Path, vmid: int, daemon: Any, *, disks: int = 1, size: int = 16 * MiB,
@@ -87,7 +81,7 @@ def test_one_crossed_threshold_gives_one_entry(run_dir: Path,
     with _vm(run_dir, 4242, daemon) as vm:
         _connected(daemon, vm)
         _cross_threshold(vm)
-        _wait(lambda: daemon.entries(), 60, "a queue entry")
+        wait_until(lambda: daemon.entries(), 60, "a queue entry")
         # Another write well past the (now disarmed) threshold adds nothing.
         vm.write_pattern("drive-scsi0", 4 * MiB, 2 * MiB)
         daemon.wait_log(r"VM 4242: queued 4242:file-scsi0 reason=threshold")
@@ -112,7 +106,7 @@ def test_thirty_vms_at_once(run_dir: Path, daemon_factory: DaemonFactory) -> Non
             vm.set_write_threshold("file-scsi0", 1 * MiB)
         for vm in vms:
             vm.write_pattern("drive-scsi0", 0, 2 * MiB)
-        _wait(lambda: len(daemon.entries()) >= 30, 120, "30 queue entries")
+        wait_until(lambda: len(daemon.entries()) >= 30, 120, "30 queue entries")
         assert _keys(daemon) == [(vmid, "file-scsi0") for vmid in vmids]
         assert all(e.reason is Reason.THRESHOLD and e.n == 1 for e in daemon.entries())
 
@@ -123,17 +117,17 @@ def test_daemon_killed_and_restarted_loses_nothing(run_dir: Path,
     with _vm(run_dir, 4242, first, disks=2) as vm:
         _connected(first, vm)
         _cross_threshold(vm, disk=0)
-        _wait(lambda: first.entries(), 60, "the first entry")
+        wait_until(lambda: first.entries(), 60, "the first entry")
         assert first.kill(signal.SIGKILL) == -signal.SIGKILL
         second = daemon_factory(cleanup_cmd=str(_recorder(run_dir)))
         # QEMU's chardev reconnects on its own (reconnect=1).
         _connected(second, vm)
         _cross_threshold(vm, disk=1)
-        _wait(lambda: len(second.entries()) == 2, 60, "the second entry")
+        wait_until(lambda: len(second.entries()) == 2, 60, "the second entry")
         assert _keys(second) == [(4242, "file-scsi0"), (4242, "file-scsi1")]
     # The VM never exited while the daemons came and went: exactly one cleanup, at the end.
     second.wait_log(r"VM 4242: running cleanup")
-    _wait(lambda: _recorded(run_dir), 60, "the cleanup command")
+    wait_until(lambda: _recorded(run_dir), 60, "the cleanup command")
     assert _recorded(run_dir) == ["4242 1 0"]
 
 
@@ -205,7 +199,7 @@ def test_bad_peers_are_dropped_and_others_served(run_dir: Path,
         # Through all of that the daemon kept serving the real QEMU.
         assert daemon.proc.poll() is None
         _cross_threshold(vm)
-        _wait(lambda: daemon.entries(), 60, "the entry of the good peer")
+        wait_until(lambda: daemon.entries(), 60, "the entry of the good peer")
         assert _keys(daemon) == [(4242, "file-scsi0")]
 
 
@@ -253,7 +247,7 @@ def test_cleanup_runs_once_per_vm_exit(run_dir: Path, daemon_factory: DaemonFact
         quitting.qmp("quit")
         quitting.wait(10)
         daemon.wait_log(r"VM 4242: running cleanup")
-    _wait(lambda: len(_recorded(run_dir)) >= 2, 60, "two cleanups")
+    wait_until(lambda: len(_recorded(run_dir)) >= 2, 60, "two cleanups")
     assert daemon.stop() == 0
     # 4243 died without a SHUTDOWN event: not graceful; quit is graceful, not the guest.
     assert sorted(_recorded(run_dir)) == ["4242 1 0", "4243 0 0"]
@@ -274,7 +268,7 @@ def test_shut_down_vm_is_terminated_then_cleaned_up(run_dir: Path,
         assert vm.wait(20) == 0
         daemon.wait_log(r"VM 4244: terminating QEMU pid")
         daemon.wait_log(r"VM 4244: running cleanup")
-    _wait(lambda: _recorded(run_dir), 60, "the cleanup command")
+    wait_until(lambda: _recorded(run_dir), 60, "the cleanup command")
     assert _recorded(run_dir) == ["4244 1 0"]
 
 
@@ -294,7 +288,7 @@ def test_backup_keeps_a_shut_down_vm_alive_until_vzdump_hangs_up(
         daemon.wait_log(r"VM 4245: vzdump backup ended")
         assert vm.wait(20) == 0
         daemon.wait_log(r"VM 4245: running cleanup")
-    _wait(lambda: _recorded(run_dir), 60, "the cleanup command")
+    wait_until(lambda: _recorded(run_dir), 60, "the cleanup command")
     assert _recorded(run_dir) == ["4245 1 0"]
 
 
@@ -340,7 +334,7 @@ def _fuse_folder(run_dir: Path) -> Iterator[tuple[Path, Path, subprocess.Popen[b
     server = subprocess.Popen(["bindfs", "-f", str(backing), str(mount)],  # noqa: S603
                               stdin=subprocess.DEVNULL)
     try:
-        _wait(lambda: _mounted(mount), 30, "the bindfs mount")
+        wait_until(lambda: _mounted(mount), 30, "the bindfs mount")
         yield mount, backing, server
     finally:
         server.send_signal(signal.SIGCONT)
@@ -365,12 +359,12 @@ def test_hung_queue_folder_never_holds_up_shutdown_and_cleanup(
             fuse.send_signal(signal.SIGSTOP)
             try:
                 _cross_threshold(writer, 0)
-                _wait(lambda: _blocked_in_fuse(daemon.proc.pid), 30,
-                      "qmeventd-py's append waiting for the hung FUSE server")
+                wait_until(lambda: _blocked_in_fuse(daemon.proc.pid), 30,
+                           "qmeventd-py's append waiting for the hung FUSE server")
                 quitter.qmp("system_reset")              # the guest shut down
                 assert quitter.wait(30) == 0             # terminated meanwhile
-                _wait(lambda: _recorded(run_dir) == ["4251 1 0"], 60,
-                      "the cleanup command, with the queue still hung")
+                wait_until(lambda: _recorded(run_dir) == ["4251 1 0"], 60,
+                           "the cleanup command, with the queue still hung")
                 _cross_threshold(writer, 1)              # events still taken
                 assert writer.qmp("query-status")["status"] == "running"
                 assert _blocked_in_fuse(daemon.proc.pid)
@@ -379,8 +373,8 @@ def test_hung_queue_folder_never_holds_up_shutdown_and_cleanup(
                 fuse.send_signal(signal.SIGCONT)
             queue = ExtendQueue(backing / "extend-queue")
             want = [(4250, "file-scsi0"), (4250, "file-scsi1")]
-            _wait(lambda: sorted(e.key for e in queue.list()) == want, 60,
-                  "both entries in the queue once pmxcfs answers")
+            wait_until(lambda: sorted(e.key for e in queue.list()) == want, 60,
+                       "both entries in the queue once pmxcfs answers")
             assert [e.n for e in queue.list()] == [1, 1]
         assert daemon.stop() == 0
     assert _recorded(run_dir).count("4251 1 0") == 1              # once, not again
@@ -409,14 +403,14 @@ def test_queue_lock_held_past_its_timeout_loses_nothing(
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             _cross_threshold(vm)
-            _wait(lambda: _holds_open(pid, lock_path), 30, "the append waiting for the lock")
+            wait_until(lambda: _holds_open(pid, lock_path), 30, "the append waiting for the lock")
             # The lock timeout (10 s) ends that wait: the lock file is closed.
-            _wait(lambda: not _holds_open(pid, lock_path), 60, "the append giving up once")
+            wait_until(lambda: not _holds_open(pid, lock_path), 60, "the append giving up once")
             assert daemon.entries() == []
         finally:
             os.close(fd)
-        _wait(lambda: _keys(daemon) == [(4252, "file-scsi0")], 60, "the retried entry")
+        wait_until(lambda: _keys(daemon) == [(4252, "file-scsi0")], 60, "the retried entry")
         assert [e.n for e in daemon.entries()] == [1]
         _cross_threshold(vm)                                # the appender still works
-        _wait(lambda: [e.n for e in daemon.entries()] == [2], 60, "a second event merged")
+        wait_until(lambda: [e.n for e in daemon.entries()] == [2], 60, "a second event merged")
     assert daemon.stop() == 0

@@ -22,7 +22,6 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import logging
-import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -33,7 +32,8 @@ import pytest
 
 from pvestord.adapters.queue import Entry
 from pvestord.policy import Reason
-from tests.harness.daemons import NodeBed, ThinStorageSpec, daemons, start_pvestord, wait_for
+from tests.harness.daemonlog import extensions, records
+from tests.harness.daemons import NodeBed, ThinStorageSpec, daemons, start_pvestord
 from tests.harness.lvmbed import (
     VG,
     GiB,
@@ -43,6 +43,7 @@ from tests.harness.lvmbed import (
     qcow2_check,
     qcow2_create,
 )
+from tests.harness.polling import wait_until
 from tests.harness.qemu import Disk, QemuVM
 
 WRITE = 4 * MiB
@@ -112,10 +113,6 @@ def paced_write(vm: QemuVM, node: str, start: int, total: int, pattern: int) -> 
     return outcome
 
 
-def lv_sizes_logged(log: str) -> list[tuple[str, str]]:
-    return re.findall(r"extended (\S+ \S+) -> (\S+ \S+) in", log)
-
-
 def test_thin_disk_grows_chunk_by_chunk_to_its_maximum(bed: NodeBed, vg: VG) -> None:
     """A writer fills a 1 GiB disk. The LV grows from 256 MiB in 256 MiB chunks,
     one per threshold crossed, the threshold re-armed half a chunk below each
@@ -127,11 +124,11 @@ def test_thin_disk_grows_chunk_by_chunk_to_its_maximum(bed: NodeBed, vg: VG) -> 
     maximum = measured_maximum(virtual, vg.extent_size())
     with daemons(bed) as (_, pvestord), thin_vm(bed, vg, 101, virtual=virtual) as vm:
         # The start reconcile arms the threshold: LV 256 MiB - half a chunk.
-        wait_for(lambda: vm.named_node("file0")["write_threshold"] == 128 * MiB, 30,
-                 "threshold armed by reconcile")
+        wait_until(lambda: vm.named_node("file0")["write_threshold"] == 128 * MiB, 30,
+                   "threshold armed by reconcile")
         outcome = paced_write(vm, "fmt0", 0, half, 0x5A)
         assert outcome.errors == []
-        wait_for(lambda: bed.entries() == [], EXTEND_TIMEOUT, "queue drained")
+        wait_until(lambda: bed.entries() == [], EXTEND_TIMEOUT, "queue drained")
         # Half-way: whole chunks, re-armed half a chunk below the end.
         size = vg.lv_size(lv)
         assert size % (256 * MiB) == 0
@@ -140,14 +137,14 @@ def test_thin_disk_grows_chunk_by_chunk_to_its_maximum(bed: NodeBed, vg: VG) -> 
 
         outcome = paced_write(vm, "fmt0", half, virtual - half, 0x5A)
         assert outcome.errors == []
-        wait_for(lambda: vg.lv_size(lv) == maximum, EXTEND_TIMEOUT, "LV at its maximum")
+        wait_until(lambda: vg.lv_size(lv) == maximum, EXTEND_TIMEOUT, "LV at its maximum")
         # At the maximum nothing is left to arm for.
-        wait_for(lambda: vm.named_node("file0")["write_threshold"] == 0, 30,
-                 "no threshold at the maximum")
+        wait_until(lambda: vm.named_node("file0")["write_threshold"] == 0, 30,
+                   "no threshold at the maximum")
         for offset in range(0, virtual, 128 * MiB):
             assert vm.read_verify("fmt0", offset, 128 * MiB, 0x5A), offset
         # One extension per crossing, never two.
-        assert len(lv_sizes_logged(pvestord.log_text())) == 4
+        assert len(extensions(pvestord.log_text())) == 4
         time.sleep(3)
         assert vg.lv_size(lv) == maximum
         # The node's device link survives the extensions (udev did not drop it).
@@ -167,7 +164,7 @@ def test_two_vgs_extend_concurrently(bed: NodeBed, vg: VG, second_vg: VG) -> Non
     with daemons(bed) as (_, pvestord), thin_vm(bed, vg, 201) as a, \
             thin_vm(bed, second_vg, 202) as b:
         for vm in (a, b):
-            wait_for(lambda vm=vm: vm.named_node("file0")["write_threshold"] > 0, 30, "armed")
+            wait_until(lambda vm=vm: vm.named_node("file0")["write_threshold"] > 0, 30, "armed")
         # Fill both to just below their 128 MiB thresholds, then cross both at
         # the same moment (each VM is its own QEMU: one thread each).
         a.write_pattern("fmt0", 0, 112 * MiB, 0x01, timeout=120)
@@ -176,9 +173,9 @@ def test_two_vgs_extend_concurrently(bed: NodeBed, vg: VG, second_vg: VG) -> Non
             crossings = [pool.submit(vm.write_pattern, "fmt0", 112 * MiB, 32 * MiB, pattern)
                          for vm, pattern in ((a, 0x01), (b, 0x02))]
             assert all(f.result(timeout=120).ok for f in crossings)
-        wait_for(lambda: vg.lv_size("vm-201-disk-0.qcow2") > 256 * MiB
-                 and second_vg.lv_size("vm-202-disk-0.qcow2") > 256 * MiB,
-                 EXTEND_TIMEOUT, "both extended")
+        wait_until(lambda: vg.lv_size("vm-201-disk-0.qcow2") > 256 * MiB
+                   and second_vg.lv_size("vm-202-disk-0.qcow2") > 256 * MiB,
+                   EXTEND_TIMEOUT, "both extended")
         log = pvestord.log_text()
     # Each extension logs when it starts working under its VG's lock and when
     # it is done: with one worker per VG the two intervals overlap.
@@ -189,14 +186,11 @@ def test_two_vgs_extend_concurrently(bed: NodeBed, vg: VG, second_vg: VG) -> Non
 
 
 def extension_spans(log: str) -> dict[str, tuple[float, float]]:
-    """VMID -> (start, end) of its first extension, from the DURATION_MS log lines."""
+    """VMID -> (start, end) of its first extension, from the DURATION_MS field."""
     spans: dict[str, tuple[float, float]] = {}
-    for line in log.splitlines():
-        m = re.match(r"(\S+ \S+) pvestord .*VM (\d+) \S+: LV .* extended .* in (\d+) ms", line)
-        if m and m.group(2) not in spans:
-            end = time.mktime(time.strptime(m.group(1)[:19], "%Y-%m-%d %H:%M:%S")) + float(
-                "0." + m.group(1)[20:])
-            spans[m.group(2)] = (end - int(m.group(3)) / 1000, end)
+    for line in extensions(log):
+        spans.setdefault(line.fields["VMID"],
+                         (line.time - int(line.fields["DURATION_MS"]) / 1000, line.time))
     return spans
 
 
@@ -206,20 +200,19 @@ def test_full_vg_keeps_the_entry_then_extends_when_space_is_added(
     with loop_vg(320 * MiB) as small:
         bed = NodeBed(tmp_path, [ThinStorageSpec("thin1", small.name)], logs_dir=out_dir)
         with daemons(bed) as (_, pvestord), thin_vm(bed, small, 301) as vm:
-            wait_for(lambda: vm.named_node("file0")["write_threshold"] > 0, 30, "armed")
+            wait_until(lambda: vm.named_node("file0")["write_threshold"] > 0, 30, "armed")
             vm.write_pattern("fmt0", 0, 144 * MiB, 0x07)
-            wait_for(lambda: "volume group is full" in pvestord.log_text(), EXTEND_TIMEOUT,
-                     "VG full logged")
+            wait_until(lambda: records(pvestord.log_text(), "ERROR", VMID="301"),
+                       EXTEND_TIMEOUT, "VG full logged")
             assert [e.node_name for e in bed.entries()] == ["file0"]
             time.sleep(5)  # retries happen meanwhile...
             # ...logged once at ERROR (with -v, DEBUG lines note each retry).
-            errors = [line for line in pvestord.log_text().splitlines()
-                      if " ERROR " in line and "volume group is full" in line]
+            errors = records(pvestord.log_text(), "ERROR", VMID="301", NODE_NAME="file0")
             assert len(errors) == 1, errors
             small.add_pv(1 * GiB)
-            wait_for(lambda: small.lv_size("vm-301-disk-0.qcow2") > 256 * MiB, 120,
-                     "extended after vgextend")
-            wait_for(lambda: bed.entries() == [], 30, "entry done")
+            wait_until(lambda: small.lv_size("vm-301-disk-0.qcow2") > 256 * MiB, 120,
+                       "extended after vgextend")
+            wait_until(lambda: bed.entries() == [], 30, "entry done")
             assert vm.write_pattern("fmt0", 144 * MiB, 200 * MiB, 0x08).ok
             assert "extensions work again" in pvestord.log_text()
 
@@ -230,34 +223,34 @@ def test_reconcile_catches_missed_events(bed: NodeBed, vg: VG) -> None:
         # No daemon: the write crosses where a threshold should be, unseen.
         vm.write_pattern("fmt0", 0, 200 * MiB, 0x09)
         with daemons(bed):
-            wait_for(lambda: vg.lv_size(lv) >= 512 * MiB, EXTEND_TIMEOUT, "reconciled")
-            wait_for(lambda: vm.named_node("file0")["write_threshold"] > 200 * MiB, 30,
-                     "re-armed above the allocation")
+            wait_until(lambda: vg.lv_size(lv) >= 512 * MiB, EXTEND_TIMEOUT, "reconciled")
+            wait_until(lambda: vm.named_node("file0")["write_threshold"] > 200 * MiB, 30,
+                       "re-armed above the allocation")
         assert vm.read_verify("fmt0", 0, 200 * MiB, 0x09)
 
 
 def test_duplicate_and_stale_entries(bed: NodeBed, vg: VG) -> None:
     lv = "vm-501-disk-0.qcow2"
     with daemons(bed) as (_, pvestord), thin_vm(bed, vg, 501) as vm:
-        wait_for(lambda: vm.named_node("file0")["write_threshold"] > 0, 30, "armed")
+        wait_until(lambda: vm.named_node("file0")["write_threshold"] > 0, 30, "armed")
         bed.queue.append([
             Entry(501, "file0", Reason.THRESHOLD, origin=bed.node),   # duplicate: has headroom
             Entry(501, "nosuchnode", Reason.THRESHOLD, origin=bed.node),
             Entry(999, "file0", Reason.THRESHOLD, origin=bed.node),   # VM gone
         ])
-        wait_for(lambda: bed.entries() == [], 30, "all three handled")
+        wait_until(lambda: bed.entries() == [], 30, "all three handled")
         assert vg.lv_size(lv) == 256 * MiB  # the duplicate did nothing
         log = pvestord.log_text()
-        assert "VM 501 has no block node 'nosuchnode': entry dropped" in log
-        assert "VM 999 is not running on this node: entry 999:file0 dropped" in log
+        assert records(log, "WARNING", VMID="501", NODE_NAME="nosuchnode"), log[-3000:]
+        assert records(log, "INFO", VMID="999", NODE_NAME="file0"), log[-3000:]
 
 
 def test_vm_paused_by_the_user_is_never_resumed(bed: NodeBed, vg: VG) -> None:
     with daemons(bed), thin_vm(bed, vg, 601) as vm:
-        wait_for(lambda: vm.named_node("file0")["write_threshold"] > 0, 30, "armed")
+        wait_until(lambda: vm.named_node("file0")["write_threshold"] > 0, 30, "armed")
         vm.qmp("stop")
         bed.queue.append([Entry(601, "file0", Reason.NOSPACE, origin=bed.node)])
-        wait_for(lambda: bed.entries() == [], 30, "entry handled")
+        wait_until(lambda: bed.entries() == [], 30, "entry handled")
         time.sleep(2)
         assert vm.qmp("query-status")["status"] == "paused"
 
@@ -296,7 +289,7 @@ def test_restarted_daemon_finishes_queued_work(bed: NodeBed, vg: VG) -> None:
         bed.queue.append([Entry(801, "file0", Reason.THRESHOLD, origin=bed.node)])
         pvestord = start_pvestord(bed)
         try:
-            wait_for(lambda: bed.entries() == [], EXTEND_TIMEOUT, "entry done")
+            wait_until(lambda: bed.entries() == [], EXTEND_TIMEOUT, "entry done")
             assert vg.lv_size(lv) == 512 * MiB
         finally:
             assert pvestord.stop() == 0

@@ -67,17 +67,10 @@ import pytest
 from pvestord.adapters.queue import Entry
 from pvestord.policy import Reason
 from pvestord.policy.sizes import align_up, format_size
-from tests.harness import daemons as daemons_module
 from tests.harness.daemonlog import parse
-from tests.harness.daemons import (
-    VENV_BIN,
-    Daemon,
-    NodeBed,
-    ThinStorageSpec,
-    start_qmeventd,
-    wait_for,
-)
+from tests.harness.daemons import VENV_BIN, NodeBed, ThinStorageSpec, daemons
 from tests.harness.lvmbed import VG, GiB, MiB, loop_vg, qcow2_check, qcow2_create
+from tests.harness.polling import wait_until
 from tests.harness.qemu import Disk, QemuVM
 from tests.harness.writerguest import WriterGuest, build_writer
 
@@ -193,7 +186,7 @@ def assert_no_second_extension(bed: NodeBed, vm: QemuVM, vg: VG, lv: str, size: 
     """Once the VM runs again, another pass over the drive must leave it alone
     (it has a chunk of headroom), whatever io-status QEMU still shows."""
     bed.queue.append([Entry(vm.vmid, "file0", Reason.THRESHOLD, origin=bed.node)])
-    wait_for(lambda: bed.entries() == [], 120, "the extra entry handled")
+    wait_until(lambda: bed.entries() == [], 120, "the extra entry handled")
     assert vg.lv_size(lv) == size
 
 
@@ -253,25 +246,6 @@ def record(out_dir: Path, name: str, figures: dict[str, float]) -> None:
 
 # -- fixtures --------------------------------------------------------------------
 
-@contextlib.contextmanager
-def daemons(bed: NodeBed, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Daemon, Daemon]]:
-    """:func:`tests.harness.daemons.daemons` with a longer start-up budget
-    (:data:`DAEMON_START_TIMEOUT`); both must still stop with exit 0."""
-    monkeypatch.setattr(daemons_module, "START_TIMEOUT", DAEMON_START_TIMEOUT)
-    qmeventd = start_qmeventd(bed)
-    started = [qmeventd]
-    try:
-        pvestord = Daemon("pvestord", bed.pvestord_argv(), bed.logs / "pvestord.log")
-        started.append(pvestord)
-        pvestord.wait_log("pvestord started", timeout=DAEMON_START_TIMEOUT)
-        yield qmeventd, pvestord
-    finally:
-        failures = [f"{d.name} exited {status}:\n{d.log_text()[-4000:]}"
-                    for d in reversed(started) if (status := d.stop()) != 0]
-    if failures:
-        raise RuntimeError("\n".join(failures))
-
-
 @pytest.fixture
 def bed(vg: VG, tmp_path: Path, out_dir: Path) -> NodeBed:
     return NodeBed(tmp_path, [ThinStorageSpec("thin1", vg.name)], logs_dir=out_dir)
@@ -287,8 +261,7 @@ def other_vg() -> Iterator[VG]:
 # -- tests -----------------------------------------------------------------------
 
 def test_start_reconcile_resumes_a_vm_paused_on_enospc(
-        bed: NodeBed, vg: VG, tmp_path: Path, out_dir: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        bed: NodeBed, vg: VG, tmp_path: Path, out_dir: Path) -> None:
     guest = build_writer(tmp_path, out_dir, "writer-901", start=PREFILL, length=GUEST_WRITE,
                          pattern=GUEST_PATTERN)
     vm, lv = writer_vm(bed, vg, 901, guest)
@@ -298,7 +271,7 @@ def test_start_reconcile_resumes_a_vm_paused_on_enospc(
         assert vg.lv_size(lv) == LV_SIZE
         expected = extended_size(allocation(vm))
         started = time.time()
-        with daemons(bed, monkeypatch) as (_, pvestord):
+        with daemons(bed, start_timeout=DAEMON_START_TIMEOUT) as (_, pvestord):
             resume = assert_resumed_and_written(vm, guest, prefilled=PREFILL)
             record(out_dir, "start_reconcile", {
                 "room_before_pause_mib": room / MiB,
@@ -307,8 +280,8 @@ def test_start_reconcile_resumes_a_vm_paused_on_enospc(
             })
             assert vg.lv_size(lv) == expected
             assert vg.device_size(lv) == expected
-            wait_for(lambda: "resumed after it paused on ENOSPC" in pvestord.log_text(), 30,
-                     "the resume logged")
+            wait_until(lambda: "resumed after it paused on ENOSPC" in pvestord.log_text(), 30,
+                       "the resume logged")
             assert_no_second_extension(bed, vm, vg, lv, expected)
             log = pvestord.log_text()
         assert "VM 901: resumed after it paused on ENOSPC" in log
@@ -320,7 +293,7 @@ def test_start_reconcile_resumes_a_vm_paused_on_enospc(
 
 
 def test_running_daemons_resume_a_vm_that_outran_them(
-        vg: VG, tmp_path: Path, out_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        vg: VG, tmp_path: Path, out_dir: Path) -> None:
     # Half a chunk of headroom would have the start reconcile extend a 64 MiB
     # LV at once; ~1 MiB of headroom arms a threshold above the filled image.
     spec = ThinStorageSpec("thin1", vg.name, chunk_percentage=0.004)
@@ -328,14 +301,14 @@ def test_running_daemons_resume_a_vm_that_outran_them(
     threshold = LV_SIZE - -(-CHUNKSIZE * 4 // 1000)
     guest = build_writer(tmp_path, out_dir, "writer-902", start=PREFILL, length=GUEST_WRITE,
                          pattern=GUEST_PATTERN)
-    with daemons(bed, monkeypatch) as (qmeventd, pvestord):
+    with daemons(bed, start_timeout=DAEMON_START_TIMEOUT) as (qmeventd, pvestord):
         vm, lv = writer_vm(bed, vg, 902, guest)
         with vm:
             qmeventd.wait_log(f"VM 902: QEMU pid {vm.pid} connected", timeout=60)
             room = prefill(vm, PREFILL, LV_SIZE)
             assert allocation(vm) < threshold
-            wait_for(lambda: vm.named_node("file0")["write_threshold"] == threshold, 60,
-                     "threshold armed by pvestord's reconcile")
+            wait_until(lambda: vm.named_node("file0")["write_threshold"] == threshold, 60,
+                       "threshold armed by pvestord's reconcile")
             pvestord.proc.send_signal(signal.SIGSTOP)
             try:
                 stop = run_guest_until_paused(vm, guest)
@@ -355,9 +328,9 @@ def test_running_daemons_resume_a_vm_that_outran_them(
                 "sigcont_to_resume_s": timestamp(resume) - released,
             })
             assert vg.lv_size(lv) == expected
-            wait_for(lambda: bed.entries() == [], 60, "queue drained")
-            wait_for(lambda: "resumed after it paused on ENOSPC" in pvestord.log_text(), 30,
-                     "the resume logged")
+            wait_until(lambda: bed.entries() == [], 60, "queue drained")
+            wait_until(lambda: "resumed after it paused on ENOSPC" in pvestord.log_text(), 30,
+                       "the resume logged")
             # Re-armed for the bigger LV, above the guest's write.
             assert vm.named_node("file0")["write_threshold"] == expected - (LV_SIZE - threshold)
             assert_no_second_extension(bed, vm, vg, lv, expected)
@@ -391,8 +364,7 @@ def proxmox_holding_the_storage_lock(storeid: str, release: Path) -> Iterator[No
 
 
 def test_a_paused_vm_runs_once_proxmox_lets_go_of_the_storage_lock(
-        bed: NodeBed, vg: VG, tmp_path: Path, out_dir: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        bed: NodeBed, vg: VG, tmp_path: Path, out_dir: Path) -> None:
     """Proxmox holds ``storage-<id>`` for a whole allocation. A guest paused on
     ENOSPC meanwhile is extended as the lock comes free: the daemon waits it
     out (never a give-up and a retry later), so the pause ends one extension
@@ -410,7 +382,7 @@ def test_a_paused_vm_runs_once_proxmox_lets_go_of_the_storage_lock(
         stop = run_guest_until_paused(vm, guest)
         expected = extended_size(allocation(vm))
         with proxmox_holding_the_storage_lock("thin1", release), \
-                daemons(bed, monkeypatch) as (_, pvestord):
+                daemons(bed) as (_, pvestord):
             # The start reconcile found the VM paused and waits on the lock:
             # the scenario is Proxmox's hold, so its length is set, not awaited.
             time.sleep(PROXMOX_HOLD)
@@ -418,8 +390,8 @@ def test_a_paused_vm_runs_once_proxmox_lets_go_of_the_storage_lock(
             release.touch()
             released = time.time()
             resume = assert_resumed_and_written(vm, guest, prefilled=PREFILL)
-            wait_for(lambda: any("NEW_SIZE" in line.fields
-                                 for line in parse(pvestord.log_text())), 30,
+            wait_until(lambda: any("NEW_SIZE" in line.fields
+                                   for line in parse(pvestord.log_text())), 30,
                      "the extension logged")
             lines = list(parse(pvestord.log_text()))
             report = json.loads(subprocess.run(  # noqa: S603 - argument list
@@ -450,13 +422,12 @@ def test_a_paused_vm_runs_once_proxmox_lets_go_of_the_storage_lock(
 
 
 def test_vm_paused_on_enospc_off_thin_storage_is_not_resumed(
-        bed: NodeBed, other_vg: VG, tmp_path: Path, out_dir: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        bed: NodeBed, other_vg: VG, tmp_path: Path, out_dir: Path) -> None:
     lv_size = 16 * MiB
     prefilled = lv_size - 2 * MiB
     guest = build_writer(tmp_path, out_dir, "writer-903", start=prefilled,
                          length=GUEST_WRITE, pattern=GUEST_PATTERN)
-    with daemons(bed, monkeypatch) as (qmeventd, pvestord):
+    with daemons(bed, start_timeout=DAEMON_START_TIMEOUT) as (qmeventd, pvestord):
         vm, lv = writer_vm(bed, other_vg, 903, guest, lv_size=lv_size)
         with vm:
             qmeventd.wait_log(f"VM 903: QEMU pid {vm.pid} connected", timeout=60)
@@ -464,7 +435,7 @@ def test_vm_paused_on_enospc_off_thin_storage_is_not_resumed(
             run_guest_until_paused(vm, guest)
             qmeventd.wait_log("VM 903: queued 903:fmt0 reason=nospace", timeout=60)
             # pvestord took the entry and did nothing with it...
-            wait_for(lambda: bed.entries() == [], 60, "the nospace entry handled")
+            wait_until(lambda: bed.entries() == [], 60, "the nospace entry handled")
             time.sleep(3)
             # ...and the VM stays paused: its disk is on no thin storage.
             status = vm.qmp("query-status")

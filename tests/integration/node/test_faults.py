@@ -44,7 +44,8 @@ import pytest
 
 from pvestord.adapters.locks import storage_lock
 from pvestord.adapters.queue import Entry
-from tests.harness.daemons import Daemon, NodeBed, ThinStorageSpec, start_qmeventd, wait_for
+from tests.harness.daemonlog import extensions, records
+from tests.harness.daemons import Daemon, NodeBed, ThinStorageSpec, start_qmeventd
 from tests.harness.faults import (
     FaultLog,
     FaultRecord,
@@ -54,6 +55,7 @@ from tests.harness.faults import (
     kill_unit,
 )
 from tests.harness.lvmbed import VG, GiB, MiB, measured_maximum, qcow2_check, qcow2_create
+from tests.harness.polling import wait_until
 from tests.harness.qemu import Disk, QemuVM
 
 CHUNK = 32 * MiB
@@ -203,9 +205,9 @@ def is_settled(bed: NodeBed, vm: QemuVM, vg: VG, lv: str, lv_size: int) -> bool:
 def settled(bed: NodeBed, vm: QemuVM, vg: VG, lv: str, lv_size: int, *,
             timeout: float = SETTLE_TIMEOUT) -> None:
     """Wait until the drive is as it must be after a recovery, then check it."""
-    wait_for(lambda: is_settled(bed, vm, vg, lv, lv_size), timeout,
-             f"LV {lv} at {lv_size // MiB} MiB, threshold re-armed, queue clear "
-             f"(LV now {vg.lv_size(lv) // MiB} MiB, threshold {threshold(vm)})")
+    wait_until(lambda: is_settled(bed, vm, vg, lv, lv_size), timeout,
+               f"LV {lv} at {lv_size // MiB} MiB, threshold re-armed, queue clear "
+               f"(LV now {vg.lv_size(lv) // MiB} MiB, threshold {threshold(vm)})")
     assert vg.device_size(lv) == lv_size
     assert lv_size <= measured_maximum(8 * GiB, vg.extent_size())
     status = vm.qmp("query-status")
@@ -285,11 +287,11 @@ def test_pvestord_killed_at_every_moment_of_an_extension(
                     faults.rule(moment.subcommand, moment.rule)
                 workload.cross_threshold()
                 if moment.subcommand in (None, "lock"):
-                    wait_for(lambda: entries_of(bed, vm.vmid), 60, "the entry queued")
+                    wait_until(lambda: entries_of(bed, vm.vmid), 60, "the entry queued")
                     time.sleep(1.0 if moment.subcommand == "lock" else moment.delay)
                 else:
-                    wait_for(lambda m=moment: getattr(faults, m.marker)(m.subcommand), 60,
-                             f"{moment.subcommand} {moment.marker}")
+                    wait_until(lambda m=moment: getattr(faults, m.marker)(m.subcommand), 60,
+                               f"{moment.subcommand} {moment.marker}")
                 kill_unit(running.pvestord, with_children=moment.with_children)
                 faults.clear()
             before = vg.lv_size(lv)
@@ -300,9 +302,9 @@ def test_pvestord_killed_at_every_moment_of_an_extension(
             recovery = clock()
             assert restarted.proc.poll() is None
             log = restarted.log_text()
-            who = ("the restarted daemon" if " extended " in log
+            who = ("the restarted daemon" if extensions(log)
                    else "the killed daemon's LVM command (metadata committed, the restarted "
-                   "daemon refreshed the device)" if "grown elsewhere" in log
+                   "daemon refreshed the device)" if records(log, TABLE="refreshed")
                    else "the killed daemon's LVM command, before the kill" if before == lv_size
                    else "the killed daemon's orphaned LVM command, after the restart")
             fault_log.record(FaultRecord(
@@ -352,14 +354,14 @@ def test_qemu_killed_in_the_middle_of_an_extension(
         settled(bed, other, vg, other_lv, LV0)
         faults.rule("lvextend", "before sleep 4")
         Workload(doomed).cross_threshold()
-        wait_for(lambda: faults.started("lvextend"), 60, "lvextend started")
+        wait_until(lambda: faults.started("lvextend"), 60, "lvextend started")
         doomed.send_signal(signal.SIGKILL)
         doomed.wait(timeout=30)
         faults.clear()
         clock = Stopwatch()
-        wait_for(lambda: not entries_of(bed, 913) and not faults.running("lvextend"),
-                 SETTLE_TIMEOUT,
-                 "the dead VM's entry gone and its lvextend finished")
+        wait_until(lambda: not entries_of(bed, 913) and not faults.running("lvextend"),
+                   SETTLE_TIMEOUT,
+                   "the dead VM's entry gone and its lvextend finished")
         recovery = clock()
         size = vg.lv_size(doomed_lv)
         assert size in (LV0, LV0 + CHUNK)
@@ -378,8 +380,9 @@ def test_qemu_killed_in_the_middle_of_an_extension(
 
 
 def error_lines(daemon: Daemon, needle: str) -> list[str]:
-    return [line for line in daemon.log_text().splitlines()
-            if " ERROR " in line and needle in line]
+    """ERROR messages quoting ``needle``: text the test's own fault injected."""
+    return [line.message for line in records(daemon.log_text(), "ERROR")
+            if needle in line.message]
 
 
 def test_lvm_failing_hanging_and_slow(
@@ -392,7 +395,7 @@ def test_lvm_failing_hanging_and_slow(
 
         faults.rule("lvextend", "before fail 5")
         workload.cross_threshold()
-        wait_for(lambda: len(faults.started("lvextend")) >= 2, 120, "lvextend tried again")
+        wait_until(lambda: len(faults.started("lvextend")) >= 2, 120, "lvextend tried again")
         assert len(error_lines(running.pvestord, "injected failure of lvextend")) == 1
         assert entries_of(bed, 915), "the entry must stay queued while LVM fails"
         assert vg.lv_size(lv) == LV0
@@ -407,8 +410,8 @@ def test_lvm_failing_hanging_and_slow(
         faults.forget_calls()
         faults.rule("lvextend", "before hang")
         workload.cross_threshold()
-        wait_for(lambda: faults.started("lvextend") and not faults.running("lvextend"), 60,
-                 "the hung lvextend killed by its timeout")
+        wait_until(lambda: faults.started("lvextend") and not faults.running("lvextend"), 60,
+                   "the hung lvextend killed by its timeout")
         hung = faults.started("lvextend")
         assert entries_of(bed, 915)
         faults.clear()
@@ -467,7 +470,7 @@ def test_queue_file_garbage_deleted_truncated_and_symlinked(
         running.pvestord.proc.send_signal(signal.SIGSTOP)
         try:
             workload.cross_threshold()
-            wait_for(lambda: entries_of(bed, 916), 60, "the entry queued")
+            wait_until(lambda: entries_of(bed, 916), 60, "the entry queued")
             bed.queue_path.write_bytes(b"")
         finally:
             running.pvestord.proc.send_signal(signal.SIGCONT)
@@ -487,11 +490,11 @@ def test_queue_file_garbage_deleted_truncated_and_symlinked(
             workload.cross_threshold()
             clock = Stopwatch()
             size += CHUNK
-            wait_for(lambda: vg.lv_size(lv) == size and threshold(vm) == size - HEADROOM,
-                     SETTLE_TIMEOUT, "extended by the reconcile while the queue is a symlink")
+            wait_until(lambda: vg.lv_size(lv) == size and threshold(vm) == size - HEADROOM,
+                       SETTLE_TIMEOUT, "extended by the reconcile while the queue is a symlink")
             recovery = clock()
-            wait_for(lambda: "LOST queue entry 916:file0" in running.qmeventd.log_text(), 60,
-                     "qmeventd-py gave up on the entry, loudly")
+            wait_until(lambda: "LOST queue entry 916:file0" in running.qmeventd.log_text(), 60,
+                       "qmeventd-py gave up on the entry, loudly")
             assert decoy.read_text() == "root's file\n"
             assert running.pvestord.proc.poll() is None
             assert running.qmeventd.proc.poll() is None
@@ -567,9 +570,9 @@ def test_vm_whose_qmp_socket_never_answers(
             workload = Workload(other)
             workload.cross_threshold()
             settled(bed, other, vg, other_lv, LV0 + CHUNK)
-            wait_for(lambda: "VM 918" in running.pvestord.log_text()
-                     and "within 3 s" in running.pvestord.log_text(), 60,
-                     "the hung VM's timeout logged")
+            wait_until(lambda: "VM 918" in running.pvestord.log_text()
+                       and "within 3 s" in running.pvestord.log_text(), 60,
+                       "the hung VM's timeout logged")
             assert running.pvestord.proc.poll() is None
         finally:
             hung.send_signal(signal.SIGCONT)

@@ -32,10 +32,11 @@ from typing import Any
 import pytest
 
 from pvestord.engine import migration
-from tests.harness.daemonlog import parse
-from tests.harness.daemons import Daemon, NodeBed, ThinStorageSpec, start_qmeventd, wait_for
+from tests.harness.daemonlog import records
+from tests.harness.daemons import Daemon, NodeBed, ThinStorageSpec, daemons
 from tests.harness.faults import LvmFaults
 from tests.harness.lvmbed import VG, GiB, MiB, loop_vg, qcow2_create, sh
+from tests.harness.polling import wait_until
 from tests.harness.qemu import Disk, QemuVM
 from tests.harness.qmpproxy import CountingQmpProxy, NeverAnsweringQmp
 from tests.harness.writerguest import build_writer
@@ -78,23 +79,11 @@ def bed(vg: VG, tmp_path: Path, out_dir: Path) -> NodeBed:
     return NodeBed(tmp_path, [spec], logs_dir=out_dir)
 
 
-@contextlib.contextmanager
-def node(bed: NodeBed, *pvestord_args: str) -> Iterator[tuple[Daemon, Daemon]]:
+def node(bed: NodeBed, *pvestord_args: str) -> contextlib.AbstractContextManager[
+        tuple[Daemon, Daemon]]:
     """Both daemons, pvestord with a process per LVM command (so that
-    ``lvm_faulty`` sees each one); both must stop cleanly (exit 0)."""
-    qmeventd = start_qmeventd(bed)
-    started = [qmeventd]
-    try:
-        pvestord = Daemon("pvestord", bed.pvestord_argv("--no-lvm-shell", *pvestord_args),
-                          bed.logs / "pvestord.log")
-        started.append(pvestord)
-        pvestord.wait_log("pvestord started", timeout=START_TIMEOUT)
-        yield qmeventd, pvestord
-    finally:
-        failures = [f"{d.name} exited {status}:\n{d.log_text()[-4000:]}"
-                    for d in reversed(started) if (status := d.stop()) != 0]
-    if failures:
-        raise RuntimeError("\n".join(failures))
+    ``lvm_faulty`` sees each one)."""
+    return daemons(bed, pvestord_args=("--no-lvm-shell", *pvestord_args))
 
 
 def record(out_dir: Path, name: str, figures: dict[str, Any]) -> None:
@@ -111,8 +100,7 @@ def lvm_processes(faults: LvmFaults) -> int:
 
 def log_lines(daemon: Daemon, level: str, **fields: str) -> list[str]:
     """Messages of ``daemon`` at ``level`` carrying every one of ``fields``."""
-    return [line.message for line in parse(daemon.log_text()) if line.level == level
-            and all(line.fields.get(k) == v for k, v in fields.items())]
+    return [line.message for line in records(daemon.log_text(), level, **fields)]
 
 
 class WatchdogListener:
@@ -206,10 +194,10 @@ def test_leftover_migration_mark_does_not_keep_a_vm_paused(
         try:
             with node(bed) as (_, pvestord):
                 os.utime(mark)  # fresh when the daemon first looks, however slow its start
-                wait_for(lambda: log_lines(pvestord, "WARNING", VMID=str(vmid)), 60,
-                         "the deferred, paused VM said at warning")
+                wait_until(lambda: log_lines(pvestord, "WARNING", VMID=str(vmid)), 60,
+                           "the deferred, paused VM said at warning")
                 seen = proxy.connections
-                wait_for(lambda: proxy.connections >= seen + 3, 60, "three more passes")
+                wait_until(lambda: proxy.connections >= seen + 3, 60, "three more passes")
                 assert vm.qmp("query-status")["status"] == "io-error"
                 assert vg.lv_size(lv) == 64 * MiB
                 warned = log_lines(pvestord, "WARNING", VMID=str(vmid))
@@ -221,8 +209,8 @@ def test_leftover_migration_mark_does_not_keep_a_vm_paused(
                 resume = assert_resumed_and_written(vm, guest, prefilled=PREFILL)
                 assert vg.lv_size(lv) == expected
                 assert not mark.exists()
-                wait_for(lambda: len(log_lines(pvestord, "WARNING", VMID=str(vmid))) >= 3, 30,
-                         "the stale mark's removal and the resume said at warning")
+                wait_until(lambda: len(log_lines(pvestord, "WARNING", VMID=str(vmid))) >= 3, 30,
+                           "the stale mark's removal and the resume said at warning")
                 record(out_dir, "leftover_mark", {
                     "aged_to_resume_s": round(timestamp(resume) - aged, 3),
                     "stop_to_resume_s": round(timestamp(resume) - timestamp(stop), 3),
@@ -242,15 +230,15 @@ def test_incoming_vm_is_retried_with_backoff_and_refreshed_once(
         proxy = CountingQmpProxy(vm.qmp_path)
         try:
             with node(bed, "--reconcile-interval", "30"):
-                wait_for(lambda: proxy.connections >= 1, START_TIMEOUT, "a first pass")
+                wait_until(lambda: proxy.connections >= 1, START_TIMEOUT, "a first pass")
                 # Forget before the table changes: the daemon may refresh
                 # the moment the metadata grows.
                 faults.forget_calls()
                 before = proxy.connections
                 opened = time.monotonic()
                 grow_elsewhere(vg, lv, LV0 + CHUNK)
-                wait_for(lambda: vg.device_size(lv) == LV0 + CHUNK, 60,
-                         "this node's table caught up with the grown LV")
+                wait_until(lambda: vg.device_size(lv) == LV0 + CHUNK, 60,
+                           "this node's table caught up with the grown LV")
                 # The rest of the window measures the retries, caught up or not.
                 time.sleep(max(0.0, opened + WINDOW - time.monotonic()))
                 qmp = proxy.connections - before
@@ -280,14 +268,14 @@ def test_migrating_source_is_retried_with_backoff(
         proxy = CountingQmpProxy(source.qmp_path)
         try:
             with node(bed, "--reconcile-interval", "30"):
-                wait_for(lambda: proxy.connections >= 1, START_TIMEOUT, "a first pass")
+                wait_until(lambda: proxy.connections >= 1, START_TIMEOUT, "a first pass")
                 # Started once the daemon runs (its start-up under TCG outlasts
                 # a slowed migration of an idle VM, which is mostly zero pages).
                 destination.qmp("migrate-incoming", uri=uri)
                 source.qmp("migrate-set-parameters", max_bandwidth=1024)
                 source.qmp("migrate", uri=uri)
-                wait_for(lambda: source.qmp("query-migrate").get("status") == "active", 60,
-                         "the migration in flight")
+                wait_until(lambda: source.qmp("query-migrate").get("status") == "active", 60,
+                           "the migration in flight")
                 faults.forget_calls()
                 before = proxy.connections
                 time.sleep(WINDOW)  # the measurement window itself
@@ -356,32 +344,32 @@ def test_stuck_pass_is_abandoned_and_other_vgs_are_served(
                     # (DaemonSettings refuses one that does not fit).
                     "--qmp-timeout", "600", "--lvm-timeout", "600", "--lock-lifetime", "1200",
                     "--vg-health-dir", str(health)) as (_, pvestord):
-                wait_for(lambda: threshold(healthy) == LV0 - HEADROOM
-                         and threshold(stuck) == LV0 - HEADROOM, START_TIMEOUT,
-                         "both thresholds armed")
-                wait_for(lambda: log_lines(pvestord, "ERROR", VMID="953"), WEDGE_TIMEOUT,
-                         "the pass over the never-answering VM abandoned")
+                wait_until(lambda: threshold(healthy) == LV0 - HEADROOM
+                           and threshold(stuck) == LV0 - HEADROOM, START_TIMEOUT,
+                           "both thresholds armed")
+                wait_until(lambda: log_lines(pvestord, "ERROR", VMID="953"), WEDGE_TIMEOUT,
+                           "the pass over the never-answering VM abandoned")
                 assert not health.exists() or not list(health.iterdir())
 
                 Workload(stuck).cross_threshold()
-                wait_for(lambda: (folder / "stuck.started").exists(), 60, "lvextend stuck")
+                wait_until(lambda: (folder / "stuck.started").exists(), 60, "lvextend stuck")
                 stuck_at = time.monotonic()
-                wait_for(lambda: (health / vg.name).exists(), WEDGE_TIMEOUT,
-                         "the VG marked unhealthy")
-                wait_for(lambda: log_lines(pvestord, "ERROR", VMID="951", VG=vg.name), 30,
-                         "the abandoned pass logged at error with VMID and VG")
+                wait_until(lambda: (health / vg.name).exists(), WEDGE_TIMEOUT,
+                           "the VG marked unhealthy")
+                wait_until(lambda: log_lines(pvestord, "ERROR", VMID="951", VG=vg.name), 30,
+                           "the abandoned pass logged at error with VMID and VG")
                 marked_after = round(time.monotonic() - stuck_at, 2)
 
                 work = Workload(healthy)
                 work.cross_threshold()
-                wait_for(lambda: vg2.lv_size(healthy_lv) == LV0 + CHUNK
-                         and threshold(healthy) == LV0 + CHUNK - HEADROOM, WEDGE_TIMEOUT,
-                         "the VM on the other VG extended")
+                wait_until(lambda: vg2.lv_size(healthy_lv) == LV0 + CHUNK
+                           and threshold(healthy) == LV0 + CHUNK - HEADROOM, WEDGE_TIMEOUT,
+                           "the VM on the other VG extended")
                 extended_after = round(time.monotonic() - stuck_at, 2)
                 assert not (health / vg2.name).exists(), "the other VG marked unhealthy"
                 since = time.monotonic()
-                wait_for(lambda: watchdog.pings_since(since) >= 3, 60,
-                         "pings: every cancellation took, nothing is wedged")
+                wait_until(lambda: watchdog.pings_since(since) >= 3, 60,
+                           "pings: every cancellation took, nothing is wedged")
                 assert pvestord.proc.poll() is None
                 record(out_dir, "stuck_pass", {
                     "pass_deadline_s": PASS_DEADLINE,

@@ -41,9 +41,9 @@ from tests.harness.daemons import (
     ThinStorageSpec,
     daemons,
     start_pvestord,
-    wait_for,
 )
 from tests.harness.lvmbed import VG, GiB, MiB, loop_vg, qcow2_check, qcow2_create, sh
+from tests.harness.polling import wait_until
 from tests.harness.qemu import Disk, QemuIoError, QemuVM
 from tests.harness.writerguest import build_writer
 from tests.integration.node.test_enospc_guest import (
@@ -184,9 +184,9 @@ def test_table_smaller_than_the_metadata_is_refreshed_before_anything_is_armed(
         # The premise: what lies past the stale end reads as zeros, no error.
         assert not reads_back(vm, "fmt0", *PAST_OLD_END, STALE_PATTERN)
         with daemons(small_bed) as (_, pvestord):
-            wait_for(lambda: records(pvestord, VMID=111, NODE_NAME="file0",
+            wait_until(lambda: records(pvestord, VMID=111, NODE_NAME="file0",
                                      THRESHOLD=2 * SMALL_CHUNK - SMALL_CHUNK // 2), WAIT,
-                     "threshold armed")
+                       "threshold armed")
             assert vg.device_size(lv) == 2 * SMALL_CHUNK
             assert vg.lv_size(lv) == 2 * SMALL_CHUNK  # refreshed, not extended again
             assert vm.read_verify("fmt0", 0, STALE_WRITE, STALE_PATTERN, timeout=IO_TIMEOUT)
@@ -223,7 +223,7 @@ def test_table_larger_than_the_metadata_is_never_extended_over(
         assert (vg.lv_size(lv), vg.device_size(lv)) == (SMALL_CHUNK, 2 * SMALL_CHUNK)
         with daemons(small_bed) as (_, pvestord):
             ahead = {"VMID": 112, "NODE_NAME": "file0", "TABLE": "ahead"}
-            wait_for(lambda: records(pvestord, **ahead), WAIT, "the stale table refused")
+            wait_until(lambda: records(pvestord, **ahead), WAIT, "the stale table refused")
             (first,) = [r for r in records(pvestord, **ahead) if r.level == "ERROR"]
             assert (first.fields["TABLE_SIZE"], first.fields["LV_SIZE"]) == (
                 str(2 * SMALL_CHUNK), str(SMALL_CHUNK))
@@ -234,8 +234,8 @@ def test_table_larger_than_the_metadata_is_never_extended_over(
             # The threshold event a guest writing on would bring: the extension
             # path refuses too (the entry stays queued, retried later).
             small_bed.queue.append([Entry(112, "file0", Reason.THRESHOLD, origin=small_bed.node)])
-            wait_for(lambda: len(records(pvestord, **ahead)) >= 3, WAIT,
-                     "the extension path refused as well")
+            wait_until(lambda: len(records(pvestord, **ahead)) >= 3, WAIT,
+                       "the extension path refused as well")
             assert [e.node_name for e in small_bed.entries()] == ["file0"]
             assert vg.lv_size(lv) == SMALL_CHUNK
             assert vg.device_size(lv) == 2 * SMALL_CHUNK
@@ -290,7 +290,7 @@ def watch_blocked(pvestord: Daemon, vg: VG, lv: str, passes: int, since: int) ->
         blocked = records(pvestord, VMID=131, RESUME_BLOCKED="not-thin")
         return len(blocked) >= since + passes or sizes[-1] > start + CHUNKSIZE
 
-    wait_for(seen, 240, f"{passes} passes over the blocked VM", interval=0.5)
+    wait_until(seen, 240, f"{passes} passes over the blocked VM", interval=0.5)
     return sizes
 
 
@@ -400,7 +400,7 @@ def test_extend_with_a_wrong_name_touches_no_drive(
             small_bed.queue.append([
                 Entry(141, "fmt2", Reason.MANUAL, origin=small_bed.node),
                 Entry(141, "file-typo", Reason.MANUAL, origin=small_bed.node)])
-            wait_for(lambda: small_bed.entries() == [], WAIT, "both entries handled")
+            wait_until(lambda: small_bed.entries() == [], WAIT, "both entries handled")
             assert records(pvestord, VMID=141, NODE_NAME="fmt2", REASON="manual")
             assert [vg.lv_size(lv) for lv in lvs] == [SMALL_CHUNK] * 2
             assert extensions(pvestord, 141) == []

@@ -29,9 +29,10 @@ from pathlib import Path
 import pytest
 
 from tests.harness import daemonlog
-from tests.harness.daemons import NodeBed, ThinStorageSpec, wait_for
+from tests.harness.daemons import NodeBed, ThinStorageSpec
 from tests.harness.faults import FaultLog, FaultRecord, LvmFaults, Stopwatch, alive
 from tests.harness.lvmbed import VG, loop_vg
+from tests.harness.polling import wait_until
 from tests.integration.node.test_faults import (
     CHUNK,
     LV0,
@@ -118,15 +119,15 @@ def test_an_lvm_sigkill_does_not_end_keeps_the_lock_and_marks_the_vg(
         faults.rule("lvextend", f"before unkillable {STUCK_FOR:g} {vg.name}")
         stuck_work.cross_threshold()
         clock = Stopwatch()
-        wait_for(lambda: (marks / vg.name).exists(), 120, f"VG {vg.name} marked unhealthy")
+        wait_until(lambda: (marks / vg.name).exists(), 120, f"VG {vg.name} marked unhealthy")
         marked_after = clock()
         stuck = [int(p) for p in (faults.folder / "lvextend.stuck").read_text().split()]
         assert stuck and all(alive(p) for p in stuck)
         assert str(stuck[0]) in (marks / vg.name).read_text()
         assert (lock_dir / "storage-thin1").is_dir(), "the lock was let go under the stuck lvm"
         assert running.pvestord.proc.poll() is None
-        wait_for(lambda: errors_for(running.pvestord.log_text(), 931) >= 1, 60,
-                 "the pass's error logged for VM 931")
+        wait_until(lambda: errors_for(running.pvestord.log_text(), 931) >= 1, 60,
+                   "the pass's error logged for VM 931")
 
         waiter = subprocess.Popen(  # noqa: S603 - argument list
             [sys.executable, "-c", WAITER, str(lock_dir), "storage-thin1", str(LIFETIME),
@@ -158,7 +159,7 @@ def test_an_lvm_sigkill_does_not_end_keeps_the_lock_and_marks_the_vg(
         assert not (lock_dir / "storage-thin1").exists()
         faults.clear()
         # The stuck lvextend ran late, under the kept lock: the LV has its chunk.
-        wait_for(lambda: vg.lv_size(stuck_lv) == LV0 + CHUNK, 60, "the late lvextend's chunk")
+        wait_until(lambda: vg.lv_size(stuck_lv) == LV0 + CHUNK, 60, "the late lvextend's chunk")
         recovery = clock()
         fault_log.record(FaultRecord(
             "lvm that SIGKILL does not end (D state), slower than the lock's lifetime",
@@ -174,8 +175,8 @@ def test_an_lvm_sigkill_does_not_end_keeps_the_lock_and_marks_the_vg(
         # Marked: every pass on this VG is refused before any LVM change (the
         # first error was the stuck lvextend's, then the refusal), and the
         # entry stays queued, until the operator removes the mark.
-        wait_for(lambda: errors_for(running.pvestord.log_text(), 931) >= 2, 120,
-                 "the refusal logged for VM 931")
+        wait_until(lambda: errors_for(running.pvestord.log_text(), 931) >= 2, 120,
+                   "the refusal logged for VM 931")
         assert len(faults.started("lvextend")) == lvextends_so_far
         assert entries_of(bed, 931), "the refused entry must stay queued"
         assert (marks / vg.name).exists()
@@ -226,7 +227,7 @@ def test_an_lvm_slower_than_the_lock_is_killed_before_the_lock_could_expire(
         settled(bed, vm, vg, lv, LV0)
         faults.rule("lvextend", f"before sleep {STUCK_FOR:g} {vg.name}")
         work.cross_threshold()
-        wait_for(lambda: faults.running("lvextend"), 120, "the slow lvextend started")
+        wait_until(lambda: faults.running("lvextend"), 120, "the slow lvextend started")
         waiter = subprocess.Popen(  # noqa: S603 - argument list
             [sys.executable, "-c", SLOW_WAITER, str(lock_dir), "storage-thin1", str(LIFETIME),
              str(faults.folder)], cwd=ROOT, stdout=subprocess.PIPE, text=True)

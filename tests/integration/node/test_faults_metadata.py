@@ -23,8 +23,9 @@ import pytest
 
 from pvestord.engine.nodereport import metadata_low
 from tests.harness.daemonlog import LogLine, parse
-from tests.harness.daemons import Daemon, NodeBed, ThinStorageSpec, start_pvestord, wait_for
+from tests.harness.daemons import Daemon, NodeBed, ThinStorageSpec, start_pvestord
 from tests.harness.lvmbed import scratch_dir, sh
+from tests.harness.polling import wait_until
 
 MiB = 1024 * 1024
 #: The smallest metadata area LVM accepts, the data right after it.
@@ -100,7 +101,7 @@ def wait_reports(bed: NodeBed, count: int) -> None:
         if not seen or when > seen[-1]:
             seen.append(when)
         return len(seen) > count
-    wait_for(newer, REPORT_TIMEOUT, f"{count} node reports")
+    wait_until(newer, REPORT_TIMEOUT, f"{count} node reports")
 
 
 @pytest.mark.faults_full
@@ -124,7 +125,7 @@ def test_metadata_running_low_is_warned_once_per_crossing(tmp_path: Path, out_di
             figures.update(extensions_to_low=extended, mda_free_low=low_free,
                            segments_low=segments(vg), seconds=time.monotonic() - began,
                            bytes_per_extension=(free - low_free) / extended)
-            wait_for(lambda: metadata_lines(daemon), REPORT_TIMEOUT, "the metadata warning")
+            wait_until(lambda: metadata_lines(daemon), REPORT_TIMEOUT, "the metadata warning")
             warning = metadata_lines(daemon)
             assert [(w.level, w.fields["VG"], w.fields["MDA_SIZE"]) for w in warning] == [
                 ("WARNING", vg, str(size))]
@@ -138,8 +139,8 @@ def test_metadata_running_low_is_warned_once_per_crossing(tmp_path: Path, out_di
 
             sh("lvremove", "-q", "-f", f"{vg}/b")            # segments gone: room again
             assert not metadata_low(*mda(vg))
-            wait_for(lambda: len(metadata_lines(daemon)) == 2, REPORT_TIMEOUT,
-                     "the all-clear")
+            wait_until(lambda: len(metadata_lines(daemon)) == 2, REPORT_TIMEOUT,
+                       "the all-clear")
             assert metadata_lines(daemon)[1].level == "INFO"
             sh("lvcreate", "-q", "-an", "-Zn", "-L", "1m", "-n", "c", vg)
             again = 0
@@ -147,8 +148,8 @@ def test_metadata_running_low_is_warned_once_per_crossing(tmp_path: Path, out_di
                 extend_in_turn(vg, ("a", "c"), BATCH)
                 again += BATCH
                 assert again < 400
-            wait_for(lambda: len(metadata_lines(daemon)) == 3, REPORT_TIMEOUT,
-                     "the second warning")
+            wait_until(lambda: len(metadata_lines(daemon)) == 3, REPORT_TIMEOUT,
+                       "the second warning")
             assert [w.level for w in metadata_lines(daemon)] == ["WARNING", "INFO", "WARNING"]
             figures["extensions_to_low_again"] = again
         finally:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.daemons import VENV_BIN, NodeBed, ThinStorageSpec, daemons, wait_for
+from tests.harness.daemons import VENV_BIN, NodeBed, ThinStorageSpec, daemons
 from tests.harness.lvmbed import (
     VG,
     GiB,
@@ -28,6 +28,7 @@ from tests.harness.lvmbed import (
     qcow2_create,
     sh,
 )
+from tests.harness.polling import wait_until
 from tests.harness.qemu import Disk, QemuVM
 
 CLI_TIMEOUT = 300.0
@@ -174,10 +175,10 @@ def test_created_volume_grows_through_the_daemon(bed: NodeBed, vg: VG) -> None:
     volid = pvestord(bed, "create", "thin1", "110", "8G").stdout.strip()
     lv = volid.split(":")[1]
     with daemons(bed), vm_on(bed, 110, vg.lv_path(lv)) as vm:
-        wait_for(lambda: vm.named_node("file0")["write_threshold"] == 128 * MiB, START_TIMEOUT,
-                 "threshold armed by reconcile")
+        wait_until(lambda: vm.named_node("file0")["write_threshold"] == 128 * MiB, START_TIMEOUT,
+                   "threshold armed by reconcile")
         vm.write_pattern("fmt0", 0, 160 * MiB, 0x44, timeout=120)
-        wait_for(lambda: vg.lv_size(lv) >= 512 * MiB, EXTEND_TIMEOUT, "LV grown by a chunk")
+        wait_until(lambda: vg.lv_size(lv) >= 512 * MiB, EXTEND_TIMEOUT, "LV grown by a chunk")
         assert vm.read_verify("fmt0", 0, 160 * MiB, 0x44, timeout=120)
     # No lvchange --refresh: the daemon's lvextend must leave /dev/VG/LV in place.
     assert qcow2_check(vg.lv_path(lv))["exit"] == 0
@@ -221,10 +222,10 @@ def test_shrink_a_thick_disk_then_grow_it_again(big_vg: VG, tmp_path: Path,
     qemu_io(path, f"read -P 0 {REGION} {REGION}")          # never written: zeros
 
     with daemons(bed), vm_on(bed, 120, path) as vm:
-        wait_for(lambda: vm.named_node("file0")["write_threshold"] == expected - 128 * MiB,
-                 START_TIMEOUT, "threshold armed above the data")
+        wait_until(lambda: vm.named_node("file0")["write_threshold"] == expected - 128 * MiB,
+                   START_TIMEOUT, "threshold armed above the data")
         vm.write_pattern("fmt0", 2 * GiB, 200 * MiB, 0x55, timeout=120)
-        wait_for(lambda: vg.lv_size(lv) > expected, EXTEND_TIMEOUT, "grown again")
+        wait_until(lambda: vg.lv_size(lv) > expected, EXTEND_TIMEOUT, "grown again")
         assert vm.read_verify("fmt0", 2 * GiB, 200 * MiB, 0x55, timeout=120)
         for offset, pattern in REGIONS:
             assert vm.read_verify("fmt0", offset, REGION, pattern, timeout=120)
