@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-# --- is the VM running anywhere? ------------------------------------------------
 
 @dataclass(frozen=True)
 class ClusterReport:
@@ -63,7 +62,6 @@ def _int_or_none(text: str) -> int | None:
         return int(float(text))
     except ValueError:
         return None
-
 
 
 @dataclass(frozen=True)
@@ -155,8 +153,6 @@ def cross_node_refusal(view: ClusterView, vmid: int, now: float) -> str | None:
         return (f"VM {vmid}'s configuration is on node {owner}, not on this node "
                 f"({members.nodename}): it may run there; shrink it on {owner}")
     return None
-
-
 
 
 __all__ = [

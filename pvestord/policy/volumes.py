@@ -51,9 +51,7 @@ class VolumeId:
         return f"{self.storeid}:{self.volname}"
 
 
-
-
-# --- names and ids (pure) ------------------------------------------------------
+# --- names and ids ------------------------------------------------------------
 
 def check_vmid(vmid: int) -> int:
     if not MIN_VMID <= vmid <= MAX_VMID:
@@ -116,7 +114,7 @@ def check_virtual_size(size: int) -> int:
     return size
 
 
-# --- sizes (pure) ---------------------------------------------------------------
+# --- sizes --------------------------------------------------------------------
 
 def initial_lv_size(initial_size: int, maximum: int, extent_size: int) -> int:
     """The LV size for a new volume: ``initial-size`` in whole extents, never

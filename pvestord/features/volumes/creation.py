@@ -106,5 +106,3 @@ async def create(settings: VolumeSettings, storeid: str, vmid: int, size: int,
     log.info("created %s:%s: LV %s, qcow2 %s (maximum %s)", storeid, volname,
              format_size(lv_size), format_size(size), format_size(maximum))
     return Created(VolumeId(storeid, volname, vmid), lv_size, size, maximum)
-
-

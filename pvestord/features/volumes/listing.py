@@ -83,4 +83,3 @@ async def _report(storage: ThinStorage, extent: int, row: lvm.LvRow,
                             error=str(err))
     return VolumeReport(base.volid, base.storage, vmid, row.lv, row.size, state, end,
                         image.virtual_size, maximum, reclaim)
-

@@ -44,7 +44,6 @@ def cluster_report(cluster_dir: Path, vmid: int) -> ClusterReport | None:
     return ClusterReport(vmid, status, uptime, ctime, node)
 
 
-
 def read_cluster_view(cluster_dir: Path) -> ClusterView:
     def read(name: str) -> str | None:
         try:
@@ -65,5 +64,3 @@ def refuse_if_running(settings: VolumeSettings, vmid: int) -> None:
     why = cross_node_refusal(read_cluster_view(settings.cluster_dir), vmid, time.time())
     if why is not None:
         raise ShrinkRefused(f"{why} (cluster folder {settings.cluster_dir})")
-
-

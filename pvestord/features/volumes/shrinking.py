@@ -188,5 +188,3 @@ async def _image_info(path: str, vol: VolumeId) -> qemu_img.ImageInfo:
         return await qemu_img.info(path)
     except CommandError as err:
         raise ShrinkRefused(f"{vol}: not a readable qcow2 image: {err}") from err
-
-

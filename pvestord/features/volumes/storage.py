@@ -41,8 +41,6 @@ class VolumeSettings:
     vg_health_dir: Path = vghealth.DEFAULT_DIR
 
 
-
-
 def thin_storage(config: StorageConfig, storeid: str) -> ThinStorage:
     """:raises VolumeError: unknown, not LVM, disabled or not thin-enabled."""
     lvm_storage = config.lvm_storages.get(storeid)
@@ -77,5 +75,3 @@ async def locked(settings: VolumeSettings, storage: ThinStorage,
                    health=VgHealth(settings.vg_health_dir))
     async with lock.acquire_async(STORAGE_LOCK_TIMEOUT) as held:
         yield held
-
-
