@@ -232,7 +232,7 @@ def _report_rows(stdout: str, kind: str) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------------------
 # Volume life cycle: listing, creating, activating and reducing LVs.
 #
-# Added for ``pvestord volume`` (pvestord/features/volumes.py). They use the same
+# Added for ``pvestord volume`` (pvestord/features/volumes/). They use the same
 # FAST_CONFIG as the daemon's commands: it leaves udev synchronisation on,
 # which creating, activating and resizing LVs need.
 

@@ -147,6 +147,52 @@ class Answer:
     document: str
 
 
+class ReportPipe:
+    """Our end of the shell's ``LVM_REPORT_FD``: one JSON document per command.
+
+    The shell writes each command's report when the command ends, in as many
+    pieces as it likes; a document is complete when it decodes.
+    """
+
+    def __init__(self, reader: asyncio.StreamReader, transport: asyncio.ReadTransport) -> None:
+        self._reader = reader
+        self._transport = transport
+        self._buffer = ""
+        self._decoder = json.JSONDecoder()
+
+    @classmethod
+    async def open(cls, read_end: int) -> ReportPipe:
+        """Read the pipe ``read_end`` (which this takes over) on the running loop."""
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=1 << 20)
+        transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(read_end, "rb", buffering=0))
+        return cls(reader, transport)
+
+    async def next_document(self) -> str:
+        """The next complete JSON document from the pipe, as text.
+
+        :raises LvmShellError: the pipe ended (the shell exited).
+        """
+        while True:
+            text = self._buffer.lstrip()
+            if text.endswith("}\n") or text.endswith("}"):
+                try:
+                    _, end = self._decoder.raw_decode(text)
+                except ValueError:
+                    pass
+                else:
+                    self._buffer = text[end:]
+                    return text[:end]
+            chunk = await self._reader.read(65536)
+            if not chunk:
+                raise LvmShellError("the shell exited")
+            self._buffer += chunk.decode(errors="replace")
+
+    def close(self) -> None:
+        self._transport.close()
+
+
 class LvmShell:
     """One ``lvm`` shell process; :meth:`run` sends one command at a time."""
 
@@ -156,10 +202,7 @@ class LvmShell:
         self.profile = profile
         self._lock = asyncio.Lock()
         self._proc: asyncio.subprocess.Process | None = None
-        self._reports: asyncio.StreamReader | None = None
-        self._reports_transport: asyncio.ReadTransport | None = None
-        self._buffer = ""
-        self._decoder = json.JSONDecoder()
+        self._reports: ReportPipe | None = None
         self._stderr: deque[str] = deque(maxlen=STDERR_LINES)
         self._drains: list[asyncio.Task[None]] = []
 
@@ -203,11 +246,7 @@ class LvmShell:
             raise LvmShellError(f"cannot start the lvm shell: {err}") from err
         finally:
             os.close(write_end)
-        loop = asyncio.get_running_loop()
-        reports = self._reports = asyncio.StreamReader(limit=1 << 20)
-        self._reports_transport, _ = await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reports), os.fdopen(read_end, "rb", buffering=0))
-        self._buffer = ""
+        self._reports = await ReportPipe.open(read_end)
         self._stderr.clear()
         assert self._proc.stdout is not None and self._proc.stderr is not None
         self._drains = [asyncio.create_task(_drain(self._proc.stdout, None)),
@@ -265,9 +304,10 @@ class LvmShell:
             await self._kill()
             raise _NotDelivered(f"lvm shell for {self.name} did not take {args[0]}: "
                                 f"{err or type(err).__name__}") from err
+        assert self._reports is not None
         try:
             async with asyncio.timeout(timeout):
-                document = await self._next_document()
+                document = await self._reports.next_document()
         except TimeoutError:
             await self._kill(shown, timeout)
             raise CommandError(shown, None, self._stderr_text(), timed_out=True,
@@ -293,24 +333,6 @@ class LvmShell:
         log.debug("lvm shell %s: %s -> %d in %.3f s", self.name, args[0], status,
                   time.monotonic() - started)
         return Answer(status, errors, document)
-
-    async def _next_document(self) -> str:
-        """The next complete JSON document from the report pipe, as text."""
-        assert self._reports is not None
-        while True:
-            text = self._buffer.lstrip()
-            if text.endswith("}\n") or text.endswith("}"):
-                try:
-                    _, end = self._decoder.raw_decode(text)
-                except ValueError:
-                    pass
-                else:
-                    self._buffer = text[end:]
-                    return text[:end]
-            chunk = await self._reports.read(65536)
-            if not chunk:
-                raise LvmShellError("the shell exited")
-            self._buffer += chunk.decode(errors="replace")
 
     def _stderr_text(self) -> str:
         return "\n".join(self._stderr)
@@ -349,15 +371,13 @@ class LvmShell:
                     stuck = stuck_processes(proc.pid)
             if proc.stdin is not None:
                 proc.stdin.close()
-        if self._reports_transport is not None:
-            self._reports_transport.close()
-            self._reports_transport = None
+        if self._reports is not None:
+            self._reports.close()
         for task in self._drains:
             task.cancel()
         await asyncio.gather(*self._drains, return_exceptions=True)
         self._drains = []
         self._reports = None
-        self._buffer = ""
         if stuck is not None:
             shown = list(argv) if argv is not None else [binary("lvm"), "(shell)"]
             log.error("lvm shell for %s did not end within %g s of SIGKILL: pid %s still "

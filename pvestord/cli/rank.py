@@ -20,8 +20,8 @@ from pvestord.adapters.config import StorageConfig, load_storage_config
 from pvestord.engine import nodereport
 from pvestord.errors import PvestordError
 from pvestord.features import ranking
-from pvestord.features.volumes import check_vmid
 from pvestord.policy.lvnames import chain_vmid
+from pvestord.policy.volumes import check_vmid
 
 
 class RankError(PvestordError):

@@ -15,6 +15,7 @@ from pvestord import paths
 from pvestord.cli.options import add_lock_options
 from pvestord.features import volumes
 from pvestord.policy.sizes import format_size, parse_size
+from pvestord.policy.volumes import VolumeError, check_vmid, parse_volume_id
 
 
 def _size(text: str) -> int:
@@ -27,10 +28,10 @@ def _size(text: str) -> int:
 
 def _vmid(text: str) -> int:
     try:
-        return volumes.check_vmid(int(text, 10))
+        return check_vmid(int(text, 10))
     except ValueError as err:
         raise argparse.ArgumentTypeError(f"not a VMID: {text!r}") from err
-    except volumes.VolumeError as err:
+    except VolumeError as err:
         raise argparse.ArgumentTypeError(str(err)) from err
 
 
@@ -111,7 +112,7 @@ def _create(args: argparse.Namespace) -> int:
 
 
 def _shrink(args: argparse.Namespace) -> int:
-    volid = volumes.parse_volume_id(args.volid)
+    volid = parse_volume_id(args.volid)
     result = asyncio.run(volumes.shrink(_settings(args), volid, dry_run=args.dry_run))
     if args.json:
         print(json.dumps({**dataclasses.asdict(result), "volid": str(result.volid),

@@ -43,8 +43,8 @@ from pvestord import policy
 from pvestord.adapters import lvm, qemu_img
 from pvestord.adapters.config import ThinStorage, thin_from_options
 from pvestord.errors import PvestordError
-from pvestord.features.volumes import initial_lv_size
 from pvestord.policy.sizes import KiB, align_up
+from pvestord.policy.volumes import initial_lv_size
 
 #: ``PVE::Storage::Common::qemu_img_create_qcow2_backed``'s fixed overlay layout.
 OVERLAY_CLUSTER_SIZE = 128 * KiB

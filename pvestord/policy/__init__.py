@@ -10,6 +10,8 @@ needs from here; the submodules group them by question:
 - :mod:`~pvestord.policy.table`: this node's device-mapper table against LVM;
 - :mod:`~pvestord.policy.devices`, :mod:`~pvestord.policy.resume`: which
   device is which drive, and when a paused VM may run again;
+- :mod:`~pvestord.policy.volumes`, :mod:`~pvestord.policy.cluster`: thin
+  volumes' names and sizes, and when pmxcfs's files prove a VM stopped;
 - :mod:`~pvestord.policy.reason`, :mod:`~pvestord.policy.sizes`: the
   vocabulary (why a drive was queued, byte sizes).
 """

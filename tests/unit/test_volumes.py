@@ -19,28 +19,32 @@ from hypothesis import strategies as st
 from pvestord import policy
 from pvestord.adapters.config import parse_storage_config
 from pvestord.features.volumes import (
-    MAX_VOLUMES_PER_GUEST,
+    VolumeSettings,
+    cluster_report,
+    refuse_if_running,
+    thin_storage,
+)
+from pvestord.policy.cluster import (
     ClusterView,
     Membership,
-    ShrinkRefused,
-    VolumeError,
-    VolumeId,
-    VolumeSettings,
-    check_virtual_size,
-    cluster_report,
     cross_node_refusal,
-    initial_lv_size,
-    next_disk_name,
     parse_members,
     parse_rrd,
-    parse_volname,
-    parse_volume_id,
-    refuse_if_running,
-    shrink_target,
-    thin_storage,
     vmlist_owner,
 )
 from pvestord.policy.sizes import GiB, MiB
+from pvestord.policy.volumes import (
+    MAX_VOLUMES_PER_GUEST,
+    ShrinkRefused,
+    VolumeError,
+    VolumeId,
+    check_virtual_size,
+    initial_lv_size,
+    next_disk_name,
+    parse_volname,
+    parse_volume_id,
+    shrink_target,
+)
 
 PVESTORD = Path(sys.executable).with_name("pvestord")
 TIMEOUT = 30.0
