@@ -13,7 +13,7 @@ MiB = 1024 * 1024
 def thin_drive(index: int) -> Drive:
     view = ThinDriveView(file_node=f"file{index}", format_node=f"fmt{index}",
                          path=f"/dev/san/vm-101-disk-{index}.qcow2", virtual_size=8192 * MiB,
-                         allocation=0, threshold=0, device_size=256 * MiB)
+                         allocation=0, threshold=0)
     storage = ThinStorage("san", "san", chunksize=256 * MiB, chunk_percentage=0.5,
                           initial_size=256 * MiB, shared=True, options={})
     return Drive(view, "san", f"vm-101-disk-{index}.qcow2", storage, maximum=8196 * MiB,

@@ -214,7 +214,7 @@ async def test_a_stuck_command_keeps_the_locks_until_it_is_gone(tmp_path: Path) 
         started = time.monotonic()
         with pytest.raises(LvmError):
             async with lock.acquire_async(1.0):
-                raise LvmError("extending LV san/x", unkillable) from unkillable
+                raise LvmError("extending LV san/x") from unkillable
         assert time.monotonic() - started < LIFE, "the pass waited for the stuck command"
         mark = health.get("san")
         assert mark is not None and str(stuck.pid) in mark.reason
