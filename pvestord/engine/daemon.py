@@ -57,7 +57,8 @@ from pvestord.adapters.vghealth import VgHealth
 from pvestord.adapters.vms import LocalVm, local_vm, local_vms
 from pvestord.adapters.watch import FolderWatch
 from pvestord.engine import nodereport
-from pvestord.engine.extender import Extender, VmOutcome
+from pvestord.engine.drive import VmOutcome
+from pvestord.engine.extender import Extender
 from pvestord.engine.migration import ExtensionsDeferred
 from pvestord.errors import ConfigError, PvestordError
 from pvestord.policy import Reason

@@ -10,6 +10,8 @@ needs from here; the submodules group them by question:
 - :mod:`~pvestord.policy.table`: this node's device-mapper table against LVM;
 - :mod:`~pvestord.policy.devices`, :mod:`~pvestord.policy.resume`: which
   device is which drive, and when a paused VM may run again;
+- :mod:`~pvestord.policy.requests`: which drives a queue entry asks a pass
+  to look at, and when the entry leaves the queue;
 - :mod:`~pvestord.policy.reason`, :mod:`~pvestord.policy.sizes`: the
   vocabulary (why a drive was queued, byte sizes).
 """
@@ -36,7 +38,15 @@ from pvestord.policy.extension import (
     wanted_headroom,
 )
 from pvestord.policy.reason import Reason
-from pvestord.policy.resume import BlockedBecause, ResumeBlocker, resume_blocker
+from pvestord.policy.requests import EntryFate, entry_fate, reason_for, requests_from
+from pvestord.policy.resume import (
+    BlockedBecause,
+    ResumeBlocker,
+    ResumeDecision,
+    another_round,
+    may_resume,
+    resume_blocker,
+)
 from pvestord.policy.table import TableState, table_state
 
 __all__ = [
@@ -47,6 +57,7 @@ __all__ = [
     "Decision",
     "DriveIdentity",
     "DriveState",
+    "EntryFate",
     "Extend",
     "ExtendPastMaximum",
     "ExtensionState",
@@ -54,16 +65,22 @@ __all__ = [
     "Nothing",
     "Reason",
     "ResumeBlocker",
+    "ResumeDecision",
     "TableState",
+    "another_round",
     "classify",
     "decide",
     "device_filenames",
     "device_on",
     "enospc_is_new",
+    "entry_fate",
     "exceeded",
     "extend_target",
     "maximum_size",
     "may_pass_maximum",
+    "may_resume",
+    "reason_for",
+    "requests_from",
     "resume_blocker",
     "table_state",
     "threshold",

@@ -33,7 +33,8 @@ from pvestord.adapters.qemu_img import (
 )
 from pvestord.adapters.qmp import migration_status_from, run_state_from, thin_drives_from
 from pvestord.adapters.queue import VMID_MAX, VMID_MIN, Entry, check_node_name
-from pvestord.engine.extender import MIGRATING, Drive
+from pvestord.engine.drive import Drive
+from pvestord.engine.migration import MIGRATING
 from pvestord.errors import PvestordError
 from pvestord.policy import BlockDevice
 from qmeventd_py import events
