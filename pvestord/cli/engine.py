@@ -11,7 +11,7 @@ from pathlib import Path
 from pvestord.adapters.vms import local_vm, local_vms
 from pvestord.cli.options import add_node_options, settings_from
 from pvestord.engine import daemon
-from pvestord.engine.daemon import StorageConfigSource
+from pvestord.engine.configsource import StorageConfigSource
 from pvestord.engine.drive import DriveReport
 from pvestord.engine.drivereport import drive_reports
 from pvestord.engine.extender import Extender
