@@ -35,7 +35,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Literal
 
 from pvestord import paths
 from pvestord.adapters import locks, vghealth
@@ -473,10 +472,6 @@ class DaemonSettings:
     #: queue lives (pmxcfs lock directories under ``/etc/pve``, else ``flock``
     #: files in ``/var/lock/pve-manager``).
     lock_dir: Path | None = None
-    #: Force a lock backend: ``mkdir`` (pmxcfs-style lock directories, needed
-    #: where ``flock`` does not reach across nodes, as on the two-node bed's
-    #: shared folder), ``flock``, or ``auto`` (decided by location).
-    lock_backend: Literal["auto", "mkdir", "flock"] = "auto"
     #: Seconds between reads of the queue for entries written by other nodes,
     #: which FUSE (pmxcfs) does not report through inotify. The original
     #: proposal polled every second; 2 s halves the idle cost, and local
@@ -558,6 +553,3 @@ class DaemonSettings:
                 " could ever start")
         if not self.node:
             raise ConfigError("node name is empty")
-        if self.lock_backend not in ("auto", "mkdir", "flock"):
-            raise ConfigError(f"lock backend = {self.lock_backend}: must be auto, mkdir"
-                              " or flock")

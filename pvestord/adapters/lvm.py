@@ -57,11 +57,7 @@ _NAME = re.compile(r"^[A-Za-z0-9+_.][A-Za-z0-9+_.-]*$")
 
 
 class LvmError(PvestordError):
-    """An LVM command failed; ``cause`` is the :class:`CommandError`."""
-
-    def __init__(self, message: str, cause: CommandError | None = None) -> None:
-        super().__init__(message)
-        self.cause = cause
+    """An LVM command failed (the :class:`CommandError`, if any, is its ``__cause__``)."""
 
 
 class VgFullError(LvmError):
@@ -115,15 +111,15 @@ def _argv(command: str, *args: str) -> list[str]:
 def _classify(err: CommandError, what: str) -> LvmError:
     text = err.stderr
     if err.timed_out:
-        return LvmError(f"{what}: {err}", err)
+        return LvmError(f"{what}: {err}")
     if "Insufficient free space" in text or "insufficient free extents" in text.lower():
-        return VgFullError(f"{what}: volume group is full: {_last_line(text)}", err)
+        return VgFullError(f"{what}: volume group is full: {_last_line(text)}")
     if "Failed to find logical volume" in text or "not found in volume group" in text or (
             "Volume group" in text and "not found" in text):
-        return LvMissingError(f"{what}: {_last_line(text)}", err)
+        return LvMissingError(f"{what}: {_last_line(text)}")
     if "lock" in text.lower() and ("timeout" in text.lower() or "busy" in text.lower()):
-        return LvmLockError(f"{what}: {_last_line(text)}", err)
-    return LvmError(f"{what}: {err}", err)
+        return LvmLockError(f"{what}: {_last_line(text)}")
+    return LvmError(f"{what}: {err}")
 
 
 def _last_line(text: str) -> str:

@@ -77,7 +77,6 @@ class ThinDriveView:
     virtual_size: int
     allocation: int
     threshold: int
-    device_size: int
     #: The qcow2 node's ``image`` (QEMU's ImageInfo, the same shape as
     #: ``qemu-img info --output=json``): cluster size, extended L2, bitmaps.
     image: Mapping[str, Any] = field(default_factory=dict, compare=False)
@@ -279,6 +278,7 @@ def thin_drives_from(nodes: object, stats: object) -> list[ThinDriveView]:
         if child is None or child.get("ro") is not False:
             continue
         virtual_size = _get_size(fmt.get("image"), "virtual-size")
+        # A host_device without a size of its own is no device we can extend.
         device_size = _get_size(child.get("image"), "virtual-size")
         if virtual_size is None or device_size is None or not isinstance(path, str):
             continue
@@ -287,7 +287,7 @@ def thin_drives_from(nodes: object, stats: object) -> list[ThinDriveView]:
             file_node=child["node-name"], format_node=fmt["node-name"], path=path,
             virtual_size=virtual_size, allocation=allocation.get(child["node-name"], 0),
             threshold=0 if threshold is None else threshold,
-            device_size=device_size, image=fmt["image"],
+            image=fmt["image"],
         ))
     return drives
 

@@ -11,8 +11,10 @@ from pathlib import Path
 from pvestord.adapters.vms import local_vm, local_vms
 from pvestord.cli.options import add_node_options, settings_from
 from pvestord.engine import daemon
-from pvestord.engine.daemon import StorageConfigSource
-from pvestord.engine.extender import DriveReport, Extender
+from pvestord.engine.configsource import StorageConfigSource
+from pvestord.engine.drive import DriveReport
+from pvestord.engine.drivereport import drive_reports
+from pvestord.engine.extender import Extender
 from pvestord.errors import PvestordError
 from pvestord.policy import Reason
 from pvestord.policy.sizes import format_size
@@ -102,7 +104,7 @@ def _drives(args: argparse.Namespace) -> int:
         reports: list[DriveReport] = []
         for vm in local_vms(settings.run_dir):
             try:
-                reports += await extender.report(vm)
+                reports += await drive_reports(extender, vm)
             except PvestordError as err:
                 print(f"pvestord: VM {vm.vmid}: {err}")
         return reports

@@ -1,8 +1,14 @@
 """The daemon: turns queue entries and reconciles into extensions.
 
-``daemon`` owns the loops (queue, reconcile, watchdog, node report);
-``extender`` runs one pass over a VM (observe through QMP, decide with
-:mod:`pvestord.policy`, grow under the locks, re-arm, resume); ``migration``
-holds the rules of live migration both ends follow; ``nodereport`` publishes
-this node's view of each thin storage.
+``daemon`` owns the loops (queue, reconcile, watchdog, node report in
+``reportloop``); ``passes`` supervises the passes in flight and their
+deadlines; ``failures`` their backoffs and error lines. ``extender`` runs one
+pass over a VM (observe through QMP, decide with :mod:`pvestord.policy`, grow
+under the locks, re-arm, resume), composed of ``drive`` (the model),
+``lvfigures`` (what is remembered of LVM), ``gates`` (per-VG gate and storage
+lock), ``tables`` (this node's device-mapper tables), ``lvgrowth`` (one
+extension), ``settle`` (re-arm and resume) and ``incoming`` (a migration's
+destination catching up). ``migration`` holds the rules of live migration
+both ends follow; ``nodereport`` publishes this node's view of each thin
+storage; ``drivereport`` and ``configsource`` serve the commands too.
 """

@@ -48,10 +48,16 @@ from pvestord.adapters import lvm, qemu_img
 from pvestord.adapters.command import KILL_WAIT
 from pvestord.adapters.config import DaemonSettings, StorageConfig, ThinStorage
 from pvestord.adapters.locks import Held, VgLock, vg_lock
-from pvestord.adapters.qmp import VmBusyError
+from pvestord.adapters.qmp import (
+    MIGRATION_STATES,
+    VmBusyError,
+    VmMonitor,
+    migration_status_from,
+)
 from pvestord.adapters.service import fields
 from pvestord.adapters.vghealth import VgHealth
 from pvestord.adapters.vmconfig import read_config_lock
+from pvestord.engine.gates import STORAGE_LOCK_TIMEOUT
 from pvestord.errors import PvestordError
 from pvestord.policy.lvnames import chain_vmid
 from pvestord.policy.sizes import format_size
@@ -59,8 +65,11 @@ from pvestord.policy.vmconfig import ConfigLockRule, config_lock_rule
 
 log = logging.getLogger(__name__)
 
-#: As the extender's: ``cfs_lock``'s acquire budget.
-STORAGE_LOCK_TIMEOUT = 10.0
+#: ``query-migrate`` statuses of a migration in flight (``completed`` leaves
+#: the source in run state ``postmigrate``, already one of MIGRATION_STATES).
+MIGRATING = frozenset({"setup", "active", "postcopy-active", "postcopy-paused",
+                       "postcopy-recover", "pre-switchover", "device", "wait-unplug",
+                       "cancelling"})
 #: How long an outgoing mark defers extensions while QEMU shows no migration
 #: in flight, counted from when the mark was written or the migration was
 #: last seen in flight (which refreshes the mark). The hook calls ``begin``
@@ -185,6 +194,23 @@ def config_lock(settings: DaemonSettings, vmid: int, *, in_flight: bool,
     if found is None:
         return ConfigLockRule.NONE
     return config_lock_rule(found.lock, age=found.age, in_flight=in_flight)
+
+
+async def migrating_away(monitor: VmMonitor) -> bool:
+    """Whether the VM behind ``monitor`` is migrating away, or has gone.
+
+    ``completed`` alone is not enough: a destination reports its incoming
+    migration as ``completed`` too. The source is the one left in run state
+    ``postmigrate``. Seen in the two-node tier: a pass read the run state
+    while the migration was active and ``query-migrate`` just after it
+    completed, and grew the LV of a VM that already ran on the other node.
+    """
+    status = migration_status_from(await monitor.execute("query-migrate"))
+    if status in MIGRATING:
+        return True
+    if status == "completed":
+        return (await monitor.run_state()).status in MIGRATION_STATES
+    return False
 
 
 @dataclass(frozen=True)

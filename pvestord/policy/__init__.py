@@ -12,6 +12,8 @@ needs from here; the submodules group them by question:
   device is which drive, and when a paused VM may run again;
 - :mod:`~pvestord.policy.volumes`, :mod:`~pvestord.policy.cluster`: thin
   volumes' names and sizes, and when pmxcfs's files prove a VM stopped;
+- :mod:`~pvestord.policy.requests`: which drives a queue entry asks a pass
+  to look at, and when the entry leaves the queue;
 - :mod:`~pvestord.policy.reason`, :mod:`~pvestord.policy.sizes`: the
   vocabulary (why a drive was queued, byte sizes).
 """
@@ -45,7 +47,15 @@ from pvestord.policy.extension import (
     wanted_headroom,
 )
 from pvestord.policy.reason import Reason
-from pvestord.policy.resume import BlockedBecause, ResumeBlocker, resume_blocker
+from pvestord.policy.requests import EntryFate, entry_fate, reason_for, requests_from
+from pvestord.policy.resume import (
+    BlockedBecause,
+    ResumeBlocker,
+    ResumeDecision,
+    another_round,
+    may_resume,
+    resume_blocker,
+)
 from pvestord.policy.table import TableState, table_state
 
 __all__ = [
@@ -56,6 +66,7 @@ __all__ = [
     "Decision",
     "DriveIdentity",
     "DriveState",
+    "EntryFate",
     "Extend",
     "ExtendPastMaximum",
     "ExtensionState",
@@ -63,18 +74,24 @@ __all__ = [
     "Nothing",
     "Reason",
     "ResumeBlocker",
+    "ResumeDecision",
     "TableState",
+    "another_round",
     "classify",
     "decide",
     "device_filenames",
     "device_on",
     "enospc_is_new",
+    "entry_fate",
     "exceeded",
     "extend_target",
     "hands_enospc_to_guest",
     "maximum_size",
     "may_pass_maximum",
+    "may_resume",
     "qom_path",
+    "reason_for",
+    "requests_from",
     "resume_blocker",
     "table_state",
     "threshold",

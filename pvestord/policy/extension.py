@@ -104,17 +104,14 @@ class Arm:
 
 @dataclass(frozen=True)
 class Extend:
-    """Grow the LV to ``target``, then arm ``threshold`` (None: at the maximum,
-    disarm), then ``cont`` the VM if ``resume``.
+    """Grow the LV to ``target``.
 
-    ``threshold`` assumes the LV ends up exactly at ``target``; if the size
-    read back differs (someone else extended it too), decide again on a fresh
-    observation instead.
+    What follows is decided again on a fresh observation (the size read back
+    may differ: someone else extended it too): the threshold to arm, and
+    whether a VM paused for room may run.
     """
 
     target: int
-    threshold: int | None
-    resume: bool
 
 
 @dataclass(frozen=True)
@@ -258,8 +255,7 @@ def decide(state: DriveState) -> Decision:
     if state.paused_nospace or state.reason is Reason.MANUAL or exceeded(state):
         target = extend_target(state.lv_size, state.allocation, state.chunksize, cap,
                                state.extent_size)
-        new = threshold(target, state.chunksize, state.chunk_percentage)
-        return Extend(target, None if target >= cap else new, resume=state.paused_nospace)
+        return Extend(target)
     wanted = threshold(state.lv_size, state.chunksize, state.chunk_percentage)
     if state.threshold == wanted:
         return Nothing()

@@ -47,3 +47,35 @@ def resume_blocker(nospace: Sequence[BlockDevice], usable: Collection[DriveIdent
         return ResumeBlocker(sorted(failing, key=lambda d: d.path)[0].path,
                              BlockedBecause.DRIVE_FAILED)
     return None
+
+
+@dataclass(frozen=True)
+class ResumeDecision:
+    """Whether to ``cont`` a VM after a round, and what blocks it if not."""
+
+    resume: bool
+    #: Why a VM paused for room stays paused (said to the operator); None
+    #: when it resumes, is not paused, or waits for another round.
+    blocker: ResumeBlocker | None = None
+
+
+def may_resume(*, paused_for_room: bool, need_more: bool, nospace: Sequence[BlockDevice],
+               usable: Collection[DriveIdentity], failing: Collection[DriveIdentity],
+               unowned_pause: bool) -> ResumeDecision:
+    """Whether a VM seen after a round's re-arm may run again.
+
+    Only a VM paused for room is resumed, never while a drive still needs
+    more (a fast writer already past the new threshold gets another round
+    first), and only when nothing blocks it (:func:`resume_blocker`).
+    """
+    if not paused_for_room or need_more:
+        return ResumeDecision(False)
+    blocker = resume_blocker(nospace, usable, failing, unowned_pause=unowned_pause)
+    return ResumeDecision(blocker is None, blocker)
+
+
+def another_round(*, need_more: bool, paused_for_room: bool, resumed: bool,
+                  extended: bool) -> bool:
+    """Whether the pass goes round again after a re-arm: a drive needs more,
+    or the VM stays paused for room although this round grew a drive."""
+    return need_more or (paused_for_room and not resumed and extended)

@@ -238,7 +238,7 @@ def test_daemon_settings_defaults_and_validation() -> None:
     assert settings.poll_interval == 2.0 and settings.reconcile_interval == 30.0
     assert str(settings.run_dir) == "/var/run/qemu-server"
     assert str(settings.queue) == "/etc/pve/extend-queue"
-    assert settings.lock_dir is None and settings.lock_backend == "auto"
+    assert settings.lock_dir is None
     assert settings.inotify and not settings.global_worker
     assert settings.node and "." not in settings.node
     with pytest.raises(ConfigError, match="poll-interval = 0"):

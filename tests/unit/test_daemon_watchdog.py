@@ -1,6 +1,6 @@
 """The pass deadline and the progress watchdog (REVIEW 2.3), and the busy backoff (4.1).
 
-The rules are pure (:func:`pvestord.engine.daemon.engine_wedged`, ``VmRetry``); the
+The rules are pure (:func:`pvestord.engine.passes.engine_wedged`, ``VmRetry``); the
 process tests run ``pvestord run`` with a real ``NOTIFY_SOCKET`` (a datagram
 socket read here) and ``WATCHDOG_USEC``, and read the ``WATCHDOG=1`` datagrams.
 """
@@ -23,7 +23,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pvestord.engine.daemon import BUSY_FIRST, BUSY_MAX, WEDGE_GRACE, VmRetry, engine_wedged
+from pvestord.engine.failures import BUSY_FIRST, BUSY_MAX, VmRetry
+from pvestord.engine.passes import WEDGE_GRACE, engine_wedged
 from tests.harness.daemonlog import parse
 from tests.harness.qmpproxy import NeverAnsweringQmp
 
@@ -198,8 +199,9 @@ async def test_a_pass_that_ignores_its_cancellation_stops_the_pings(
     from pvestord.adapters.config import DaemonSettings
     from pvestord.adapters.vms import LocalVm
     from pvestord.engine import daemon as daemon_module
+    from pvestord.engine import passes
 
-    monkeypatch.setattr(daemon_module, "engine_wedged",
+    monkeypatch.setattr(passes, "engine_wedged",
                         functools.partial(engine_wedged, grace=0.5))
     monkeypatch.setenv("NOTIFY_SOCKET", str(notify.path))
     monkeypatch.setenv("WATCHDOG_USEC", str(WATCHDOG_USEC))

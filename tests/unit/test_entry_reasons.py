@@ -2,30 +2,17 @@
 
 from __future__ import annotations
 
-from pvestord.adapters.config import ThinStorage
-from pvestord.adapters.qmp import ThinDriveView
-from pvestord.engine.extender import Drive, reason_for
-from pvestord.policy import Reason
+from hypothesis import given
+from hypothesis import strategies as st
 
-MiB = 1024 * 1024
+from pvestord.policy import Reason, reason_for
 
-
-def thin_drive(index: int) -> Drive:
-    view = ThinDriveView(file_node=f"file{index}", format_node=f"fmt{index}",
-                         path=f"/dev/san/vm-101-disk-{index}.qcow2", virtual_size=8192 * MiB,
-                         allocation=0, threshold=0, device_size=256 * MiB)
-    storage = ThinStorage("san", "san", chunksize=256 * MiB, chunk_percentage=0.5,
-                          initial_size=256 * MiB, shared=True, options={})
-    return Drive(view, "san", f"vm-101-disk-{index}.qcow2", storage, maximum=8196 * MiB,
-                 extent_size=4 * MiB, lv_size=256 * MiB)
-
-
-DRIVES = [thin_drive(0), thin_drive(1)]
+DRIVES = [{"file0", "fmt0"}, {"file1", "fmt1"}]
 THIN_NODES = {"file0", "fmt0", "file1", "fmt1"}
 
 
 def reasons(requests: dict[str, Reason]) -> list[Reason | None]:
-    return [reason_for(d, requests, THIN_NODES) for d in DRIVES]
+    return [reason_for(names, requests, THIN_NODES) for names in DRIVES]
 
 
 def test_a_name_of_a_thin_drive_applies_to_that_drive_only() -> None:
@@ -43,4 +30,30 @@ def test_only_nospace_falls_back_to_every_thin_drive() -> None:
 
 
 def test_reconcile_looks_at_every_drive() -> None:
-    assert [reason_for(d, None, THIN_NODES) for d in DRIVES] == [Reason.ARM, Reason.ARM]
+    assert [reason_for(names, None, THIN_NODES) for names in DRIVES] == [Reason.ARM, Reason.ARM]
+
+
+names = st.sampled_from(["file0", "fmt0", "file1", "fmt1", "drive-scsi0", "file-typo"])
+requests = st.dictionaries(names, st.sampled_from(Reason), max_size=6)
+
+
+@given(requests)
+def test_a_drive_gets_the_strongest_reason_that_applies_to_it(asked: dict[str, Reason]) -> None:
+    for drive in DRIVES:
+        reason = reason_for(drive, asked, THIN_NODES)
+        named = [r for n, r in asked.items() if n in drive]
+        fallback = [r for n, r in asked.items() if n not in THIN_NODES and r is Reason.NOSPACE]
+        if not named and not fallback:
+            assert reason is None  # never another drive's request
+        else:
+            assert reason is not None
+            assert reason.strength == max(r.strength for r in named + fallback)
+
+
+@given(requests)
+def test_only_nospace_reaches_drives_it_does_not_name(asked: dict[str, Reason]) -> None:
+    unnamed = {n: r for n, r in asked.items() if n not in THIN_NODES}
+    for drive in DRIVES:
+        reason = reason_for(drive, unnamed, THIN_NODES)
+        assert reason in (None, Reason.NOSPACE)
+        assert (reason is Reason.NOSPACE) == (Reason.NOSPACE in unnamed.values())

@@ -33,7 +33,8 @@ from pvestord.adapters.qemu_img import (
 )
 from pvestord.adapters.qmp import migration_status_from, run_state_from, thin_drives_from
 from pvestord.adapters.queue import VMID_MAX, VMID_MIN, Entry, check_node_name
-from pvestord.engine.extender import MIGRATING, Drive
+from pvestord.engine.drive import Drive
+from pvestord.engine.migration import MIGRATING
 from pvestord.errors import PvestordError
 from pvestord.policy import BlockDevice
 from qmeventd_py import events
@@ -115,12 +116,11 @@ def test_block_replies_give_drives_a_pass_can_use(nodes: Any, stats: Any) -> Non
         assert (drive.file_node, drive.format_node, drive.path) == ("e0", "f0", LV)
         assert (drive.allocation, drive.threshold) == (42 * MiB, 128 * MiB)
     for drive in drives:
-        for figure in (drive.virtual_size, drive.allocation, drive.threshold,
-                       drive.device_size):
+        for figure in (drive.virtual_size, drive.allocation, drive.threshold):
             assert type(figure) is int and figure >= 0
         # What the pass does with a view next: the policy's state, the image's maximum.
         Drive(drive, "san", "vm-101-disk-0.qcow2", None, maximum=drive.virtual_size,
-              extent_size=4 * MiB, lv_size=drive.device_size).state()
+              extent_size=4 * MiB, lv_size=drive.virtual_size).state()
         try:
             info = parse_info(drive.image)
         except QemuImgError:

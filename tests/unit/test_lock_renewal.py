@@ -170,12 +170,12 @@ async def test_a_thick_storage_lock_on_the_vg_blocks_the_thin_extension(
     first = json.loads(await asyncio.wait_for(proxmox.stdout.readline(), PATIENCE))
     assert first["event"] == "acquired"
     with pytest.raises(LockTimeout, match="storage-thick1"):
-        async with extender._storage_lock(thin).acquire_async(1.0):
+        async with extender.gates.storage_lock(thin).acquire_async(1.0):
             pytest.fail("extended while Proxmox held storage-thick1")
     assert not (locks / "storage-thin1").exists(), "a lock taken before the wait was kept"
     release.touch()
     assert await events_of(proxmox) == ["released"]
-    async with extender._storage_lock(thin).acquire_async(PATIENCE):
+    async with extender.gates.storage_lock(thin).acquire_async(PATIENCE):
         assert sorted(p.name for p in locks.iterdir()) == ["storage-thick1", "storage-thin1"]
     assert list(locks.iterdir()) == []
 
@@ -191,7 +191,7 @@ async def test_a_marked_vg_is_refused_before_any_lock_is_taken(tmp_path: Path) -
     extender = Extender(DaemonSettings(node="n1", lock_dir=locks,
                                        vg_health_dir=tmp_path / "marks"), lambda: config)
     with pytest.raises(VgUnhealthyError, match="pid 1234"):
-        async with extender._storage_lock(thin).acquire_async(1.0):
+        async with extender.gates.storage_lock(thin).acquire_async(1.0):
             pytest.fail("a change started on a marked VG")
     assert list(locks.iterdir()) == []
     async with vg_lock("other", config.vg_users("other"), lock_dir=locks,
@@ -214,7 +214,7 @@ async def test_a_stuck_command_keeps_the_locks_until_it_is_gone(tmp_path: Path) 
         started = time.monotonic()
         with pytest.raises(LvmError):
             async with lock.acquire_async(1.0):
-                raise LvmError("extending LV san/x", unkillable) from unkillable
+                raise LvmError("extending LV san/x") from unkillable
         assert time.monotonic() - started < LIFE, "the pass waited for the stuck command"
         mark = health.get("san")
         assert mark is not None and str(stuck.pid) in mark.reason

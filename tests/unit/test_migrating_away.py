@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from pvestord.adapters.qmp import RunState
-from pvestord.engine.extender import migrating_away
+from pvestord.engine.migration import migrating_away
 
 
 class FakeMonitor:

@@ -87,7 +87,9 @@ def test_past_threshold_extends_at_once_instead_of_arming() -> None:
     state = drive(allocation=130 * MiB)  # nothing armed (e.g. after a VM restart)
     assert exceeded(state)
     assert classify(state) is ExtensionState.EXCEEDED
-    assert decide(state) == Extend(512 * MiB, 384 * MiB, resume=False)
+    assert decide(state) == Extend(512 * MiB)
+    # The next look, at the new size, arms the threshold of the grown LV.
+    assert decide(dataclasses.replace(state, lv_size=512 * MiB)) == Arm(384 * MiB)
 
 
 def test_allocation_exactly_at_threshold_is_not_exceeded() -> None:
@@ -99,7 +101,7 @@ def test_lv_smaller_than_wanted_headroom_counts_as_exceeded() -> None:
     state = drive(lv_size=EXTENT, chunksize=GiB)
     assert exceeded(state)
     decision = decide(state)
-    assert decision == Extend(GiB + EXTENT, EXTENT + GiB // 2, resume=False)
+    assert decision == Extend(GiB + EXTENT)
 
 
 def test_nospace_pause_extends_and_resumes_even_below_threshold() -> None:
@@ -108,7 +110,7 @@ def test_nospace_pause_extends_and_resumes_even_below_threshold() -> None:
     state = drive(allocation=10 * MiB, threshold=128 * MiB, paused_nospace=True,
                   reason=Reason.NOSPACE)
     assert classify(state) is ExtensionState.EXCEEDED
-    assert decide(state) == Extend(512 * MiB, 384 * MiB, resume=True)
+    assert decide(state) == Extend(512 * MiB)
 
 
 def test_stale_nospace_entry_without_pause_is_judged_by_headroom() -> None:
@@ -118,13 +120,13 @@ def test_stale_nospace_entry_without_pause_is_judged_by_headroom() -> None:
 
 def test_manual_extends_one_chunk_even_with_headroom() -> None:
     state = drive(allocation=0, threshold=128 * MiB, reason=Reason.MANUAL)
-    assert decide(state) == Extend(512 * MiB, 384 * MiB, resume=False)
+    assert decide(state) == Extend(512 * MiB)
 
 
 def test_last_step_reaches_the_maximum_without_threshold() -> None:
     top = maximum_size(8591507456, EXTENT)
     state = drive(lv_size=8 * GiB, allocation=8 * GiB - 100 * MiB, threshold=8 * GiB - 128 * MiB)
-    assert decide(state) == Extend(top, None, resume=False)
+    assert decide(state) == Extend(top)
     at_max = drive(lv_size=top, allocation=8 * GiB, threshold=0)
     assert decide(at_max) == AtMaximum(disarm=False)
     assert classify(at_max) is ExtensionState.AT_MAXIMUM
@@ -259,8 +261,11 @@ def carry_out(state: DriveState, decision: Decision) -> DriveState:
     match decision:
         case Arm(threshold=new):
             return dataclasses.replace(after, threshold=new)
-        case Extend(target=target, threshold=new):
-            return dataclasses.replace(after, lv_size=target, threshold=new or 0,
+        case Extend(target=target):
+            # The daemon arms the next threshold on its fresh look, none at the maximum.
+            new = 0 if target >= cap(state) else threshold(target, state.chunksize,
+                                                           state.chunk_percentage)
+            return dataclasses.replace(after, lv_size=target, threshold=new,
                                        paused_nospace=False)
         case ExtendPastMaximum(target=target):
             return dataclasses.replace(after, lv_size=target, threshold=0, paused_nospace=False)
@@ -320,11 +325,17 @@ def test_headroom_after_extension(state: DriveState) -> None:
         headroom = decision.target - state.allocation
         assert headroom >= state.chunksize * state.chunk_percentage
         assert headroom >= state.chunksize
-        # The new threshold is armed above the allocation, so it can fire.
-        assert decision.threshold is not None
-        assert state.allocation < decision.threshold < decision.target
-    if isinstance(decision, Extend) and decision.target >= cap(state):
-        assert decision.threshold is None  # at the maximum, no threshold
+    if isinstance(decision, Extend):
+        # The next look, at the new size, arms a threshold above the
+        # allocation, so it can fire; at the maximum, none.
+        grown = dataclasses.replace(state, lv_size=decision.target, threshold=0,
+                                    paused_nospace=False, reason=Reason.ARM)
+        if decision.target < cap(state):
+            armed = decide(grown)
+            assert isinstance(armed, Arm)
+            assert state.allocation < armed.threshold < decision.target
+        else:
+            assert decide(grown) == AtMaximum(disarm=False)
 
 
 @SETTINGS
@@ -356,9 +367,7 @@ def test_a_vm_paused_on_nospace_is_always_resumed(state: DriveState) -> None:
     decision = decide(state)
     if state.thin and state.paused_nospace and not (
             state.lv_size >= cap(state) and not may_pass_maximum(state)):
-        assert isinstance(decision, Extend | ExtendPastMaximum) and decision.resume
-    if isinstance(decision, Extend | ExtendPastMaximum) and decision.resume:
-        assert state.paused_nospace
+        assert isinstance(decision, Extend | ExtendPastMaximum)
 
 
 @SETTINGS

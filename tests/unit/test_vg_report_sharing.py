@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from pvestord.adapters.config import DaemonSettings, StorageConfig
-from pvestord.engine.extender import Extender
+from pvestord.adapters.config import DaemonSettings
+from pvestord.adapters.lvm import LvInfo
+from pvestord.engine.lvfigures import LvFigures
 
 MiB = 1024 * 1024
 
@@ -50,26 +51,27 @@ def calls(folder: Path) -> list[str]:
     return path.read_text().split() if path.exists() else []
 
 
-def extender() -> Extender:
-    engine = Extender(DaemonSettings(node="n1"), lambda: StorageConfig("", (), {}))
-    engine._extent_sizes["vg1"] = 4 * MiB
-    return engine
+def lv_figures() -> LvFigures:
+    """Figures that know vg1's extent size (as after any earlier read of it)."""
+    figures = LvFigures(DaemonSettings(node="n1"), shells=None)
+    figures.remember(LvInfo("vg1", "earlier", 4 * MiB, 4 * MiB, 0, active=True, open=False))
+    return figures
 
 
 async def test_concurrent_reconciles_share_one_vg_report(fake_lvm: Path) -> None:
-    engine = extender()
+    figures = lv_figures()
     sizes = await asyncio.gather(
-        engine._lv_sizes_of("vg1", "vm-1-disk-0", fresh=True, shared=True),
-        engine._lv_sizes_of("vg1", "vm-2-disk-0", fresh=True, shared=True))
+        figures.sizes_of("vg1", "vm-1-disk-0", fresh=True, shared=True),
+        figures.sizes_of("vg1", "vm-2-disk-0", fresh=True, shared=True))
     assert list(sizes) == [(64 * MiB, 4 * MiB), (96 * MiB, 4 * MiB)]
     assert calls(fake_lvm) == ["lvs"]
 
 
 async def test_our_own_change_is_never_answered_from_an_older_report(fake_lvm: Path) -> None:
-    engine = extender()
-    await engine._lv_sizes_of("vg1", "vm-1-disk-0", fresh=True, shared=True)
+    figures = lv_figures()
+    await figures.sizes_of("vg1", "vm-1-disk-0", fresh=True, shared=True)
     (fake_lvm / "sizes.json").write_text(json.dumps({"vm-1-disk-0": 128 * MiB}))
-    engine._changed("vg1")  # what _extend does after its lvextend
-    assert await engine._lv_sizes_of("vg1", "vm-1-disk-0", fresh=True, shared=True) == (
+    figures.changed("vg1")  # what an extension does after its lvextend
+    assert await figures.sizes_of("vg1", "vm-1-disk-0", fresh=True, shared=True) == (
         128 * MiB, 4 * MiB)
     assert calls(fake_lvm) == ["lvs", "lvs"]

@@ -66,7 +66,7 @@ WATCHDOG_USEC = 2_000_000
 #: the default.
 PASS_DEADLINE = 60.0
 #: From the stuck command's start to the deadline, the wedge (deadline +
-#: pvestord.engine.daemon.WEDGE_GRACE) and a few pings missed, with margin.
+#: pvestord.engine.passes.WEDGE_GRACE) and a few pings missed, with margin.
 WEDGE_TIMEOUT = 300.0
 
 

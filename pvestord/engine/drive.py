@@ -1,0 +1,105 @@
+"""The pass's model of a VM's drives: what one look saw, and what a pass did.
+
+A :class:`Drive` joins QEMU's view of a drive with its LV and storage; the
+policy's input is built from it (:meth:`Drive.state`). :class:`VmOutcome` is
+what the daemon's bookkeeping reads after a pass; :class:`DriveReport` is one
+line of ``pvestord drives``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from pvestord.adapters.config import ThinStorage
+from pvestord.adapters.qmp import ThinDriveView
+from pvestord.errors import PvestordError
+from pvestord.policy import DriveIdentity, DriveState, ExtensionState, Reason
+
+
+class StaleTableError(PvestordError):
+    """This node's device-mapper table of an LV is larger than the LV's metadata."""
+
+
+@dataclass(frozen=True)
+class Drive:
+    """A thin-drive candidate: QEMU's view joined with its storage."""
+
+    view: ThinDriveView
+    vg: str
+    lv: str
+    storage: ThinStorage | None
+    maximum: int
+    extent_size: int
+    #: The LV's size in LVM's metadata, as last read or set by us.
+    lv_size: int
+
+    def state(self, *, lv_size: int | None = None, paused_nospace: bool = False,
+              reason: Reason = Reason.ARM) -> DriveState:
+        storage = self.storage
+        return DriveState(
+            lv_size=self.lv_size if lv_size is None else lv_size,
+            allocation=self.view.allocation, threshold=self.view.threshold,
+            virtual_size=self.view.virtual_size, maximum=self.maximum,
+            extent_size=self.extent_size,
+            chunksize=storage.chunksize if storage else 1,
+            chunk_percentage=storage.chunk_percentage if storage else 0.5,
+            paused_nospace=paused_nospace, reason=reason, thin=storage is not None)
+
+    @property
+    def identity(self) -> DriveIdentity:
+        return DriveIdentity(self.view.path,
+                             frozenset({self.view.file_node, self.view.format_node}))
+
+
+@dataclass(frozen=True)
+class DriveReport:
+    """One drive's figures for ``pvestord drives`` (LV size read from LVM)."""
+
+    vmid: int
+    node_name: str
+    format_node: str
+    lv: str
+    storage: str | None
+    lv_size: int
+    device_size: int
+    allocation: int
+    threshold: int
+    maximum: int
+    virtual_size: int
+    state: ExtensionState
+    #: Why the drive needs an operator or a refresh (a stale table); None when fine.
+    problem: str | None = None
+
+
+@dataclass
+class RoundTimings:
+    """Where one round's time went, logged with each extension it made.
+
+    The benchmarks split an extension's latency with these (bench/latency.py):
+    the queue wait ends when the round starts; QMP, the lock wait and LVM
+    follow. Wall-clock for the start, so it compares with QEMU's event timestamp.
+    """
+
+    started_wall: float = field(default_factory=time.time)
+    started: float = field(default_factory=time.monotonic)
+    #: The round's QMP observation before its extensions.
+    observe_ms: int = 0
+
+
+@dataclass
+class VmOutcome:
+    """What one pass over a VM did, for the caller's bookkeeping."""
+
+    #: File node-names of thin drives seen in the VM.
+    drives: set[str] = field(default_factory=set)
+    #: Every node-name the VM has: an entry naming none of them is stale.
+    known_nodes: set[str] = field(default_factory=set)
+    extensions: int = 0
+    resumed: bool = False
+    #: Per file node: the error that stopped its work this pass.
+    errors: dict[str, PvestordError] = field(default_factory=dict)
+
+
+def ms_since(start: float) -> int:
+    return round((time.monotonic() - start) * 1000)

@@ -1,0 +1,134 @@
+"""One LV grown: under the VG gate and the storage lock, decided again on
+the LV as LVM says it is under the lock (another node may have grown it)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from pvestord import policy
+from pvestord.adapters import lvm
+from pvestord.adapters.command import KILL_WAIT
+from pvestord.adapters.config import DaemonSettings
+from pvestord.adapters.lvmshell import LvmShells
+from pvestord.adapters.qmp import VmBusyError
+from pvestord.adapters.service import fields
+from pvestord.adapters.vms import LocalVm
+from pvestord.engine import migration
+from pvestord.engine.drive import Drive, RoundTimings, ms_since
+from pvestord.engine.gates import STORAGE_LOCK_TIMEOUT, VgGates
+from pvestord.engine.lvfigures import LvFigures
+from pvestord.engine.nodereport import LvmHealth
+from pvestord.engine.tables import Tables
+from pvestord.policy import DriveState, TableState
+from pvestord.policy.sizes import format_size
+from pvestord.policy.vmconfig import ConfigLockRule
+
+#: The pass's messages keep the logger name they always had.
+log = logging.getLogger("pvestord.engine.extender")
+
+Growing = policy.Extend | policy.ExtendPastMaximum
+
+#: The storage lock's budget when the VM waits paused for the extension:
+#: Proxmox holds the storage lock for a whole allocation (tens of seconds with
+#: metadata preallocation on a SAN), and ``cfs_lock`` ends any holder's locked
+#: code after 60 s, so every holder lets go within its 10 s acquire plus 60 s.
+#: Waiting it out takes the lock the moment it is free; giving up and
+#: retrying would leave the guest paused through the gaps between tries.
+PAUSED_STORAGE_LOCK_TIMEOUT = 70.0
+
+
+class LvGrowth:
+    """Extensions, with the marks the daemon's deadline and report read."""
+
+    def __init__(self, settings: DaemonSettings, *, figures: LvFigures, gates: VgGates,
+                 tables: Tables, shells: LvmShells | None,
+                 migrating_away: Callable[[LocalVm], Awaitable[bool]]) -> None:
+        self.settings = settings
+        self.figures = figures
+        self.gates = gates
+        self.tables = tables
+        self.shells = shells
+        self._migrating_away = migrating_away
+        #: File nodes being extended right now, by (vmid, node): for ``drives``/status.
+        self.extending: set[tuple[int, str]] = set()
+        #: Our LVM commands' failures per VG, for this node's report.
+        self.lvm_health = LvmHealth()
+
+    async def extend(self, vm: LocalVm, drive: Drive, decision: Growing, state: DriveState,
+                     timings: RoundTimings) -> bool:
+        """Grow the LV under the VG gate and the storage lock. True if it grew."""
+        assert drive.storage is not None  # the policy never extends a drive that is not thin
+        key = (vm.vmid, drive.view.file_node)
+        started = time.monotonic()
+        self.extending.add(key)
+        try:
+            return await self._extend_locked(vm, drive, decision, state, timings, started)
+        except lvm.LvmError as err:
+            self.lvm_health.record(drive.vg, str(err))
+            raise
+        finally:
+            self.extending.discard(key)
+
+    async def _extend_locked(self, vm: LocalVm, drive: Drive, decision: Growing,
+                             state: DriveState, timings: RoundTimings, started: float) -> bool:
+        """:meth:`extend`'s work, under the VG gate and the storage lock."""
+        assert drive.storage is not None
+        node = drive.view.file_node
+        # QMP before the lock, never under it: a slow QEMU must not hold the
+        # cluster-wide lock (REVIEW 1.1).
+        if await self._migrating_away(vm):
+            raise VmBusyError(f"VM {vm.vmid} started migrating away: extension of "
+                              f"{node} deferred")
+        observed = time.monotonic()
+        budget = PAUSED_STORAGE_LOCK_TIMEOUT if state.paused_nospace else STORAGE_LOCK_TIMEOUT
+        async with self.gates.locked(drive.vg, drive.storage, budget) as held:
+            locked = time.monotonic()
+            # Under the lock only files, no QMP: a migration's begin marks the
+            # VM and then takes this lock, and qemu-server writes lock: migrate
+            # before the target activates the LVs (itself under no lock, but
+            # the target's catch-up takes this one): both are barriers for us.
+            if migration.outgoing_marked(self.settings.run_dir, vm.vmid) or \
+                    migration.config_lock(self.settings, vm.vmid, in_flight=False) in (
+                        ConfigLockRule.MIGRATING, ConfigLockRule.RENAMING):
+                raise VmBusyError(f"VM {vm.vmid} started migrating away or its LVs are "
+                                  f"being renamed: extension of {node} deferred")
+            checked = time.monotonic()
+            info, table, verdict = await self.tables.catch_up(drive, held)
+            if verdict is TableState.AHEAD:
+                raise self.tables.ahead(vm, drive, info.size, table)
+            if verdict is TableState.BEHIND:
+                # Another node grew it: caught up instead of growing again.
+                self.tables.log_refreshed(vm, drive, table, info.size)
+                fresh = policy.decide(drive.state(
+                    lv_size=info.size, paused_nospace=state.paused_nospace,
+                    reason=state.reason))
+                if not isinstance(fresh, Growing):
+                    return True
+                decision = fresh
+            if info.size >= decision.target:
+                return False
+            if isinstance(decision, policy.ExtendPastMaximum):
+                log.warning(
+                    "VM %d %s: paused on ENOSPC although LV %s already holds the measured"
+                    " maximum %s (a fragmented image can outgrow qemu-img measure, Proxmox"
+                    " bug 6543): growing one more chunk so the VM can run",
+                    vm.vmid, node, drive.view.path, format_size(drive.maximum),
+                    extra=fields(VMID=vm.vmid, NODE_NAME=node, LV=drive.view.path))
+            held.require(self.settings.lvm_timeout + KILL_WAIT)
+            await lvm.extend(drive.vg, drive.lv, decision.target,
+                             timeout=self.settings.lvm_timeout, shells=self.shells)
+            self.figures.changed(drive.vg)
+            self.figures.grown(drive.vg, drive.lv, decision.target)
+            self.lvm_health.record(drive.vg, None)
+        elapsed_ms = ms_since(started)
+        log.info("VM %d %s: LV %s extended %s -> %s in %d ms", vm.vmid, node,
+                 drive.view.path, format_size(info.size), format_size(decision.target),
+                 elapsed_ms, extra=fields(
+                     VMID=vm.vmid, NODE_NAME=node, LV=drive.view.path, VG=drive.vg,
+                     OLD_SIZE=info.size, NEW_SIZE=decision.target, DURATION_MS=elapsed_ms,
+                     REASON=state.reason.value, ROUND_STARTED=f"{timings.started_wall:.6f}",
+                     QMP_MS=timings.observe_ms + round((observed - started) * 1000),
+                     LOCK_WAIT_MS=round((locked - observed) * 1000), LVM_MS=ms_since(checked)))
+        return True

@@ -1,0 +1,93 @@
+"""After a round: re-arm every drive, and resume a VM paused for room that
+has room again (:func:`pvestord.policy.may_resume`)."""
+
+from __future__ import annotations
+
+import logging
+
+from pvestord import policy
+from pvestord.adapters.qmp import RunState, VmMonitor
+from pvestord.adapters.service import fields
+from pvestord.adapters.vms import LocalVm
+from pvestord.engine.drive import Drive, VmOutcome
+from pvestord.engine.oncelog import OncePerChange
+from pvestord.policy import Decision
+from pvestord.policy.sizes import format_size
+
+#: The pass's messages keep the logger name they always had.
+log = logging.getLogger("pvestord.engine.extender")
+
+
+async def arm_or_disarm(monitor: VmMonitor, vm: LocalVm, drive: Drive,
+                        decision: Decision) -> None:
+    """Carry out the cheap decisions: a threshold armed, or removed at the maximum."""
+    node = drive.view.file_node
+    if isinstance(decision, policy.Arm):
+        await monitor.set_threshold(node, decision.threshold)
+        log.info("VM %d %s: threshold armed at %s (LV %s)", vm.vmid, node,
+                 format_size(decision.threshold), format_size(drive.lv_size),
+                 extra=fields(VMID=vm.vmid, NODE_NAME=node, LV=drive.view.path,
+                              THRESHOLD=decision.threshold))
+    elif isinstance(decision, policy.AtMaximum) and decision.disarm:
+        await monitor.set_threshold(node, 0)
+        log.info("VM %d %s: LV holds the whole image (%s): threshold removed", vm.vmid,
+                 node, format_size(drive.maximum),
+                 extra=fields(VMID=vm.vmid, NODE_NAME=node, LV=drive.view.path))
+
+
+async def rearm_and_resume(monitor: VmMonitor, vm: LocalVm, drives: list[Drive],
+                           run: RunState, outcome: VmOutcome, *, extended: bool,
+                           said: OncePerChange) -> bool:
+    """Re-arm ``drives`` (a fresh look) and resume ``vm`` if it may run again.
+    True when the pass must go round again."""
+    need_more = False
+    for drive in drives:
+        if drive.view.file_node in outcome.errors:
+            continue
+        decision = policy.decide(drive.state(paused_nospace=False))
+        if isinstance(decision, policy.Extend | policy.ExtendPastMaximum):
+            need_more = True  # a fast writer is already past the new threshold
+        await arm_or_disarm(monitor, vm, drive, decision)
+    thin = [d for d in drives if d.storage is not None]
+    verdict = policy.may_resume(
+        paused_for_room=run.paused_for_room, need_more=need_more,
+        nospace=run.nospace_devices,
+        usable=[d.identity for d in thin if d.view.file_node not in outcome.errors],
+        failing=[d.identity for d in thin if d.view.file_node in outcome.errors],
+        unowned_pause=run.paused_on_unowned_error)
+    if verdict.blocker is not None:
+        _say_blocked(vm, verdict.blocker, outcome, said)
+    if verdict.resume:
+        await monitor.cont()
+        outcome.resumed = True
+        said.over((vm.vmid, "", "resume"))
+        if run.paused_on_nospace:
+            log.warning("VM %d: resumed after it paused on ENOSPC", vm.vmid,
+                        extra=fields(VMID=vm.vmid))
+        else:
+            log.warning("VM %d: resumed after an I/O error pause that no device owns"
+                        " (brought by a live migration, which does not carry the"
+                        " devices' io-status); its thin drives were given room first",
+                        vm.vmid, extra=fields(VMID=vm.vmid))
+    return policy.another_round(need_more=need_more, paused_for_room=run.paused_for_room,
+                                resumed=outcome.resumed, extended=extended)
+
+
+def _say_blocked(vm: LocalVm, blocker: policy.ResumeBlocker, outcome: VmOutcome,
+                 said: OncePerChange) -> None:
+    """Why a VM paused for room stays paused (the thin drives got their
+    one extension per new ENOSPC, and no more)."""
+    extra = fields(VMID=vm.vmid, DEVICE=blocker.device,
+                   RESUME_BLOCKED=blocker.because.value)
+    if blocker.because is policy.BlockedBecause.NOT_THIN:
+        said.say((vm.vmid, "", "resume"), logging.WARNING,
+                 "VM %d stays paused: device %s has io-status nospace and is not a thin"
+                 " drive: it is out of space, or that status is left over from an"
+                 " earlier pause (QEMU keeps it after cont on -blockdev devices). Its"
+                 " thin drives got room; resume the VM by hand once %s has room too",
+                 vm.vmid, blocker.device, blocker.device, extra=extra)
+    else:
+        errors = "; ".join(str(e) for e in outcome.errors.values())
+        said.say((vm.vmid, "", "resume"), logging.WARNING,
+                 "VM %d stays paused: thin drive %s failed: %s", vm.vmid,
+                 blocker.device, errors, extra=extra)

@@ -1,0 +1,71 @@
+"""What queue entries ask of a pass over a VM, and when an entry is done.
+
+An entry names a VM, a node-name and a reason. The pass merges a VM's
+entries into requests (:func:`requests_from`), looks at the drives they name
+(:func:`reason_for`), and afterwards each entry leaves the queue only when
+its work is done or moot (:func:`entry_fate`): a crash at any point leaves
+it queued, and the next pass is idempotent.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Collection, Iterable, Mapping
+
+from pvestord.policy.reason import Reason
+
+
+def requests_from(entries: Iterable[tuple[str, Reason]]) -> dict[str, Reason]:
+    """(node-name, reason) pairs merged by node-name: the strongest reason wins."""
+    requests: dict[str, Reason] = {}
+    for node_name, reason in entries:
+        old = requests.get(node_name)
+        if old is None or reason.strength > old.strength:
+            requests[node_name] = reason
+    return requests
+
+
+def reason_for(names: Collection[str], requests: Mapping[str, Reason] | None,
+               thin_nodes: Collection[str]) -> Reason | None:
+    """The reason to look at the drive whose node-names are ``names``, or None
+    to leave it alone this pass.
+
+    ``requests`` None is a reconcile: every drive, to (re)arm it. A
+    ``nospace`` request naming no thin drive's node (``thin_nodes``; a
+    device's root node, as ``BLOCK_IO_ERROR`` reports it) applies to every
+    thin drive; any other reason applies only to the drive it names (a typo
+    in ``pvestord extend`` must not grow every drive of the VM).
+    """
+    if requests is None:
+        return Reason.ARM
+    relevant = [reason for name, reason in requests.items()
+                if name in names or (name not in thin_nodes and reason is Reason.NOSPACE)]
+    return max(relevant, key=lambda r: r.strength) if relevant else None
+
+
+class EntryFate(enum.Enum):
+    """What becomes of a queue entry after a pass over its VM that ran."""
+
+    #: Its work is done (or was nothing to do): it leaves the queue.
+    DONE = "done"
+    #: The VM has no node of that name: moot, it leaves the queue (said at warning).
+    NO_SUCH_NODE = "no-such-node"
+    #: Its work failed: it stays queued, retried after the VM's backoff.
+    RETRY = "retry"
+
+
+def entry_fate(node_name: str, *, known_nodes: Collection[str], drives: Collection[str],
+               failed: Collection[str]) -> EntryFate:
+    """The fate of an entry naming ``node_name`` after a pass.
+
+    ``known_nodes``: every node-name the VM has; ``drives``: the file nodes
+    of its thin drives seen; ``failed``: the file nodes whose work failed.
+    An entry naming a failed drive stays. So does one naming no drive by its
+    file node (a device's root node, a format node) while any drive failed:
+    its work may be the failed drive's.
+    """
+    if node_name not in known_nodes:
+        return EntryFate.NO_SUCH_NODE
+    if node_name in failed or (node_name not in drives and failed):
+        return EntryFate.RETRY
+    return EntryFate.DONE
