@@ -56,7 +56,7 @@ from pvestord.adapters.service import fields
 from pvestord.adapters.vghealth import VgHealth
 from pvestord.adapters.vms import LocalVm, local_vm, local_vms
 from pvestord.adapters.watch import FolderWatch
-from pvestord.engine import nodereport
+from pvestord.engine import metrics, nodereport, publisher, status
 from pvestord.engine.extender import Extender, VmOutcome
 from pvestord.engine.migration import ExtensionsDeferred
 from pvestord.errors import ConfigError, PvestordError
@@ -196,6 +196,12 @@ class Daemon:
         self._reconcile_due: set[int] = set()
         self._queue_depth = 0
         self._watch: FolderWatch | None = None
+        # Beside the VG marks: a test daemon with its own folder publishes there,
+        # and only the real one feeds node_exporter.
+        status_file = settings.vg_health_dir.parent / status.STATUS_FILE.name
+        self.publisher = publisher.Publisher(
+            settings.node, self.extender.activity, self.config.get, status_file=status_file,
+            metrics_file=metrics.METRICS_FILE if status_file == status.STATUS_FILE else None)
 
     # -- lifecycle
 
@@ -214,7 +220,8 @@ class Daemon:
                  ", LVM commands in a shell per VG" if self.settings.lvm_shell else "")
         loops = [asyncio.create_task(self._queue_loop(), name="queue"),
                  asyncio.create_task(self._reconcile_loop(), name="reconcile"),
-                 asyncio.create_task(self._report_loop(), name="report")]
+                 asyncio.create_task(self._report_loop(), name="report"),
+                 asyncio.create_task(self.publisher.loop(self._status_view), name="status")]
         if service.watchdog_interval() is not None:
             loops.append(asyncio.create_task(service.watchdog_loop(self.wedged),
                                              name="watchdog"))
@@ -326,6 +333,12 @@ class Daemon:
                         self._note_error((0, f"vg {view.vg}"), f"storage {storeid}: {problem}",
                                          logging.WARNING)
             await asyncio.sleep(self.settings.report_interval)
+
+    def _status_view(self) -> publisher.DaemonView:
+        shells = self.extender.lvm_shells
+        return publisher.DaemonView(
+            self._queue_depth, set(self.extender.extending), dict(self._errors), set(self._busy),
+            max(shells.starts - len(shells.pids()), 0) if shells is not None else 0)
 
     def _publish_stopped(self) -> None:
         """Tell rank-nodes at once that this node extends nothing now."""

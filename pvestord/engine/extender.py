@@ -53,6 +53,7 @@ from pvestord.adapters.vghealth import VgHealth
 from pvestord.adapters.vms import LocalVm
 from pvestord.engine import migration
 from pvestord.engine.nodereport import LvmHealth
+from pvestord.engine.status import Activity, Extension
 from pvestord.errors import PvestordError
 from pvestord.policy import (
     Decision,
@@ -62,6 +63,7 @@ from pvestord.policy import (
     Reason,
     TableState,
 )
+from pvestord.policy.capacity import extension_refusal
 from pvestord.policy.sizes import format_size
 
 log = logging.getLogger(__name__)
@@ -192,6 +194,8 @@ class Extender:
         #: The last message logged per (vmid, node, topic), for conditions that
         #: last many passes: logged at their level once per change, then at DEBUG.
         self._said: dict[tuple[int, str, str], str] = {}
+        #: What ``pvestord status`` and the metrics show (engine/status.py).
+        self.activity = Activity()
 
     def forget(self, vmid: int) -> None:
         """``vmid`` no longer runs here: drop what was remembered of its drives."""
@@ -199,6 +203,7 @@ class Extender:
             del self._answered[key]
         for said in [k for k in self._said if k[0] == vmid]:
             del self._said[said]
+        self.activity.forget(vmid)
 
     def _say(self, key: tuple[int, str, str], level: int, message: str, *args: object,
              extra: dict[str, str]) -> None:
@@ -414,6 +419,9 @@ class Extender:
                 state = drive.state(paused_nospace=paused and self._enospc_is_new(vm, drive),
                                     reason=reason)
                 planned.append((drive, policy.decide(state), state))
+                self.activity.seen(vm.vmid, drive.view.file_node, drive.view.path, drive.vg,
+                                   policy.classify(state), paused_nospace=paused,
+                                   maximum=drive.maximum)
             # Cheap actions first, inside this QMP session.
             for drive, decision, _ in planned:
                 await self._arm_or_disarm(monitor, vm, drive, decision)
@@ -429,6 +437,7 @@ class Extender:
                     extended |= await self._extend(vm, drive, decision, state, timings)
                 except PvestordError as err:
                     outcome.errors[drive.view.file_node] = err
+                    self.activity.failure()
                     continue
                 if state.paused_nospace:
                     self._answered[(vm.vmid, vm.pid, drive.view.file_node)] = \
@@ -602,6 +611,19 @@ class Extender:
                 decision = fresh
             if info.size >= decision.target:
                 return False
+            # The pure rule keeps the VG's reserve for a VM paused on ENOSPC:
+            # this drive waits (no error, no backoff) and gets its chunk the
+            # moment it pauses.
+            held_back = extension_refusal(
+                vg_free=info.vg_free, grow_by=decision.target - info.size,
+                reserve=drive.storage.guards.reserve_bytes(drive.storage.chunksize),
+                paused_nospace=state.paused_nospace)
+            if held_back is not None:
+                self.activity.hold(vm.vmid, node, held_back)
+                self._say((vm.vmid, node, "reserve"), logging.WARNING, "VM %d %s: %s", vm.vmid,
+                          node, held_back, extra=fields(VMID=vm.vmid, NODE_NAME=node,
+                                                        VG=drive.vg))
+                return False
             if isinstance(decision, policy.ExtendPastMaximum):
                 log.warning(
                     "VM %d %s: paused on ENOSPC although LV %s already holds the measured"
@@ -624,6 +646,9 @@ class Extender:
                      REASON=state.reason.value, ROUND_STARTED=f"{timings.started_wall:.6f}",
                      QMP_MS=timings.observe_ms + round((observed - started) * 1000),
                      LOCK_WAIT_MS=round((locked - observed) * 1000), LVM_MS=_ms_since(checked)))
+        self.activity.extended(Extension(
+            time.time(), vm.vmid, node, drive.view.path, info.size, decision.target, elapsed_ms,
+            round((locked - observed) * 1000), _ms_since(checked), _ms_since(timings.started)))
         return True
 
     async def _migrating_away(self, vm: LocalVm, monitor: VmMonitor | None = None) -> bool:

@@ -88,6 +88,7 @@ from pvestord.adapters.locks import PMXCFS_LOCK_EXPIRY, Held, vg_lock
 from pvestord.adapters.vghealth import VgHealth
 from pvestord.adapters.vms import local_vm
 from pvestord.errors import CommandError, PvestordError
+from pvestord.features import capacity
 from pvestord.policy.sizes import align_up, format_size
 
 log = logging.getLogger(__name__)
@@ -479,6 +480,8 @@ async def create(settings: VolumeSettings, storeid: str, vmid: int, size: int,
     measured = await qemu_img.measure(size)
     maximum = policy.maximum_size(measured.fully_allocated, extent)
     lv_size = initial_lv_size(storage.initial_size, maximum, extent)
+    await capacity.check_new_volume(storage, lv_size=lv_size, maximum=maximum,
+                                    extent_size=extent)
     # Only what must be atomic with lvcreate runs under the lock (REVIEW R7):
     # the name is chosen and checked again there (one lvs), the qcow2 header
     # is written after the lock is released (it changes no LVM metadata).
