@@ -184,3 +184,31 @@ def test_storage_cfg_carries_the_guards_and_reports_bad_values() -> None:
         assert [p.option for p in err.problems] == ["thin-warn-free"]
     else:
         raise AssertionError("an unusable thin-warn-free was taken")
+
+
+def test_a_new_volume_is_refused_below_critical_free(monkeypatch: object) -> None:
+    import asyncio
+
+    import pytest
+
+    from pvestord.adapters import lvm
+    from pvestord.adapters.config import parse_storage_config
+    from pvestord.features.capacity import CapacityRefusedError, check_new_volume
+
+    async def space(vg: str, **_: float) -> tuple[int, int]:
+        return 100 * GiB, 6 * GiB
+
+    async def lvs(vg: str, **_: float) -> list[lvm.LvRow]:
+        return []
+
+    patch = pytest.MonkeyPatch()
+    patch.setattr(lvm, "vg_space", space)
+    patch.setattr(lvm, "list_lvs", lvs)
+    try:
+        thin = parse_storage_config("pvestord: t0\n\tvgname vg0\n", "s").thin_storages["t0"]
+        asyncio.run(check_new_volume(thin, lv_size=GiB // 2, maximum=GiB, extent_size=4 * MiB))
+        with pytest.raises(CapacityRefusedError, match="thin-critical-free"):
+            asyncio.run(check_new_volume(thin, lv_size=2 * GiB, maximum=GiB,
+                                         extent_size=4 * MiB))
+    finally:
+        patch.undo()

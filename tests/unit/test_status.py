@@ -98,7 +98,7 @@ def test_status_reads_the_live_view_and_says_when_the_daemon_is_gone(
 
 
 def test_publisher_writes_status_and_metrics_atomically(tmp_path: Path) -> None:
-    config = parse_storage_config("pvestord: t\n\tvgname vg0\n", "storage.cfg")
+    config = parse_storage_config("pvestord: t0\n\tvgname vg0\n", "storage.cfg")
     (tmp_path / "prom").mkdir()
     pub = Publisher("n1", busy_activity(), lambda: config, status_file=tmp_path / "s.json",
                     metrics_file=tmp_path / "prom" / "pvestord.prom")
