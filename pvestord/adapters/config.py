@@ -40,6 +40,7 @@ from pvestord import paths
 from pvestord.adapters import locks, vghealth
 from pvestord.adapters.command import KILL_WAIT
 from pvestord.errors import ConfigError
+from pvestord.policy import capacity
 from pvestord.policy.sizes import GiB, MiB, format_size, parse_size
 
 #: Defaults of our ``lvm:`` options (docs/design.md, "Storage configuration").
@@ -67,7 +68,7 @@ _FALSE = frozenset({"0", "false", "no", "off"})
 _Problem = Callable[[str, str], None]
 
 #: The options this module interprets in an ``lvm:`` or ``pvestord:`` section.
-THIN_OPTIONS = ("chunksize", "chunk-percentage", "initial-size")
+THIN_OPTIONS = ("chunksize", "chunk-percentage", "initial-size", *capacity.OPTIONS)
 #: The section type of pvestord's storage plugin (packaging/perl): an ``lvm``
 #: storage whose thin options Proxmox itself parses, keeps and writes back.
 PLUGIN_TYPE = "pvestord"
@@ -117,6 +118,8 @@ class ThinStorage:
     initial_size: int
     shared: bool
     options: Mapping[str, str | None]
+    #: thin-warn-free, thin-critical-free, max-overcommit, thin-reserve.
+    guards: capacity.Guards = field(default_factory=capacity.Guards)
 
 
 @dataclass(frozen=True)
@@ -349,6 +352,7 @@ def _lvm_storage(section: Section, source: str, problems: list[OptionProblem],
     chunksize = _size(opts, "chunksize", DEFAULT_CHUNKSIZE, MIN_CHUNKSIZE, problem)
     initial_size = _size(opts, "initial-size", DEFAULT_INITIAL_SIZE, 1, problem)
     percentage = _percentage(opts, problem)
+    guards = capacity.parse_guards(opts, problem)
     if not thin_enabled and any(o in opts for o in THIN_OPTIONS):
         present = ", ".join(o for o in THIN_OPTIONS if o in opts)
         warnings.append(f"{source} line {section.line}: storage '{sid}' sets {present}"
@@ -358,7 +362,8 @@ def _lvm_storage(section: Section, source: str, problems: list[OptionProblem],
              if nodes_opt is not None else None)
     thin = None
     if thin_enabled:
-        thin = ThinStorage(sid, vgname, chunksize, percentage, initial_size, shared, opts)
+        thin = ThinStorage(sid, vgname, chunksize, percentage, initial_size, shared, opts,
+                           guards)
     return LvmStorage(sid, vgname, shared, disabled, nodes, opts, thin)
 
 
@@ -386,10 +391,11 @@ def thin_from_options(storeid: str, vgname: str, shared: bool,
     chunksize = _size(options, "chunksize", DEFAULT_CHUNKSIZE, MIN_CHUNKSIZE, problem)
     initial_size = _size(options, "initial-size", DEFAULT_INITIAL_SIZE, 1, problem)
     percentage = _percentage(options, problem)
+    guards = capacity.parse_guards(options, problem)
     if problems:
         raise StorageOptionError(problems)
     return ThinStorage(storeid, vgname, chunksize, percentage, initial_size, shared,
-                       MappingProxyType(dict(options)))
+                       MappingProxyType(dict(options)), guards)
 
 
 def _size(opts: Mapping[str, str | None], option: str, default: int, minimum: int,

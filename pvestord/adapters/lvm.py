@@ -373,3 +373,9 @@ async def reduce(vg: str, lv: str, size: int) -> None:
     """
     await _change(vg, lv, f"reducing LV {vg}/{lv} to {size} bytes", "lvreduce", "-f",
                   "--size", f"{size}b", done_if="matches existing size")
+
+
+async def vg_space(vg: str, *, timeout: float = REPORT_TIMEOUT) -> tuple[int, int]:  # noqa: ASYNC109
+    """``vg``'s size and free bytes, for its capacity account."""
+    row = await _vg_row(vg, "vg_name,vg_size,vg_free", timeout=timeout)
+    return int(row["vg_size"]), int(row["vg_free"])

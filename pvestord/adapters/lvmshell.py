@@ -407,6 +407,8 @@ class LvmShells:
         self._shells: dict[str, LvmShell] = {}
         #: When the last start failed (monotonic): plain commands until the retry.
         self._failed_at: float | None = None
+        #: Shell starts, for the metrics: more than one per VG is a restart.
+        self.starts = 0
 
     async def run(self, vg: str, argv: Sequence[str], *, timeout: float,  # noqa: ASYNC109
                   check: bool = True) -> Completed:
@@ -423,6 +425,7 @@ class LvmShells:
         if shell is None:
             shell = self._shells[vg] = LvmShell(vg, self.profile)
         if not shell.running:
+            self.starts += 1
             try:
                 await shell.start()
             except LvmShellError as err:

@@ -22,7 +22,7 @@ from pvestord.errors import PvestordError
 #: ``func(args) -> int`` on its parser.
 COMMAND_MODULES = ("pvestord.cli.queue", "pvestord.cli.engine", "pvestord.cli.volume",
                    "pvestord.cli.migration", "pvestord.cli.rank", "pvestord.cli.placement",
-                   "pvestord.cli.plugin")
+                   "pvestord.cli.plugin", "pvestord.cli.status")
 
 Handler = Callable[[argparse.Namespace], int]
 

@@ -1,6 +1,6 @@
 """``pvestord run``: the node's extension daemon.
 
-Four loops on one event loop, no threads:
+Five loops on one event loop, no threads:
 
 - the queue loop wakes on inotify (a local write renames a new queue file into
   the directory) or every ``poll_interval`` (other nodes' writes, which FUSE
@@ -11,6 +11,9 @@ Four loops on one event loop, no threads:
   correctness never depends on them;
 - the report loop publishes this node's view of its thin storages every
   ``report_interval`` (:mod:`pvestord.engine.nodereport`, for ``rank-nodes``);
+- the status loop publishes what the daemon is doing now, for ``pvestord
+  status`` and node_exporter, and reads the VGs' capacity accounts
+  (:mod:`pvestord.engine.publisher`);
 - the watchdog loop pings systemd while the engine makes progress
   (:func:`pvestord.engine.passes.engine_wedged`).
 
@@ -47,6 +50,7 @@ from pvestord.adapters.queue import Entry, ExtendQueue
 from pvestord.adapters.service import fields
 from pvestord.adapters.vms import LocalVm, local_vm, local_vms
 from pvestord.adapters.watch import FolderWatch
+from pvestord.engine import metrics, publisher, status
 from pvestord.engine.configsource import StorageConfigSource
 from pvestord.engine.drive import VmOutcome
 from pvestord.engine.extender import Extender
@@ -80,8 +84,21 @@ class Daemon:
         self._known_vms: set[int] = set()
         self._queue_depth = 0
         self._watch: FolderWatch | None = None
+        # Beside the VG marks: a test daemon with its own folder publishes there,
+        # and only the real one feeds node_exporter.
+        status_file = settings.vg_health_dir.parent / status.STATUS_FILE.name
+        self.publisher = publisher.Publisher(
+            settings.node, self.extender.activity, self.config.get, status_file=status_file,
+            metrics_file=metrics.METRICS_FILE if status_file == status.STATUS_FILE else None)
 
     # -- lifecycle
+
+    def _status_view(self) -> publisher.DaemonView:
+        shells = self.extender.lvm_shells
+        return publisher.DaemonView(
+            self._queue_depth, set(self.extender.extending), self.failures.errors,
+            self.failures.busy,
+            max(shells.starts - len(shells.pids()), 0) if shells is not None else 0)
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -95,7 +112,8 @@ class Daemon:
                  asyncio.create_task(self._reconcile_loop(), name="reconcile"),
                  asyncio.create_task(report_loop(
                      self.settings, self.config.get, self.extender.lvm_health, self.failures,
-                     self._stop), name="report")]
+                     self._stop), name="report"),
+                 asyncio.create_task(self.publisher.loop(self._status_view), name="status")]
         if service.watchdog_interval() is not None:
             loops.append(asyncio.create_task(service.watchdog_loop(self.wedged),
                                              name="watchdog"))

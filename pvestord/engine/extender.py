@@ -50,6 +50,7 @@ from pvestord.engine.lvgrowth import LvGrowth
 from pvestord.engine.nodereport import LvmHealth
 from pvestord.engine.oncelog import OncePerChange
 from pvestord.engine.settle import arm_or_disarm, rearm_and_resume
+from pvestord.engine.status import Activity
 from pvestord.engine.tables import Tables
 from pvestord.engine.werror import WerrorWatch
 from pvestord.errors import PvestordError
@@ -76,10 +77,13 @@ class Extender:
         self.gates = VgGates(settings, storage_config)
         #: Conditions that last many passes, logged once per change.
         self._said = OncePerChange()
+        #: What ``pvestord status`` and the metrics show (engine/status.py).
+        self.activity = Activity()
         self.tables = Tables(settings, self.figures, self.gates, self._said, self.lvm_shells)
         self.growth = LvGrowth(settings, figures=self.figures, gates=self.gates,
                                tables=self.tables, shells=self.lvm_shells,
-                               migrating_away=self._migrating_away)
+                               migrating_away=self._migrating_away,
+                               activity=self.activity, said=self._said)
         #: The LV size we left after answering a drive's ENOSPC, by (vmid,
         #: QEMU pid, file node): a ``nospace`` that stays (a VM whose resume is
         #: blocked, sticky io-status) is answered once (policy.enospc_is_new).
@@ -102,6 +106,7 @@ class Extender:
             del self._answered[key]
         self._said.forget(vmid)
         self.werror.forget(vmid)
+        self.activity.forget(vmid)
 
     async def close(self) -> None:
         """Stop the LVM shells (a daemon's shutdown)."""
@@ -212,6 +217,9 @@ class Extender:
                 state = drive.state(paused_nospace=paused and self._enospc_is_new(vm, drive),
                                     reason=reason)
                 planned.append((drive, policy.decide(state), state))
+                self.activity.seen(vm.vmid, drive.view.file_node, drive.view.path, drive.vg,
+                                   policy.classify(state), paused_nospace=paused,
+                                   maximum=drive.maximum)
             # Cheap actions first, inside this QMP session.
             for drive, decision, _ in planned:
                 await arm_or_disarm(monitor, vm, drive, decision)
@@ -227,6 +235,7 @@ class Extender:
                     extended |= await self.growth.extend(vm, drive, decision, state, timings)
                 except PvestordError as err:
                     outcome.errors[drive.view.file_node] = err
+                    self.activity.failure()
                     continue
                 if state.paused_nospace:
                     known = self.figures.size(drive.vg, drive.lv)

@@ -54,6 +54,16 @@ class Failures:
         self._said_deferral: dict[int, str] = {}
         self._errors: dict[tuple[int, str], str] = {}
 
+    @property
+    def errors(self) -> dict[tuple[int, str], str]:
+        """The errors said and not yet cleared, by (vmid, node): for status."""
+        return dict(self._errors)
+
+    @property
+    def busy(self) -> set[int]:
+        """VMs in a busy backoff (a migration defers them): for status."""
+        return set(self._busy)
+
     def waiting(self, vmid: int, now: float) -> bool:
         """Whether ``vmid``'s backoff (failed or busy) has not ended yet."""
         return any(retry is not None and now < retry.not_before

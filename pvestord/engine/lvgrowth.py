@@ -20,8 +20,11 @@ from pvestord.engine.drive import Drive, RoundTimings, ms_since
 from pvestord.engine.gates import STORAGE_LOCK_TIMEOUT, VgGates
 from pvestord.engine.lvfigures import LvFigures
 from pvestord.engine.nodereport import LvmHealth
+from pvestord.engine.oncelog import OncePerChange
+from pvestord.engine.status import Activity, Extension
 from pvestord.engine.tables import Tables
 from pvestord.policy import DriveState, TableState
+from pvestord.policy.capacity import extension_refusal
 from pvestord.policy.sizes import format_size
 from pvestord.policy.vmconfig import ConfigLockRule
 
@@ -44,13 +47,16 @@ class LvGrowth:
 
     def __init__(self, settings: DaemonSettings, *, figures: LvFigures, gates: VgGates,
                  tables: Tables, shells: LvmShells | None,
-                 migrating_away: Callable[[LocalVm], Awaitable[bool]]) -> None:
+                 migrating_away: Callable[[LocalVm], Awaitable[bool]],
+                 activity: Activity, said: OncePerChange) -> None:
         self.settings = settings
         self.figures = figures
         self.gates = gates
         self.tables = tables
         self.shells = shells
         self._migrating_away = migrating_away
+        self.activity = activity
+        self._said = said
         #: File nodes being extended right now, by (vmid, node): for ``drives``/status.
         self.extending: set[tuple[int, str]] = set()
         #: Our LVM commands' failures per VG, for this node's report.
@@ -109,6 +115,19 @@ class LvGrowth:
                 decision = fresh
             if info.size >= decision.target:
                 return False
+            # The pure rule keeps the VG's reserve for a VM paused on ENOSPC:
+            # this drive waits (no error, no backoff) and gets its chunk the
+            # moment it pauses.
+            held_back = extension_refusal(
+                vg_free=info.vg_free, grow_by=decision.target - info.size,
+                reserve=drive.storage.guards.reserve_bytes(drive.storage.chunksize),
+                paused_nospace=state.paused_nospace)
+            if held_back is not None:
+                self.activity.hold(vm.vmid, node, held_back)
+                self._said.say((vm.vmid, node, "reserve"), logging.WARNING, "VM %d %s: %s",
+                               vm.vmid, node, held_back,
+                               extra=fields(VMID=vm.vmid, NODE_NAME=node, VG=drive.vg))
+                return False
             if isinstance(decision, policy.ExtendPastMaximum):
                 log.warning(
                     "VM %d %s: paused on ENOSPC although LV %s already holds the measured"
@@ -131,4 +150,7 @@ class LvGrowth:
                      REASON=state.reason.value, ROUND_STARTED=f"{timings.started_wall:.6f}",
                      QMP_MS=timings.observe_ms + round((observed - started) * 1000),
                      LOCK_WAIT_MS=round((locked - observed) * 1000), LVM_MS=ms_since(checked)))
+        self.activity.extended(Extension(
+            time.time(), vm.vmid, node, drive.view.path, info.size, decision.target, elapsed_ms,
+            round((locked - observed) * 1000), ms_since(checked), ms_since(timings.started)))
         return True

@@ -43,6 +43,7 @@ from pvestord import policy
 from pvestord.adapters import lvm, qemu_img
 from pvestord.adapters.config import ThinStorage, thin_from_options
 from pvestord.errors import PvestordError
+from pvestord.features import capacity
 from pvestord.policy.sizes import KiB, align_up
 from pvestord.policy.volumes import initial_lv_size
 
@@ -171,7 +172,10 @@ async def answer(request: Request) -> dict[str, Any]:
             extended_l2=backing)
         maximum = policy.maximum_size(measured.fully_allocated, extent)
         kind = allocation_kind(str(c) for c in callers)
-        return {"lv_size": alloc_lv_size(kind, storage.initial_size, maximum, extent),
+        lv_size = alloc_lv_size(kind, storage.initial_size, maximum, extent)
+        await capacity.check_new_volume(storage, lv_size=lv_size, maximum=maximum,
+                                        extent_size=extent)
+        return {"lv_size": lv_size,
                 "maximum": maximum, "kind": kind.value, "preallocation": "off"}
     if request.op == "resize":
         lv = request.name("lv")

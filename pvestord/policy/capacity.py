@@ -11,7 +11,7 @@ Defaults, and why:
   is hours to days of writes, time for an admin to act on one warning.
 - ``thin-critical-free`` 5 %: new volumes stop well before the VG is full,
   so what is left serves the running VMs' extensions (never refused by it).
-- ``reserve`` one chunk of the storage: exactly what one paused VM needs to
+- ``thin-reserve`` one chunk of the storage: exactly what one paused VM needs to
   run again (an answer to ENOSPC grows one chunk), so a full VG never leaves
   a paused VM without the room to resume; ``0`` turns it off.
 - ``max-overcommit`` unset, no cap: overcommit is the point of thin
@@ -37,7 +37,9 @@ GROWTH_WINDOW = 3600.0
 #: A rate measured over less than this is noise (one extension), not a trend.
 MIN_GROWTH_SPAN = 60.0
 #: The storage.cfg options this module reads.
-OPTIONS = ("thin-warn-free", "thin-critical-free", "max-overcommit", "reserve")
+#: ``thin-reserve``, not ``reserve``: Proxmox's storage properties share one
+#: namespace across every plugin, and a bare ``reserve`` is likely to clash.
+OPTIONS = ("thin-warn-free", "thin-critical-free", "max-overcommit", "thin-reserve")
 _PERCENT = re.compile(r"(\d+(?:\.\d+)?)%")
 _RATIO = re.compile(r"\d+(?:\.\d+)?")
 
@@ -89,11 +91,11 @@ def parse_guards(options: Mapping[str, str | None],
         else:
             ratio = float(text)
     reserve: int | None = None
-    if "reserve" in options:
+    if "thin-reserve" in options:
         try:
-            reserve = parse_size(options["reserve"] or "")
+            reserve = parse_size(options["thin-reserve"] or "")
         except ValueError:
-            problem("reserve", "not a size (e.g. 4G, or 0 for none)")
+            problem("thin-reserve", "not a size (e.g. 4G, or 0 for none)")
     return Guards(warn, critical, ratio, reserve)
 
 

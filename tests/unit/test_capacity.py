@@ -30,7 +30,7 @@ def test_defaults_warn_at_ten_percent_refuse_at_five_and_reserve_one_chunk() -> 
 
 def test_options_parse_shares_sizes_ratios_and_a_zero_reserve() -> None:
     guards, problems = parsed({"thin-warn-free": "20%", "thin-critical-free": "50G",
-                               "max-overcommit": "2.5", "reserve": "0"})
+                               "max-overcommit": "2.5", "thin-reserve": "0"})
     assert problems == []
     assert guards.warn_free == FreeThreshold(percent=20.0)
     assert guards.critical_free == FreeThreshold(size=50 * GiB)
@@ -38,7 +38,7 @@ def test_options_parse_shares_sizes_ratios_and_a_zero_reserve() -> None:
     assert guards.reserve_bytes(GiB) == 0
 
 
-@given(st.sampled_from(["thin-warn-free", "thin-critical-free", "max-overcommit", "reserve"]),
+@given(st.sampled_from(["thin-warn-free", "thin-critical-free", "max-overcommit", "thin-reserve"]),
        st.one_of(st.none(), st.sampled_from(["", "abc", "-1", "101%", "1g", "0", "1.5x"])))
 def test_an_unusable_value_is_reported_and_the_default_kept(option: str,
                                                             text: str | None) -> None:
@@ -48,7 +48,7 @@ def test_an_unusable_value_is_reported_and_the_default_kept(option: str,
         default = Guards()
         assert (guards.warn_free, guards.critical_free) == (default.warn_free,
                                                             default.critical_free) \
-            or option in ("max-overcommit", "reserve")
+            or option in ("max-overcommit", "thin-reserve")
 
 
 @given(positive, sizes, st.lists(st.tuples(sizes, st.one_of(st.none(), sizes), st.booleans()),
@@ -169,3 +169,46 @@ def test_reserve_message_names_the_sizes() -> None:
     refusal = capacity.extension_refusal(vg_free=1536 * MiB, grow_by=GiB, reserve=GiB,
                                          paused_nospace=False)
     assert refusal is not None and "512 MiB" in refusal and "1 GiB" in refusal
+
+
+def test_storage_cfg_carries_the_guards_and_reports_bad_values() -> None:
+    from pvestord.adapters.config import StorageOptionError, parse_storage_config
+    text = ("pvestord: thin\n\tvgname vg0\n\tshared 1\n\tthin-warn-free 20%\n"
+            "\tthin-critical-free 8G\n\tmax-overcommit 3\n\tthin-reserve 2G\n")
+    thin = parse_storage_config(text, "storage.cfg").thin_storages["thin"]
+    assert thin.guards == Guards(FreeThreshold(percent=20.0), FreeThreshold(size=8 * GiB),
+                                 3.0, 2 * GiB)
+    try:
+        parse_storage_config(text.replace("20%", "lots"), "storage.cfg")
+    except StorageOptionError as err:
+        assert [p.option for p in err.problems] == ["thin-warn-free"]
+    else:
+        raise AssertionError("an unusable thin-warn-free was taken")
+
+
+def test_a_new_volume_is_refused_below_critical_free(monkeypatch: object) -> None:
+    import asyncio
+
+    import pytest
+
+    from pvestord.adapters import lvm
+    from pvestord.adapters.config import parse_storage_config
+    from pvestord.features.capacity import CapacityRefusedError, check_new_volume
+
+    async def space(vg: str, **_: float) -> tuple[int, int]:
+        return 100 * GiB, 6 * GiB
+
+    async def lvs(vg: str, **_: float) -> list[lvm.LvRow]:
+        return []
+
+    patch = pytest.MonkeyPatch()
+    patch.setattr(lvm, "vg_space", space)
+    patch.setattr(lvm, "list_lvs", lvs)
+    try:
+        thin = parse_storage_config("pvestord: t0\n\tvgname vg0\n", "s").thin_storages["t0"]
+        asyncio.run(check_new_volume(thin, lv_size=GiB // 2, maximum=GiB, extent_size=4 * MiB))
+        with pytest.raises(CapacityRefusedError, match="thin-critical-free"):
+            asyncio.run(check_new_volume(thin, lv_size=2 * GiB, maximum=GiB,
+                                         extent_size=4 * MiB))
+    finally:
+        patch.undo()

@@ -26,6 +26,7 @@ from pvestord import policy
 from pvestord.adapters import command, lvm, qemu_img
 from pvestord.adapters.vghealth import VgHealth
 from pvestord.errors import PvestordError
+from pvestord.features import capacity
 from pvestord.features.volumes.storage import (
     VolumeSettings,
     load_config,
@@ -76,6 +77,8 @@ async def create(settings: VolumeSettings, storeid: str, vmid: int, size: int,
     measured = await qemu_img.measure(size)
     maximum = policy.maximum_size(measured.fully_allocated, extent)
     lv_size = initial_lv_size(storage.initial_size, maximum, extent)
+    await capacity.check_new_volume(storage, lv_size=lv_size, maximum=maximum,
+                                    extent_size=extent)
     # Only what must be atomic with lvcreate runs under the lock (REVIEW R7):
     # the name is chosen and checked again there (one lvs), the qcow2 header
     # is written after the lock is released (it changes no LVM metadata).

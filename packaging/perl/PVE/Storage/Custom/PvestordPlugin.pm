@@ -65,6 +65,30 @@ sub properties {
             type => 'string',
             format => 'disk-size',
         },
+        'thin-warn-free' => {
+            description => "pvestord: warn once when the VG's free space falls below this"
+                . " share (10%) or size (50G). Default 10%.",
+            type => 'string',
+            pattern => '\d+(?:\.\d+)?(?:%|[KMGT]?)',
+        },
+        'thin-critical-free' => {
+            description => "pvestord: refuse new thin volumes below this free share or size;"
+                . " running VMs keep growing. Default 5%.",
+            type => 'string',
+            pattern => '\d+(?:\.\d+)?(?:%|[KMGT]?)',
+        },
+        'max-overcommit' => {
+            description => "pvestord: refuse new thin volumes past this ratio of committed"
+                . " maxima to the VG size. Default: no cap.",
+            type => 'number',
+            minimum => 0,
+        },
+        'thin-reserve' => {
+            description => "pvestord: free space an extension of a running VM never takes,"
+                . " kept to let a VM paused on ENOSPC run again. Default: one chunk.",
+            type => 'string',
+            format => 'disk-size',
+        },
     };
 }
 
@@ -97,7 +121,8 @@ my sub ask {
     my ($scfg, $storeid, $request) = @_;
 
     my %options = map { defined($scfg->{$_}) ? ($_ => "$scfg->{$_}") : () }
-        qw(chunksize chunk-percentage initial-size);
+        qw(chunksize chunk-percentage initial-size thin-warn-free thin-critical-free
+            max-overcommit thin-reserve);
     $request->{storage} = {
         storeid => $storeid,
         vgname => $scfg->{vgname},

@@ -1,0 +1,34 @@
+"""A thin VG's capacity account read from LVM (:mod:`pvestord.policy.capacity`).
+
+An LV named as Proxmox names a guest volume (``vm-<vmid>-...``,
+``base-<vmid>-...``) on a thin storage's VG is a thin qcow2 LV; any other LV
+(another storage's, an admin's) counts at its size. A thin LV's maximum comes
+from the caller (the daemon knows its running drives'; a volume creation
+measures what it can read); unknown maxima count at the LV's size and are
+reported as unmeasured.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+
+from pvestord.adapters import lvm
+from pvestord.policy import capacity
+
+_GUEST_VOLUME = re.compile(r"(?:vm|base)-\d+-.+")
+
+
+def is_thin_lv(name: str) -> bool:
+    return _GUEST_VOLUME.fullmatch(name) is not None
+
+
+async def read_account(vg: str, *, maxima: Mapping[str, int] | None = None,
+                       samples: Sequence[capacity.Sample] = (), now: float = 0.0,
+                       timeout: float = lvm.REPORT_TIMEOUT) -> capacity.Account:  # noqa: ASYNC109
+    """One ``vgs`` and one ``lvs`` of ``vg``, accounted."""
+    size, free = await lvm.vg_space(vg, timeout=timeout)
+    rows = await lvm.list_lvs(vg, timeout=timeout)
+    known = maxima or {}
+    lvs = [capacity.LvFigures(row.size, known.get(row.lv), is_thin_lv(row.lv)) for row in rows]
+    return capacity.account(vg, size, free, lvs, samples, now)

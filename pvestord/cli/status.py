@@ -1,0 +1,79 @@
+"""``pvestord status [--json]``: what the running daemon is doing, from its published view.
+
+The daemon writes its view to ``/run/pvestord/status.json`` every few seconds
+(:mod:`pvestord.engine.status`); this reads it and says plainly when the
+daemon does not run or has stopped updating it. Exit status 0 when the view
+is the live daemon's, 1 otherwise (the view, if any, is still shown).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from pvestord.engine import status
+from pvestord.policy.sizes import format_size
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "status", help="the running daemon's view: drives, queue, VG capacity, extensions",
+        description="Show what the pvestord daemon on this node is doing right now: each "
+        "thin drive's state, the extend queue, each thin VG's capacity and health, and the "
+        "last extensions with their latencies. Read from the file the daemon publishes.")
+    p.add_argument("--json", action="store_true", help="the published view as JSON")
+    p.add_argument("--file", type=Path, default=status.STATUS_FILE, metavar="PATH",
+                   help="the published view (default: %(default)s)")
+    p.set_defaults(func=_run)
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "not filling"
+    if seconds >= 2 * 86400:
+        return f"{seconds / 86400:.1f} days"
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
+
+
+def _text(view: dict[str, Any]) -> list[str]:
+    lines = [f"node {view['node']}, pvestord pid {view['pid']}, as of "
+             f"{time.ctime(view['time'])}; queue {view['queue_length']}, "
+             f"{view['paused_vms']} VM(s) paused on ENOSPC"]
+    for vg, acc in view["vgs"].items():
+        lines.append(
+            f"VG {vg} [{acc['health']}]: {format_size(acc['free'])} free of "
+            f"{format_size(acc['size'])}; thin LVs {format_size(acc['thin_allocated'])} of "
+            f"{format_size(acc['thin_virtual'])} maxima ({acc['unmeasured']} unmeasured); "
+            f"overcommit {acc['overcommit']:.2f}; full in {_duration(acc['time_to_full'])}")
+    for d in view["drives"]:
+        why = f": {d['reason']}" if d.get("reason") else ""
+        lines.append(f"  VM {d['vmid']} {d['node']} {d['lv']}: {d['state']}{why}")
+    ext = view["extensions"]
+    lines.append(f"extensions: {ext['made']} made, {ext['failed']} failed")
+    for e in ext["last"]:
+        lines.append(f"  {time.strftime('%H:%M:%S', time.localtime(e['at']))} VM {e['vmid']}"
+                     f" {e['lv']} {format_size(e['old_size'])} -> {format_size(e['new_size'])}"
+                     f": {e['round_ms']} ms (lock {e['lock_wait_ms']} ms,"
+                     f" LVM {e['lvm_ms']} ms)")
+    return lines
+
+
+def _run(args: argparse.Namespace) -> int:
+    view = status.read(args.file)
+    if view is None:
+        print(f"pvestord: the daemon does not run (no {args.file}; it is written by a"
+              " running 'pvestord run')", file=sys.stderr)
+        return 1
+    problem = status.daemon_state(view)
+    if args.json:
+        print(json.dumps({**view, "live": problem is None, "problem": problem}, indent=1))
+    else:
+        print("\n".join(_text(view)))
+    if problem is not None:
+        print(f"pvestord: {problem}", file=sys.stderr)
+        return 1
+    return 0

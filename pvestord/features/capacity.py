@@ -1,0 +1,51 @@
+"""The capacity guard of a new thin volume (``volume create``, the plugin's alloc).
+
+Below ``thin-critical-free``, or past ``max-overcommit``, a new thin volume is
+refused with a message saying which option and which figures; running VMs are
+not concerned (the daemon keeps extending them). The maxima of the existing
+volumes are measured only when ``max-overcommit`` is set, the one guard that
+needs them: a creation on a storage without it costs one ``vgs`` and one ``lvs``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from pvestord.adapters import lvm, qemu_img, vgspace
+from pvestord.adapters.config import ThinStorage
+from pvestord.errors import PvestordError
+from pvestord.policy import capacity, maximum_size
+
+log = logging.getLogger(__name__)
+
+
+class CapacityRefusedError(PvestordError):
+    """A new thin volume would take room the storage's guards keep."""
+
+
+async def _maxima(vg: str, extent_size: int) -> dict[str, int]:
+    """The maxima of ``vg``'s thin LVs this node can read (active ones)."""
+    maxima: dict[str, int] = {}
+    for row in await lvm.list_lvs(vg):
+        if not (row.active and vgspace.is_thin_lv(row.lv)):
+            continue
+        try:
+            image = await qemu_img.info(f"/dev/{vg}/{row.lv}", force_share=True)
+            maxima[row.lv] = maximum_size(await qemu_img.maximum_required(image), extent_size)
+        except PvestordError as err:
+            log.debug("%s/%s: maximum unknown: %s", vg, row.lv, err)
+    return maxima
+
+
+async def check_new_volume(storage: ThinStorage, *, lv_size: int, maximum: int,
+                           extent_size: int) -> capacity.Account:
+    """:raises CapacityRefusedError: the guards refuse it (the message says why)."""
+    guards = storage.guards
+    maxima = (await _maxima(storage.vgname, extent_size)
+              if guards.max_overcommit is not None else None)
+    account = await vgspace.read_account(storage.vgname, maxima=maxima)
+    refusal = capacity.new_volume_refusal(account, guards, lv_size=lv_size, maximum=maximum,
+                                          storeid=storage.storeid)
+    if refusal is not None:
+        raise CapacityRefusedError(refusal)
+    return account
