@@ -211,23 +211,19 @@ async def run_async(argv: Sequence[str], *, timeout: float, check: bool = True, 
             async with asyncio.timeout(timeout):
                 await asyncio.shield(finished)
         except TimeoutError:
-            kill_group(proc.pid)
-            if not await _ended(finished):
+            stuck = await _kill(proc.pid, finished, inodes, args[0],
+                                "%s did not end within %g s of SIGKILL: pid %s still running")
+            if stuck is not None:
                 abandoned = True
-                stuck = stuck_processes(proc.pid, inodes)
-                log.error("%s did not end within %g s of SIGKILL: pid %s still running",
-                          args[0], KILL_WAIT, ", ".join(str(p.pid) for p in stuck) or "?")
                 raise UnkillableCommandError(args, partial_stderr(), timeout=timeout,
                                              stuck=stuck) from None
             raise CommandError(args, None, partial_stderr(),
                                timed_out=True, timeout=timeout) from None
         except asyncio.CancelledError:
-            kill_group(proc.pid)
-            if not await _ended(finished):
+            stuck = await _kill(proc.pid, finished, inodes, args[0],
+                                "%s cancelled and killed, but still running %g s later (pid %s)")
+            if stuck is not None:
                 abandoned = True
-                stuck = stuck_processes(proc.pid, inodes)
-                log.error("%s cancelled and killed, but still running %g s later (pid %s)",
-                          args[0], KILL_WAIT, ", ".join(str(p.pid) for p in stuck) or "?")
                 # Still a cancellation, but one that says what it left behind
                 # (the storage lock must not be released under it).
                 left = UnkillableCommandError(args, partial_stderr(), timeout=timeout,
@@ -260,6 +256,19 @@ _LEFT_BEHIND: set[asyncio.Future[None]] = set()
 
 def _protocol_for(reader: asyncio.StreamReader) -> Callable[[], asyncio.StreamReaderProtocol]:
     return lambda: asyncio.StreamReaderProtocol(reader)
+
+
+async def _kill(pid: int, finished: asyncio.Future[None], pipe_inodes: Sequence[int],
+                command: str, still_running: str) -> tuple[StuckProcess, ...] | None:
+    """Kill the command's process group (an overrun or a cancellation: both end
+    it the same way); None once it ended, else what is left of it, logged with
+    ``still_running`` (command, :data:`KILL_WAIT`, pids)."""
+    kill_group(pid)
+    if await _ended(finished):
+        return None
+    stuck = stuck_processes(pid, pipe_inodes)
+    log.error(still_running, command, KILL_WAIT, ", ".join(str(p.pid) for p in stuck) or "?")
+    return stuck
 
 
 async def _ended(finished: asyncio.Future[None]) -> bool:

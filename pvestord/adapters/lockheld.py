@@ -17,7 +17,8 @@ import math
 import os
 import time
 from collections.abc import Callable, Generator, Sequence
-from typing import Protocol, TypeVar
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
 
 from pvestord.errors import PvestordError
 
@@ -218,23 +219,35 @@ def attempts(attempt: Callable[[], T | None], backoff: Backoff,
     return got
 
 
+@dataclass(frozen=True)
+class _Got(Generic[T]):
+    """What a finished wait returned (a pause is a float, so it needs a box)."""
+
+    value: T
+
+
+def _next_pause(waiting: Attempts[T]) -> float | _Got[T]:
+    """The pause ``waiting`` asks for before its next try, or what it got:
+    the one step both drivers share, so they differ only in how they sleep."""
+    try:
+        return next(waiting)
+    except StopIteration as done:
+        return _Got(done.value)
+
+
 def wait_blocking(waiting: Attempts[T]) -> T:
     """Drive ``waiting`` with ``time.sleep`` (the command line)."""
     while True:
-        try:
-            pause = next(waiting)
-        except StopIteration as done:
-            got: T = done.value
-            return got
-        time.sleep(pause)
+        step = _next_pause(waiting)
+        if isinstance(step, _Got):
+            return step.value
+        time.sleep(step)
 
 
 async def wait_async(waiting: Attempts[T]) -> T:
     """Drive ``waiting`` with ``asyncio.sleep`` (the daemons)."""
     while True:
-        try:
-            pause = next(waiting)
-        except StopIteration as done:
-            got: T = done.value
-            return got
-        await asyncio.sleep(pause)
+        step = _next_pause(waiting)
+        if isinstance(step, _Got):
+            return step.value
+        await asyncio.sleep(step)
