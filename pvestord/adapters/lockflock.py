@@ -11,20 +11,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-from pvestord.adapters.lockheld import (
-    DEFAULT_TIMEOUT,
-    HOLD_BUDGET,
-    RETRY_MAX_FLOCK,
-    Attempts,
-    Backoff,
-    Held,
-    LockError,
-    LockTimeout,
-    attempts,
-    wait_async,
-    wait_blocking,
-    warn_if_overran,
-)
+from pvestord.adapters import lockheld
 
 
 class FlockLock:
@@ -35,8 +22,8 @@ class FlockLock:
     holders do not touch it, so for them this is an upper bound).
     """
 
-    def __init__(self, path: Path, *, hold_budget: float = HOLD_BUDGET,
-                 retry_max: float = RETRY_MAX_FLOCK) -> None:
+    def __init__(self, path: Path, *, hold_budget: float = lockheld.HOLD_BUDGET,
+                 retry_max: float = lockheld.RETRY_MAX_FLOCK) -> None:
         self.path = path
         self.retry_max = retry_max
         self.name = f"{path} (flock)"
@@ -46,7 +33,7 @@ class FlockLock:
         try:
             return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
         except OSError as err:
-            raise LockError(f"cannot open lock file {self.path}: {err.strerror}") from err
+            raise lockheld.LockError(f"cannot open lock file {self.path}: {err.strerror}") from err
 
     def _try(self, fd: int) -> bool:
         try:
@@ -54,36 +41,36 @@ class FlockLock:
         except BlockingIOError:
             return False
         except OSError as err:
-            raise LockError(f"flock on {self.path} failed: {err.strerror}") from err
+            raise lockheld.LockError(f"flock on {self.path} failed: {err.strerror}") from err
         with contextlib.suppress(OSError):
             os.utime(fd)
         return True
 
-    def _timeout(self, backoff: Backoff) -> LockTimeout:
+    def _timeout(self, backoff: lockheld.Backoff) -> lockheld.LockTimeout:
         age: float | None = None
         with contextlib.suppress(OSError):
             age = max(time.time() - os.stat(self.path).st_mtime, 0.0)
         holders = _flock_holders(self.path)
         detail = f"holder pid {', '.join(map(str, holders))}" if holders else ""
-        return LockTimeout(self.name, backoff.waited, age, detail)
+        return lockheld.LockTimeout(self.name, backoff.waited, age, detail)
 
-    def _waiting(self, fd: int, timeout: float) -> Attempts[bool]:
-        return attempts(lambda: self._try(fd) or None, Backoff(timeout, self.retry_max),
-                        self._timeout)
+    def _waiting(self, fd: int, timeout: float) -> lockheld.Attempts[bool]:
+        return lockheld.attempts(lambda: self._try(fd) or None,
+                                 lockheld.Backoff(timeout, self.retry_max), self._timeout)
 
     @contextlib.contextmanager
-    def _held(self) -> Iterator[Held]:
+    def _held(self) -> Iterator[lockheld.Held]:
         held_since = time.monotonic()
         try:
-            yield Held(self.name, None, held_since)
+            yield lockheld.Held(self.name, None, held_since)
         finally:
-            warn_if_overran(self.name, held_since, self.hold_budget)
+            lockheld.warn_if_overran(self.name, held_since, self.hold_budget)
 
     @contextlib.contextmanager
-    def acquire(self, timeout: float = DEFAULT_TIMEOUT) -> Iterator[Held]:
+    def acquire(self, timeout: float = lockheld.DEFAULT_TIMEOUT) -> Iterator[lockheld.Held]:
         fd = self._open()
         try:
-            wait_blocking(self._waiting(fd, timeout))
+            lockheld.wait_blocking(self._waiting(fd, timeout))
             with self._held() as held:
                 yield held
         finally:
@@ -91,11 +78,11 @@ class FlockLock:
 
     @contextlib.asynccontextmanager
     async def acquire_async(
-        self, timeout: float = DEFAULT_TIMEOUT  # noqa: ASYNC109 - bounds the wait, not the body
-    ) -> AsyncIterator[Held]:
+        self, timeout: float = lockheld.DEFAULT_TIMEOUT  # noqa: ASYNC109 - bounds the wait, not the body
+    ) -> AsyncIterator[lockheld.Held]:
         fd = self._open()
         try:
-            await wait_async(self._waiting(fd, timeout))
+            await lockheld.wait_async(self._waiting(fd, timeout))
             with self._held() as held:
                 yield held
         finally:

@@ -24,31 +24,50 @@ from pvestord.features.placement.model import Decision
 #: A normalised placement decision: (kind, sid, node or "").
 Step = tuple[str, str, str]
 
-_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("migrate", re.compile(r"^migrate service '(\S+)' to node '(\S+)' \(running\)$")),
-    ("manual-migrate", re.compile(r"^migrate service '(\S+)' to node '(\S+)'$")),
-    ("relocate", re.compile(r"^relocate service '(\S+)' to node '(\S+)'$")),
-    ("follow", re.compile(r"^crm command '[^']*' - (?:migrate|relocate) service '(\S+)' to "
-                          r"node '(\S+)' \(service")),
-    ("veto", re.compile(r"^crm command '[^']*' error - service '\S+' on node '(\S+)' in "
-                        r"negative affinity with service '(\S+)'$")),
-    ("recover", re.compile(r"^recover service '(\S+)' from fenced node '\S+' to node "
-                           r"'(\S+)'$")),
-    ("recover", re.compile(r"^recover service '(\S+)' to previous failed and fenced node "
-                           r"'(\S+)' again$")),
-    ("recover-failed", re.compile(r"^recovering service '(\S+)' from fenced node '\S+' failed, "
-                                  r"no recovery node found$")),
-    ("back", re.compile(r"^moving service '(\S+)' back to '(\S+)', node came back from "
-                        r"maintenance\.$")),
-    ("retry-here", re.compile(r"^Start Error Recovery: Tried all available nodes for service "
-                              r"'(\S+)', retry start on current node\. Tried nodes: (.*)$")),
-    ("give-up", re.compile(r"^recovery policy for service (\S+) failed, entering error state\. "
-                           r"Failed nodes: (.*)$")),
-    ("auto-rebalance", re.compile(r"^auto rebalance - (?:migrate|relocate) (\S+) to (\S+) "
-                                  r"\(")),
-    ("rebalance-start", re.compile(r"^service (\S+): re-balance selected (?:new|current) node "
-                                   r"(\S+) for startup$")),
+#: What a placeholder of a log template matches: the decision's resource and
+#: node by name (the ``veto`` line names the node first), the nodes a
+#: recovery tried, and words the decision does not depend on.
+_FIELDS = {
+    "sid": r"(?P<sid>\S+)",
+    "node": r"(?P<node>\S+)",
+    "tried": r"(?P<tried>.*)",
+    "word": r"\S+",
+    "command": r"[^']*",
+    "move": r"(?:migrate|relocate)",
+    "which": r"(?:new|current)",
+    "rest": r".*",
+}
+
+
+def _log_line(template: str) -> re.Pattern[str]:
+    """The whole message ``template``, literal but for its ``{field}`` placeholders."""
+    pattern = re.escape(template)
+    for name, group in _FIELDS.items():
+        pattern = pattern.replace(re.escape("{" + name + "}"), group)
+    return re.compile(f"^{pattern}$")
+
+
+#: The manager's placement messages, by the kind of decision each logs.
+_TEMPLATES: tuple[tuple[str, str], ...] = (
+    ("migrate", "migrate service '{sid}' to node '{node}' (running)"),
+    ("manual-migrate", "migrate service '{sid}' to node '{node}'"),
+    ("relocate", "relocate service '{sid}' to node '{node}'"),
+    ("follow", "crm command '{command}' - {move} service '{sid}' to node '{node}' (service{rest}"),
+    ("veto", "crm command '{command}' error - service '{word}' on node '{node}' in negative "
+             "affinity with service '{sid}'"),
+    ("recover", "recover service '{sid}' from fenced node '{word}' to node '{node}'"),
+    ("recover", "recover service '{sid}' to previous failed and fenced node '{node}' again"),
+    ("recover-failed", "recovering service '{sid}' from fenced node '{word}' failed, no "
+                       "recovery node found"),
+    ("back", "moving service '{sid}' back to '{node}', node came back from maintenance."),
+    ("retry-here", "Start Error Recovery: Tried all available nodes for service '{sid}', "
+                   "retry start on current node. Tried nodes: {tried}"),
+    ("give-up", "recovery policy for service {sid} failed, entering error state. "
+                "Failed nodes: {tried}"),
+    ("auto-rebalance", "auto rebalance - {move} {sid} to {node} ({rest}"),
+    ("rebalance-start", "service {sid}: re-balance selected {which} node {node} for startup"),
 )
+_PATTERNS = tuple((kind, _log_line(template)) for kind, template in _TEMPLATES)
 _CRM_LINE = re.compile(r"^\S+\s+\d+\s+\S+/crm: (.*)$")
 
 
@@ -69,14 +88,10 @@ def parse_log(text: str) -> list[Step]:
             found = pattern.match(message)
             if not found:
                 continue
-            if kind == "veto":
-                step: Step = (kind, found.group(2), found.group(1))
-            elif kind == "recover-failed":
-                step = (kind, found.group(1), "")
-            elif kind in ("retry-here", "give-up"):
-                step = (kind, found.group(1), found.group(2).replace(" ", ""))
-            else:
-                step = (kind, found.group(1), found.group(2))
+            fields = found.groupdict()
+            # A failed recovery names no node; retry-here and give-up, the nodes tried.
+            node = fields.get("node") or fields.get("tried", "").replace(" ", "")
+            step: Step = (kind, fields["sid"], node)
             if kind == "recover-failed" and last.get(step[1]) == step:
                 break
             steps.append(step)
