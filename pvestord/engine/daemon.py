@@ -41,24 +41,21 @@ import signal
 import time
 from collections.abc import Callable, Sequence
 
-from pvestord import policy
 from pvestord.adapters import service
 from pvestord.adapters.config import DaemonSettings
 from pvestord.adapters.locks import queue_lock
-from pvestord.adapters.qmp import VmBusyError, VmGoneError
 from pvestord.adapters.queue import Entry, ExtendQueue
 from pvestord.adapters.service import fields
 from pvestord.adapters.vms import LocalVm, local_vm, local_vms
 from pvestord.adapters.watch import FolderWatch
 from pvestord.engine import metrics, publisher, status
 from pvestord.engine.configsource import StorageConfigSource
-from pvestord.engine.drive import VmOutcome
 from pvestord.engine.extender import Extender
 from pvestord.engine.failures import Failures
 from pvestord.engine.passes import Passes
 from pvestord.engine.reportloop import publish_stopped, report_loop
+from pvestord.engine.vmpass import run_pass
 from pvestord.errors import PvestordError
-from pvestord.policy import EntryFate
 
 log = logging.getLogger(__name__)
 
@@ -253,57 +250,8 @@ class Daemon:
         return self.passes.wedged(self._loop_progress)
 
     async def _pass_inner(self, vm: LocalVm, entries: list[Entry]) -> None:
-        requests = (policy.requests_from((e.node_name, e.reason) for e in entries)
-                    if entries else None)
-        try:
-            outcome = await self.extender.handle(vm, requests)
-        except VmGoneError as err:
-            if local_vm(self.settings.run_dir, vm.vmid) is None:
-                if entries:
-                    await self.queue.complete_async(entries)
-                    log.info("VM %d stopped: %d entr%s dropped", vm.vmid, len(entries),
-                             "y" if len(entries) == 1 else "ies", extra=fields(VMID=vm.vmid))
-                return
-            # The pidfile is written before the QMP socket exists: a VM that
-            # is starting up looks like this for a moment.
-            self.failures.note_error((vm.vmid, ""), str(err), level=logging.WARNING)
-            self.failures.backoff(vm.vmid)
-            return
-        except VmBusyError as err:
-            self.failures.busy_backoff(vm.vmid, err)
-            return
-        except PvestordError as err:
-            self.failures.note_error((vm.vmid, ""), str(err))
-            self.failures.backoff(vm.vmid)
-            return
-        self.failures.not_busy(vm.vmid)
-        self.failures.clear_error((vm.vmid, ""), f"VM {vm.vmid}: QMP works again")
-        await _complete_entries(self.queue, self.failures, vm, entries, outcome)
-
-
-async def _complete_entries(queue: ExtendQueue, failures: Failures, vm: LocalVm,
-                            entries: list[Entry], outcome: VmOutcome) -> None:
-    """Say what failed or works again; drop the entries whose work is done or moot."""
-    done: list[Entry] = []
-    for node, err in outcome.errors.items():
-        failures.note_error((vm.vmid, node), str(err))
-    for node in outcome.drives - set(outcome.errors):
-        failures.clear_error((vm.vmid, node), f"VM {vm.vmid} {node}: extensions work again")
-    for entry in entries:
-        fate = policy.entry_fate(entry.node_name, known_nodes=outcome.known_nodes,
-                                 drives=outcome.drives, failed=outcome.errors.keys())
-        if fate is EntryFate.NO_SUCH_NODE:
-            log.warning("VM %d has no block node %r: entry dropped", vm.vmid,
-                        entry.node_name,
-                        extra=fields(VMID=vm.vmid, NODE_NAME=entry.node_name))
-        if fate is not EntryFate.RETRY:
-            done.append(entry)  # a failed one stays queued, retried after the backoff
-    if outcome.errors:
-        failures.backoff(vm.vmid)
-    else:
-        failures.succeeded(vm.vmid)
-    if done:
-        await queue.complete_async(done)
+        await run_pass(vm, entries, extender=self.extender, queue=self.queue,
+                       failures=self.failures, run_dir=self.settings.run_dir)
 
 
 def _say_started(settings: DaemonSettings) -> None:

@@ -55,7 +55,6 @@ from pvestord.engine.tables import Tables
 from pvestord.engine.werror import WerrorWatch
 from pvestord.errors import PvestordError
 from pvestord.policy import Decision, DriveState, Reason
-from pvestord.policy.vmconfig import MIGRATE_LOCK_GRACE, ConfigLockRule
 
 log = logging.getLogger(__name__)
 
@@ -182,13 +181,7 @@ class Extender:
                 raise VmBusyError(f"VM {vm.vmid} is in state {run.status}: later")
             if await self._migrating_away(vm, monitor):
                 raise migration.ExtensionsDeferred(vm.vmid, paused=run.paused_for_room)
-            if migration.config_lock(self.settings, vm.vmid, in_flight=False) \
-                    is ConfigLockRule.RENAMING:
-                # qemu-server is renaming the VM's LVs under its running QEMU
-                # (snapshot, its deletion, rollback): a name read now may not
-                # be the device QEMU writes. Back once the lock is gone.
-                raise VmBusyError(f"VM {vm.vmid}: its config is locked for a snapshot "
-                                  "operation that renames its LVs: later")
+            migration.refuse_while_renaming(self.settings, vm.vmid)
             fresh = requests is None
             drives = await self.drives(monitor, outcome, fresh=fresh, shared=shared)
             await self.werror.check_once(monitor, vm, drives)
@@ -260,28 +253,15 @@ class Extender:
 
     async def _migrating_away(self, vm: LocalVm, monitor: VmMonitor | None = None) -> bool:
         """Whether ``vm`` is the source of a live migration now, or is about to
-        be: its LVs must not grow here (the destination could miss the new size).
-        QEMU's word (``query-migrate``, run state), the outgoing mark and
-        qemu-server's ``lock: migrate`` together
-        (:func:`pvestord.engine.migration.outgoing_deferral`,
-        :func:`pvestord.engine.migration.config_lock`)."""
+        be: its LVs must not grow here (the destination could miss the new size;
+        :func:`pvestord.engine.migration.extensions_defer`)."""
         if monitor is None:
             async with self.monitor(vm) as fresh:
                 in_flight = await migration.migrating_away(fresh)
         else:
             in_flight = await migration.migrating_away(monitor)
-        marked = migration.outgoing_deferral(self.settings.run_dir, vm.vmid,
-                                             in_flight=in_flight).defers
-        locked = migration.config_lock(self.settings, vm.vmid, in_flight=in_flight)
-        if locked is ConfigLockRule.STALE_MIGRATE:
-            self._said.say((vm.vmid, "", "config-lock"), logging.WARNING,
-                           "VM %d: its config has had 'lock: migrate' for over %d s and no "
-                           "migration is in flight: taken as left over, extensions not "
-                           "deferred ('qm unlock %d' clears it)", vm.vmid, MIGRATE_LOCK_GRACE,
-                           vm.vmid, extra=fields(VMID=vm.vmid))
-        else:
-            self._said.over((vm.vmid, "", "config-lock"))
-        return marked or locked is ConfigLockRule.MIGRATING
+        return migration.extensions_defer(self.settings, vm.vmid, in_flight=in_flight,
+                                          said=self._said)
 
 
 def _note_requests_for_no_thin_drive(vm: LocalVm, requests: dict[str, Reason],

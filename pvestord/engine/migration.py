@@ -58,10 +58,11 @@ from pvestord.adapters.service import fields
 from pvestord.adapters.vghealth import VgHealth
 from pvestord.adapters.vmconfig import read_config_lock
 from pvestord.engine.gates import STORAGE_LOCK_TIMEOUT
+from pvestord.engine.oncelog import OncePerChange
 from pvestord.errors import PvestordError
 from pvestord.policy.lvnames import chain_vmid
 from pvestord.policy.sizes import format_size
-from pvestord.policy.vmconfig import ConfigLockRule, config_lock_rule
+from pvestord.policy.vmconfig import MIGRATE_LOCK_GRACE, ConfigLockRule, config_lock_rule
 
 log = logging.getLogger(__name__)
 
@@ -211,6 +212,34 @@ async def migrating_away(monitor: VmMonitor) -> bool:
     if status == "completed":
         return (await monitor.run_state()).status in MIGRATION_STATES
     return False
+
+
+def extensions_defer(settings: DaemonSettings, vmid: int, *, in_flight: bool,
+                     said: OncePerChange) -> bool:
+    """Whether ``vmid``'s LVs must not grow here now: QEMU's word ``in_flight``
+    (:func:`migrating_away`), the outgoing mark (:func:`outgoing_deferral`) and
+    qemu-server's ``lock: migrate`` (:func:`config_lock`) together. A left-over
+    lock defers nothing and is said at warning, once per change."""
+    marked = outgoing_deferral(settings.run_dir, vmid, in_flight=in_flight).defers
+    locked = config_lock(settings, vmid, in_flight=in_flight)
+    if locked is ConfigLockRule.STALE_MIGRATE:
+        said.say((vmid, "", "config-lock"), logging.WARNING,
+                 "VM %d: its config has had 'lock: migrate' for over %d s and no "
+                 "migration is in flight: taken as left over, extensions not "
+                 "deferred ('qm unlock %d' clears it)", vmid, MIGRATE_LOCK_GRACE,
+                 vmid, extra=fields(VMID=vmid))
+    else:
+        said.over((vmid, "", "config-lock"))
+    return marked or locked is ConfigLockRule.MIGRATING
+
+
+def refuse_while_renaming(settings: DaemonSettings, vmid: int) -> None:
+    """Raise :class:`VmBusyError` while qemu-server renames ``vmid``'s LVs
+    under its running QEMU (snapshot, its deletion, rollback): a name read now
+    may not be the device QEMU writes. The pass comes back once the lock is gone."""
+    if config_lock(settings, vmid, in_flight=False) is ConfigLockRule.RENAMING:
+        raise VmBusyError(f"VM {vmid}: its config is locked for a snapshot "
+                          "operation that renames its LVs: later")
 
 
 @dataclass(frozen=True)
