@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from pvestord.adapters.vms import local_vm, local_vms
-from pvestord.cli.options import add_node_options, settings_from
+from pvestord.cli import options
 from pvestord.engine import daemon
 from pvestord.engine.configsource import StorageConfigSource
 from pvestord.engine.drive import DriveReport
@@ -20,15 +20,10 @@ from pvestord.policy import Reason
 from pvestord.policy.sizes import format_size
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    run = sub.add_parser(
-        "run", help="run the extension daemon (what pvestord.service starts)",
-        description="Grow every thin LV of the VMs running on this node ahead of their "
-        "writes: take this node's entries from the cluster extend queue, extend the LV by a "
-        "chunk under the storage lock, re-arm QEMU's write threshold, resume a VM paused on "
-        "ENOSPC; and reconcile every thin drive at start and periodically. Logs to the "
-        "journal under systemd, else to stderr. Stops cleanly on SIGTERM.")
-    add_node_options(run)
+def register(sub: options.SubCommands) -> None:
+    run = options.add_command(sub, "run", _run,
+                              "run the extension daemon (what pvestord.service starts)")
+    options.add_node_options(run)
     run.add_argument("--poll-interval", type=float, default=2.0, metavar="SECONDS",
                      help="read the queue at least this often, for other nodes' writes "
                      "(default: %(default)s)")
@@ -62,42 +57,41 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                      help="poll only, do not wake on local queue writes")
     run.add_argument("--journal", action=argparse.BooleanOptionalAction, default=None,
                      help="log to the journal (default: when started by systemd)")
-    run.set_defaults(func=_run)
 
-    drives = sub.add_parser(
-        "drives", help="show the thin drives of the VMs running here",
-        description="Every thin-drive candidate of every VM running on this node: VM, "
-        "node-name, LV, LV size, allocation (QEMU's highest write), threshold, maximum "
-        "(qemu-img measure), and state.")
-    add_node_options(drives)
-    drives.add_argument("--json", action="store_true", help="JSON for scripts")
-    drives.set_defaults(func=_drives)
+    drives = options.add_command(sub, "drives", _drives,
+                                 "show the thin drives of the VMs running here")
+    options.add_node_options(drives)
+    options.add_json_option(drives)
 
-    extend = sub.add_parser(
-        "extend", help="extend one thin drive by a chunk now",
-        description="Extend a thin drive of a VM running here by one chunk, through the "
-        "daemon's own code path (storage lock, policy cap at the maximum, threshold re-armed).")
-    add_node_options(extend)
+    extend = options.add_command(sub, "extend", _extend, "extend one thin drive by a chunk now")
+    options.add_node_options(extend)
     extend.add_argument("vmid", type=int, metavar="VMID")
     extend.add_argument("node_name", metavar="NODE-NAME",
                         help="the drive's file node-name (see 'pvestord drives')")
-    extend.set_defaults(func=_extend)
 
 
 def _run(args: argparse.Namespace) -> int:
-    settings = settings_from(args, poll_interval=args.poll_interval,
-                         reconcile_interval=args.reconcile_interval,
-                         lvm_timeout=args.lvm_timeout, qmp_timeout=args.qmp_timeout,
-                         global_worker=args.global_worker, inotify=not args.no_inotify,
-                         lvm_shell=args.lvm_shell,
-                         report_interval=args.report_interval, nodes_dir=args.nodes_dir,
-                         pass_deadline=args.pass_deadline)
+    """Grow every thin LV of the VMs running on this node ahead of their
+    writes: take this node's entries from the cluster extend queue, extend the LV by a
+    chunk under the storage lock, re-arm QEMU's write threshold, resume a VM paused on
+    ENOSPC; and reconcile every thin drive at start and periodically. Logs to the
+    journal under systemd, else to stderr. Stops cleanly on SIGTERM."""
+    settings = options.settings_from(args, poll_interval=args.poll_interval,
+                                     reconcile_interval=args.reconcile_interval,
+                                     lvm_timeout=args.lvm_timeout, qmp_timeout=args.qmp_timeout,
+                                     global_worker=args.global_worker, inotify=not args.no_inotify,
+                                     lvm_shell=args.lvm_shell,
+                                     report_interval=args.report_interval, nodes_dir=args.nodes_dir,
+                                     pass_deadline=args.pass_deadline)
     return daemon.run(settings, verbose=args.verbose, journal=args.journal)
 
 
 def _drives(args: argparse.Namespace) -> int:
+    """Every thin-drive candidate of every VM running on this node: VM,
+    node-name, LV, LV size, allocation (QEMU's highest write), threshold, maximum
+    (qemu-img measure), and state."""
     # One command's few LVM calls: a shell would still pay LVM's start-up once.
-    settings = settings_from(args, lvm_shell=False)
+    settings = options.settings_from(args, lvm_shell=False)
 
     async def collect() -> list[DriveReport]:
         extender = Extender(settings, StorageConfigSource(settings.storage_config).get)
@@ -132,7 +126,9 @@ def _drives(args: argparse.Namespace) -> int:
 
 
 def _extend(args: argparse.Namespace) -> int:
-    settings = settings_from(args, lvm_shell=False)
+    """Extend a thin drive of a VM running here by one chunk, through the
+    daemon's own code path (storage lock, policy cap at the maximum, threshold re-armed)."""
+    settings = options.settings_from(args, lvm_shell=False)
     vm = local_vm(settings.run_dir, args.vmid)
     if vm is None:
         raise PvestordError(f"VM {args.vmid} is not running on this node")

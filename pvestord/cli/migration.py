@@ -14,12 +14,12 @@ import dataclasses
 import json
 
 from pvestord.adapters.config import load_storage_config
-from pvestord.cli.options import add_node_options, settings_from
+from pvestord.cli import options
 from pvestord.engine import migration
 from pvestord.policy.sizes import format_size
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(sub: options.SubCommands) -> None:
     mig = sub.add_parser(
         "migration", help="live-migration hint: begin/end of a VM's migration on this node",
         description="Tell pvestord a live migration of a VM starts or ends on this node. "
@@ -28,17 +28,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "Call outgoing begin on the source before incoming begin on the destination.")
     msub = mig.add_subparsers(dest="phase", metavar="PHASE", required=True)
     for phase in ("begin", "end"):
-        p = msub.add_parser(phase, help=f"the migration {phase}s")
+        p = options.add_command(msub, phase, _run, f"the migration {phase}s")
         p.add_argument("vmid", type=int, help="the VM's id")
         p.add_argument("--role", required=True, choices=[r.value for r in migration.Role],
                        help="this node's side of the migration")
-        p.add_argument("--json", action="store_true", help="JSON for scripts")
-        add_node_options(p)
-        p.set_defaults(func=_run)
+        options.add_json_option(p)
+        options.add_node_options(p)
 
 
 def _run(args: argparse.Namespace) -> int:
-    settings = settings_from(args)
+    settings = options.settings_from(args)
     config = load_storage_config(settings.storage_config)
     role = migration.Role(args.role)
     step = migration.begin if args.phase == "begin" else migration.end

@@ -3,12 +3,56 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeAlias, TypeVar
 
 from pvestord import paths
 from pvestord.adapters import vghealth
 from pvestord.adapters.config import DaemonSettings
 from pvestord.adapters.locks import PMXCFS_LOCK_EXPIRY
+
+#: What each command module's ``register`` adds its commands to.
+SubCommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+#: What ``main`` calls with the parsed arguments; its exit status.
+Handler = Callable[[argparse.Namespace], int]
+
+T = TypeVar("T")
+
+
+def add_command(sub: SubCommands, name: str, handler: Handler, summary: str,
+                **options: Any) -> argparse.ArgumentParser:
+    """The sub-command ``name``, listed with ``summary``, that ``main`` runs
+    with ``handler``. Its ``--help`` description is the handler's docstring
+    (unless ``options`` give one): the words a user reads are the ones the
+    code is documented with, kept in one place."""
+    options.setdefault("description", handler.__doc__)
+    parser = sub.add_parser(name, help=summary, **options)
+    parser.set_defaults(func=handler)
+    return parser
+
+
+def add_json_option(parser: argparse.ArgumentParser, help: str = "JSON for scripts") -> None:
+    parser.add_argument("--json", action="store_true", help=help)
+
+
+def add_stale_after_option(parser: argparse.ArgumentParser, default: float, help: str) -> None:
+    """``--stale-after``: how old a node report may be and still count."""
+    parser.add_argument("--stale-after", type=float, default=default, metavar="SECONDS",
+                        help=f"{help} (default: %(default)s)")
+
+
+def argument_type(parse: Callable[[str], T],
+                  errors: type[Exception] | tuple[type[Exception], ...] = ValueError,
+                  ) -> Callable[[str], T]:
+    """An argparse ``type`` from ``parse``: a value it refuses with ``errors``
+    is a usage error (exit 2) that says why, in ``parse``'s own words."""
+    def convert(text: str) -> T:
+        try:
+            return parse(text)
+        except errors as err:
+            raise argparse.ArgumentTypeError(str(err)) from err
+    return convert
 
 
 def add_lock_options(parser: argparse.ArgumentParser) -> None:

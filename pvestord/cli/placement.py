@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from pvestord.adapters.config import load_storage_config
+from pvestord.cli import options
 from pvestord.engine import nodereport
 from pvestord.errors import PvestordError
 from pvestord.features import ranking
@@ -39,9 +40,11 @@ class PlacementError(PvestordError):
     """The prediction cannot be made from these inputs."""
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    cmd = sub.add_parser(
-        "placement", help="predict where Proxmox HA puts each resource after an event, and why",
+def register(sub: options.SubCommands) -> None:
+    # Its description is built from the event list and laid out by hand.
+    cmd = options.add_command(
+        sub, "placement", _run,
+        "predict where Proxmox HA puts each resource after an event, and why",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=f"Predict the HA manager's placement decisions ({MODEL}) for a cluster "
         "and a list of events, each with its reasons: the candidate nodes, every node left "
@@ -84,14 +87,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                      "storage hook would (NOT what Proxmox does today)")
     cmd.add_argument("--storage-config", type=Path, metavar="PATH",
                      help="storage.cfg (default: storage.cfg in the cluster folder)")
-    cmd.add_argument("--stale-after", type=float, default=ranking.DEFAULT_STALE_AFTER,
-                     metavar="SECONDS", help="ignore node reports older than this "
-                     "(default: %(default)s)")
+    options.add_stale_after_option(cmd, ranking.DEFAULT_STALE_AFTER,
+                                   "ignore node reports older than this")
     cmd.add_argument("--replay", action="store_true",
                      help="print only the decisions, one per line, in the normalised form "
                      "compared with a simulator log.expect")
-    cmd.add_argument("--json", action="store_true", help="JSON for scripts")
-    cmd.set_defaults(func=_run)
+    options.add_json_option(cmd)
 
 
 def _storage(args: argparse.Namespace, pve_dir: Path) -> tuple[StorageView, StorageFilter]:

@@ -13,20 +13,20 @@ import asyncio
 import json
 import sys
 
+from pvestord.cli.options import SubCommands, add_command
 from pvestord.features import plugin
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser(
-        "plugin", help="answer the Proxmox storage plugin (JSON on stdin and stdout)",
-        description="Read one request of pvestord's Proxmox storage plugin "
-        "(PVE::Storage::Custom::PvestordPlugin) as JSON on stdin: op alloc, resize or "
-        "commit, with the storage's options; print the LV size to use as JSON. Changes "
-        "nothing itself.")
-    parser.set_defaults(func=_answer)
+def register(sub: SubCommands) -> None:
+    add_command(sub, "plugin", _answer,
+                "answer the Proxmox storage plugin (JSON on stdin and stdout)")
 
 
 def _answer(args: argparse.Namespace) -> int:
+    """Read one request of pvestord's Proxmox storage plugin
+    (PVE::Storage::Custom::PvestordPlugin) as JSON on stdin: op alloc, resize or
+    commit, with the storage's options; print the LV size to use as JSON. Changes
+    nothing itself."""
     request = plugin.parse_request(sys.stdin.read())
     print(json.dumps(asyncio.run(plugin.answer(request)), sort_keys=True))
     return 0

@@ -16,10 +16,11 @@ from typing import Any
 
 from pvestord.adapters.locks import DEFAULT_TIMEOUT, queue_lock
 from pvestord.adapters.queue import Entry, ExtendQueue, InvalidEntryError, RejectedLine, parse_key
+from pvestord.cli.options import SubCommands, add_command, add_json_option, argument_type
 from pvestord.policy import Reason
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(sub: SubCommands) -> None:
     parser = sub.add_parser(
         "queue", help="show or edit the cluster extend queue",
         description="Show or edit the cluster extend queue (one line per drive waiting to grow).")
@@ -31,31 +32,23 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                              "(default: %(default)g, as Proxmox's cfs_lock)")
     cmds = parser.add_subparsers(dest="queue_command", metavar="ACTION", required=True)
 
-    p = cmds.add_parser("list", help="list queued drives (or rejected lines)")
-    p.add_argument("--json", action="store_true", help="JSON for scripts")
+    p = add_command(cmds, "list", _list, "list queued drives (or rejected lines)")
+    add_json_option(p)
     p.add_argument("--rejected", action="store_true",
                    help="show the lines moved aside because they did not parse")
-    p.set_defaults(func=_list)
 
-    p = cmds.add_parser("add", help="queue drives by hand")
-    p.add_argument("keys", nargs="+", type=_key, metavar="VMID:NODE-NAME")
+    p = add_command(cmds, "add", _add, "queue drives by hand")
+    p.add_argument("keys", nargs="+", type=_KEY, metavar="VMID:NODE-NAME")
     p.add_argument("--reason", default=Reason.MANUAL.value, choices=[r.value for r in Reason],
                    help="why (default: %(default)s)")
-    p.set_defaults(func=_add)
 
-    p = cmds.add_parser("remove", help="drop drives from the queue")
-    p.add_argument("keys", nargs="+", type=_key, metavar="VMID:NODE-NAME")
-    p.set_defaults(func=_remove)
+    p = add_command(cmds, "remove", _remove, "drop drives from the queue")
+    p.add_argument("keys", nargs="+", type=_KEY, metavar="VMID:NODE-NAME")
 
-    p = cmds.add_parser("flush", help="drop every queued drive")
-    p.set_defaults(func=_flush)
+    add_command(cmds, "flush", _flush, "drop every queued drive")
 
 
-def _key(text: str) -> tuple[int, str]:
-    try:
-        return parse_key(text)
-    except InvalidEntryError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
+_KEY = argument_type(parse_key, InvalidEntryError)
 
 
 def _seconds(text: str) -> float:

@@ -17,6 +17,7 @@ from pathlib import Path
 from pvestord import paths
 from pvestord.adapters import lvm
 from pvestord.adapters.config import StorageConfig, load_storage_config
+from pvestord.cli import options
 from pvestord.engine import nodereport
 from pvestord.errors import PvestordError
 from pvestord.features import ranking
@@ -28,14 +29,9 @@ class RankError(PvestordError):
     """The guest's storages cannot be found out."""
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    rank = sub.add_parser(
-        "rank-nodes", help="order the nodes that can run a VM's thin volumes",
-        description="Judge every candidate node for the VM's thin volumes from the reports "
-        "each node's pvestord publishes: nodes that cannot see a VG of the VM, miss PVs of "
-        "it, whose last LVM command on it failed, whose pvestord is stopped or whose report "
-        "is stale are left out, each with its reasons. The others come first, in the order "
-        "given.",
+def register(sub: options.SubCommands) -> None:
+    rank = options.add_command(
+        sub, "rank-nodes", _run, "order the nodes that can run a VM's thin volumes",
         epilog="Exit status: 0 when at least one candidate is eligible, 3 when none is, 1 on "
         "error.")
     rank.add_argument("vmid", type=int, metavar="VMID")
@@ -45,16 +41,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     rank.add_argument("--storages", metavar="STOREID,...",
                       help="the VM's thin storages (default: those holding an LV of "
                       "its disks and their snapshot LVs, as this node's LVM lists them)")
-    rank.add_argument("--stale-after", type=float, default=ranking.DEFAULT_STALE_AFTER,
-                      metavar="SECONDS", help="ignore reports older than this "
-                      "(default: %(default)s)")
+    options.add_stale_after_option(rank, ranking.DEFAULT_STALE_AFTER,
+                                   "ignore reports older than this")
     rank.add_argument("--nodes-dir", type=Path, default=None, metavar="DIR",
                       help="where the node reports live (default: 'nodes' beside the queue, "
                       "/etc/pve/nodes)")
     rank.add_argument("--storage-config", type=Path, default=paths.STORAGE_CFG,
                       metavar="PATH", help="storage.cfg (default: %(default)s)")
-    rank.add_argument("--json", action="store_true", help="JSON for scripts")
-    rank.set_defaults(func=_run)
+    options.add_json_option(rank)
 
 
 def _names(text: str | None) -> list[str] | None:
@@ -81,6 +75,11 @@ async def vm_storages(config: StorageConfig, vmid: int) -> set[str]:
 
 
 def _run(args: argparse.Namespace) -> int:
+    """Judge every candidate node for the VM's thin volumes from the reports
+    each node's pvestord publishes: nodes that cannot see a VG of the VM, miss PVs of
+    it, whose last LVM command on it failed, whose pvestord is stopped or whose report
+    is stale are left out, each with its reasons. The others come first, in the order
+    given."""
     vmid = check_vmid(args.vmid)
     config = load_storage_config(args.storage_config)
     storages = _names(args.storages)

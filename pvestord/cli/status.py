@@ -15,20 +15,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pvestord.cli.options import SubCommands, add_command, add_json_option
 from pvestord.engine import status
 from pvestord.policy.sizes import format_size
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser(
-        "status", help="the running daemon's view: drives, queue, VG capacity, extensions",
-        description="Show what the pvestord daemon on this node is doing right now: each "
-        "thin drive's state, the extend queue, each thin VG's capacity and health, and the "
-        "last extensions with their latencies. Read from the file the daemon publishes.")
-    p.add_argument("--json", action="store_true", help="the published view as JSON")
+def register(sub: SubCommands) -> None:
+    p = add_command(sub, "status", _run,
+                    "the running daemon's view: drives, queue, VG capacity, extensions")
+    add_json_option(p, help="the published view as JSON")
     p.add_argument("--file", type=Path, default=status.STATUS_FILE, metavar="PATH",
                    help="the published view (default: %(default)s)")
-    p.set_defaults(func=_run)
 
 
 def _duration(seconds: float | None) -> str:
@@ -63,6 +60,9 @@ def _text(view: dict[str, Any]) -> list[str]:
 
 
 def _run(args: argparse.Namespace) -> int:
+    """Show what the pvestord daemon on this node is doing right now: each
+    thin drive's state, the extend queue, each thin VG's capacity and health, and the
+    last extensions with their latencies. Read from the file the daemon publishes."""
     view = status.read(args.file)
     if view is None:
         print(f"pvestord: the daemon does not run (no {args.file}; it is written by a"

@@ -12,18 +12,13 @@ import json
 from pathlib import Path
 
 from pvestord import paths
-from pvestord.cli.options import add_lock_options
+from pvestord.cli import options
 from pvestord.features import volumes
 from pvestord.policy.sizes import format_size, parse_size
 from pvestord.policy.volumes import VolumeError, check_vmid, parse_volume_id
 
-
-def _size(text: str) -> int:
-    """argparse type: a Proxmox size; a bad suffix is a usage error (exit 2)."""
-    try:
-        return parse_size(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from err
+#: A Proxmox size such as 32G; a bad suffix is a usage error (exit 2).
+_SIZE = options.argument_type(parse_size)
 
 
 def _vmid(text: str) -> int:
@@ -41,7 +36,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lock-dir", type=Path, default=None, metavar="DIR",
                         help="force pmxcfs-style lock directories in DIR (default: as "
                         "Proxmox: /etc/pve/priv/lock for shared storage, else flock)")
-    add_lock_options(parser)
+    options.add_lock_options(parser)
 
 
 def _settings(args: argparse.Namespace) -> volumes.VolumeSettings:
@@ -52,34 +47,25 @@ def _settings(args: argparse.Namespace) -> volumes.VolumeSettings:
         cluster_dir=getattr(args, "cluster_dir", volumes.CLUSTER_DIR))
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(sub: options.SubCommands) -> None:
     volume = sub.add_parser(
         "volume", help="create thin qcow2 volumes, shrink stopped ones, list them",
         description="Thin qcow2 volumes on thin-enabled LVM storages, named and tagged as "
         "Proxmox's LVM plugin does, so Proxmox can attach them.")
     vsub = volume.add_subparsers(dest="volume_command", metavar="ACTION", required=True)
 
-    create = vsub.add_parser(
-        "create", help="create a thin qcow2 volume at the storage's initial-size",
-        description="Under the storage lock, create the LV vm-VMID-disk-N.qcow2 (first free "
-        "N) at the storage's initial-size (never more than the image can need), tagged "
-        "pve-vm-VMID, and format it as qcow2 of virtual size SIZE without preallocation. "
-        "Prints the volume id.")
+    create = options.add_command(vsub, "create", _create,
+                                 "create a thin qcow2 volume at the storage's initial-size")
     _common(create)
     create.add_argument("storage", metavar="STORAGE", help="a thin-enabled lvm storage")
     create.add_argument("vmid", type=_vmid, metavar="VMID")
-    create.add_argument("size", type=_size, metavar="SIZE",
+    create.add_argument("size", type=_SIZE, metavar="SIZE",
                         help="the disk's virtual size, e.g. 32G (K, M, G, T suffixes)")
     create.add_argument("--name", default=None, metavar="NAME",
                         help="volume name instead of the next free vm-VMID-disk-N.qcow2")
-    create.set_defaults(func=_create)
 
-    shrink = vsub.add_parser(
-        "shrink", help="reduce a stopped volume's LV to its data plus a chunk",
-        description="For a volume whose VM runs nowhere and whose LV is not active on this "
-        "node (the VM's config on this node per the cluster's VM list, with quorum, and no "
-        "QEMU of it here): check the image, then reduce the LV to max(initial-size, image "
-        "end + one chunk) in whole extents. Refuses, saying why, when that is not safe.")
+    shrink = options.add_command(vsub, "shrink", _shrink,
+                                 "reduce a stopped volume's LV to its data plus a chunk")
     _common(shrink)
     shrink.add_argument("volid", metavar="STORAGE:VOLNAME")
     shrink.add_argument("--dry-run", action="store_true",
@@ -91,20 +77,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         metavar="DIR", help="the cluster folder: shrink needs its "
                         ".members to show quorum and its .vmlist to place the VM on this "
                         "node; its .rrd can only refuse (default: %(default)s)")
-    shrink.add_argument("--json", action="store_true", help="JSON for scripts")
-    shrink.set_defaults(func=_shrink)
+    options.add_json_option(shrink)
 
-    listing = vsub.add_parser(
-        "list", help="the thin storages' qcow2 volumes and what shrink would give back",
-        description="Every qcow2 LV of every thin-enabled storage: LV size, image end, "
-        "virtual size, maximum, and the space 'shrink' would reclaim. Image figures need "
-        "the LV active here; inactive LVs are not activated.")
+    listing = options.add_command(
+        vsub, "list", _list, "the thin storages' qcow2 volumes and what shrink would give back")
     _common(listing)
-    listing.add_argument("--json", action="store_true", help="JSON for scripts")
-    listing.set_defaults(func=_list)
+    options.add_json_option(listing)
 
 
 def _create(args: argparse.Namespace) -> int:
+    """Under the storage lock, create the LV vm-VMID-disk-N.qcow2 (first free
+    N) at the storage's initial-size (never more than the image can need), tagged
+    pve-vm-VMID, and format it as qcow2 of virtual size SIZE without preallocation.
+    Prints the volume id."""
     created = asyncio.run(volumes.create(_settings(args), args.storage, args.vmid, args.size,
                                          args.name))
     print(created.volid)
@@ -112,6 +97,10 @@ def _create(args: argparse.Namespace) -> int:
 
 
 def _shrink(args: argparse.Namespace) -> int:
+    """For a volume whose VM runs nowhere and whose LV is not active on this
+    node (the VM's config on this node per the cluster's VM list, with quorum, and no
+    QEMU of it here): check the image, then reduce the LV to max(initial-size, image
+    end + one chunk) in whole extents. Refuses, saying why, when that is not safe."""
     volid = parse_volume_id(args.volid)
     result = asyncio.run(volumes.shrink(_settings(args), volid, dry_run=args.dry_run))
     if args.json:
@@ -134,6 +123,9 @@ def _shrink(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
+    """Every qcow2 LV of every thin-enabled storage: LV size, image end,
+    virtual size, maximum, and the space 'shrink' would reclaim. Image figures need
+    the LV active here; inactive LVs are not activated."""
     reports = asyncio.run(volumes.list_volumes(_settings(args)))
     if args.json:
         print(json.dumps([{**dataclasses.asdict(r), "snapshot": r.snapshot} for r in reports],
