@@ -29,18 +29,25 @@ class RankError(PvestordError):
     """The guest's storages cannot be found out."""
 
 
+def _names(text: str) -> list[str]:
+    """A comma-separated list of names, blanks dropped (an option's value)."""
+    return [name for name in (part.strip() for part in text.split(",")) if name]
+
+
 def register(sub: options.SubCommands) -> None:
     rank = options.add_command(
         sub, "rank-nodes", _run, "order the nodes that can run a VM's thin volumes",
         epilog="Exit status: 0 when at least one candidate is eligible, 3 when none is, 1 on "
         "error.")
     rank.add_argument("vmid", type=int, metavar="VMID")
-    rank.add_argument("--candidates", metavar="NODE,NODE,...",
-                      help="the nodes to judge, in order of preference (default: every "
-                      "node with a report, by name)")
-    rank.add_argument("--storages", metavar="STOREID,...",
-                      help="the VM's thin storages (default: those holding an LV of "
-                      "its disks and their snapshot LVs, as this node's LVM lists them)")
+    # Both narrow the judgement to names given as one comma-separated value.
+    for flag, metavar, meaning in (
+        ("--candidates", "NODE,NODE,...", "the nodes to judge, in order of preference "
+         "(default: every node with a report, by name)"),
+        ("--storages", "STOREID,...", "the VM's thin storages (default: those holding an "
+         "LV of its disks and their snapshot LVs, as this node's LVM lists them)"),
+    ):
+        rank.add_argument(flag, type=_names, metavar=metavar, help=meaning)
     options.add_stale_after_option(rank, ranking.DEFAULT_STALE_AFTER,
                                    "ignore reports older than this")
     rank.add_argument("--nodes-dir", type=Path, default=None, metavar="DIR",
@@ -49,12 +56,6 @@ def register(sub: options.SubCommands) -> None:
     rank.add_argument("--storage-config", type=Path, default=paths.STORAGE_CFG,
                       metavar="PATH", help="storage.cfg (default: %(default)s)")
     options.add_json_option(rank)
-
-
-def _names(text: str | None) -> list[str] | None:
-    if text is None:
-        return None
-    return [name for name in (part.strip() for part in text.split(",")) if name]
 
 
 async def vm_storages(config: StorageConfig, vmid: int) -> set[str]:
@@ -82,7 +83,7 @@ def _run(args: argparse.Namespace) -> int:
     given."""
     vmid = check_vmid(args.vmid)
     config = load_storage_config(args.storage_config)
-    storages = _names(args.storages)
+    storages: list[str] | None = args.storages
     if storages is None:
         storages = sorted(asyncio.run(vm_storages(config, vmid)))
         if not storages:
@@ -94,7 +95,7 @@ def _run(args: argparse.Namespace) -> int:
                             f"{', '.join(unknown)}")
     nodes_dir = args.nodes_dir if args.nodes_dir is not None else paths.nodes_dir(args.queue)
     reports, problems = nodereport.read_reports(nodes_dir)
-    ranked = ranking.rank_nodes(storages, _names(args.candidates), reports, problems,
+    ranked = ranking.rank_nodes(storages, args.candidates, reports, problems,
                                 now=time.time(), stale_after=args.stale_after)
     if args.json:
         print(json.dumps({"vmid": vmid, "storages": storages,

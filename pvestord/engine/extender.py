@@ -58,10 +58,6 @@ from pvestord.policy import Decision, DriveState, Reason
 
 log = logging.getLogger(__name__)
 
-#: Rounds of extend-then-rearm in one pass: a writer faster than an extension
-#: crosses the new threshold before it is armed, and gets another chunk at once.
-MAX_ROUNDS = 4
-
 
 class Extender:
     """The per-VM pass, with what must outlive it: gates, caches, storage config."""
@@ -153,7 +149,7 @@ class Extender:
         outcome = VmOutcome()
         for key in [k for k in self._answered if k[0] == vm.vmid and k[1] != vm.pid]:
             del self._answered[key]  # a QEMU that ended: its ENOSPCs were answered
-        for number in range(MAX_ROUNDS):
+        for number in range(policy.MAX_ROUNDS):
             # A reconcile's first look may share a VG report with the other
             # passes of its sweep; a later round follows our own change and
             # reads its LVs exactly.

@@ -49,6 +49,7 @@ from pvestord.policy.extension import (
 from pvestord.policy.reason import Reason
 from pvestord.policy.requests import EntryFate, entry_fate, reason_for, requests_from
 from pvestord.policy.resume import (
+    MAX_ROUNDS,
     BlockedBecause,
     ResumeBlocker,
     ResumeDecision,
@@ -59,6 +60,7 @@ from pvestord.policy.resume import (
 from pvestord.policy.table import TableState, table_state
 
 __all__ = [
+    "MAX_ROUNDS",
     "Arm",
     "AtMaximum",
     "BlockDevice",

@@ -74,6 +74,12 @@ def may_resume(*, paused_for_room: bool, need_more: bool, nospace: Sequence[Bloc
     return ResumeDecision(blocker is None, blocker)
 
 
+#: Rounds of extend-then-rearm in one pass: a writer faster than an extension
+#: crosses the new threshold before it is armed, and gets another chunk at once;
+#: the bound keeps one VM's pass from serving it forever.
+MAX_ROUNDS = 4
+
+
 def another_round(*, need_more: bool, paused_for_room: bool, resumed: bool,
                   extended: bool) -> bool:
     """Whether the pass goes round again after a re-arm: a drive needs more,
