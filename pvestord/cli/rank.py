@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import time
 from pathlib import Path
@@ -99,7 +98,7 @@ def _run(args: argparse.Namespace) -> int:
                                 now=time.time(), stale_after=args.stale_after)
     if args.json:
         print(json.dumps({"vmid": vmid, "storages": storages,
-                          "nodes": [dataclasses.asdict(r) for r in ranked]}, indent=2))
+                          "nodes": [r.to_json() for r in ranked]}, indent=2))
     else:
         print(f"VM {vmid} on {', '.join(storages)}:")
         for r in ranked:

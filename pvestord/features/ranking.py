@@ -22,7 +22,7 @@ So the ranking is a filter with reasons, then an order:
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from pvestord.engine.nodereport import NodeReport
 from pvestord.policy.sizes import format_size
@@ -34,7 +34,6 @@ DEFAULT_STALE_AFTER = 60.0
 @dataclass(frozen=True)
 class Ranked:
     node: str
-    eligible: bool
     #: Why the node is left out (every reason found), or empty.
     reasons: tuple[str, ...]
     #: Things that do not exclude the node but rank it lower.
@@ -42,23 +41,32 @@ class Ranked:
     #: Seconds since the node's report was made; None without one.
     report_age: float | None
 
+    @property
+    def eligible(self) -> bool:
+        """No reason leaves the node out (derived, so that the two cannot disagree)."""
+        return not self.reasons
+
+    def to_json(self) -> dict[str, object]:
+        """The verdict for ``rank-nodes --json``, ``eligible`` second as it always was."""
+        return {"node": self.node, "eligible": self.eligible, **asdict(self)}
+
 
 def judge(node: str, report: NodeReport | None, problem: str | None,
           storages: Collection[str], now: float, stale_after: float) -> Ranked:
     """One node's verdict for a guest whose volumes live on ``storages``."""
     if report is None:
-        return Ranked(node, False, (problem or "no report from this node's pvestord",), (), None)
+        return Ranked(node, (problem or "no report from this node's pvestord",), (), None)
     age = now - report.time
     # What a stopped or stale report says of the storages is past: only that counts.
     if report.stopped:
-        return Ranked(node, False, ("pvestord was stopped on this node",), (), age)
+        return Ranked(node, ("pvestord was stopped on this node",), (), age)
     if age > stale_after:
-        return Ranked(node, False, (f"report is stale: {age:.0f} s old (limit "
-                                    f"{stale_after:.0f} s)",), (), age)
+        return Ranked(node, (f"report is stale: {age:.0f} s old (limit "
+                             f"{stale_after:.0f} s)",), (), age)
     if age < -stale_after:
         # From the future: the node's clock is off, and so is the report's time.
-        return Ranked(node, False, (f"report is dated {-age:.0f} s in the future: clock "
-                                    "skew",), (), age)
+        return Ranked(node, (f"report is dated {-age:.0f} s in the future: clock "
+                             "skew",), (), age)
     reasons: list[str] = []
     warnings: list[str] = []
     if age > stale_after / 2:
@@ -72,7 +80,7 @@ def judge(node: str, report: NodeReport | None, problem: str | None,
         elif view.free < view.extent_size:
             warnings.append(f"storage {storeid}: VG {view.vg} is full"
                             f" ({format_size(view.free)} free)")
-    return Ranked(node, not reasons, tuple(reasons), tuple(warnings), age)
+    return Ranked(node, tuple(reasons), tuple(warnings), age)
 
 
 def rank_nodes(storages: Collection[str], candidates: Sequence[str] | None,
