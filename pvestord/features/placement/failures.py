@@ -13,10 +13,8 @@ the simulator's logs.
 
 from __future__ import annotations
 
-import re
+import itertools
 from dataclasses import dataclass
-
-_DIGITS = re.compile(r"^\d(\d)(\d)(\d)?(\d)?(\d)?")
 
 
 @dataclass(frozen=True)
@@ -36,8 +34,10 @@ def injected_failures(sid: str) -> InjectedFailures | None:
     kind, _, name = sid.partition(":")
     if kind != "fa":
         return None
-    found = _DIGITS.match(name)
-    digits = [int(d) if d is not None else None for d in found.groups()] if found else []
+    # The id's leading digits: a free one, then up to five that say how it
+    # fails; an id with fewer than two of those fails in no way.
+    leading = list(itertools.takewhile(str.isdecimal, name))
+    digits: list[int | None] = [int(d) for d in leading[1:6]] if len(leading) >= 3 else []
     start, migrate, stop, _exists, limit = (digits + [None] * 5)[:5]
     return InjectedFailures(start or 0, migrate or 0, bool(stop),
                             f"node{limit}" if limit else None)
