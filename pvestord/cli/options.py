@@ -7,8 +7,8 @@ from pathlib import Path
 
 from pvestord import paths
 from pvestord.adapters import vghealth
-from pvestord.adapters.config import DaemonSettings
 from pvestord.adapters.locks import PMXCFS_LOCK_EXPIRY
+from pvestord.adapters.settings import DaemonSettings
 
 
 def add_lock_options(parser: argparse.ArgumentParser) -> None:

@@ -43,11 +43,11 @@ from collections.abc import Callable, Sequence
 
 from pvestord import policy
 from pvestord.adapters import service
-from pvestord.adapters.config import DaemonSettings
 from pvestord.adapters.locks import queue_lock
 from pvestord.adapters.qmp import VmBusyError, VmGoneError
 from pvestord.adapters.queue import Entry, ExtendQueue
 from pvestord.adapters.service import fields
+from pvestord.adapters.settings import DaemonSettings
 from pvestord.adapters.vms import LocalVm, local_vm, local_vms
 from pvestord.adapters.watch import FolderWatch
 from pvestord.engine import metrics, publisher, status

@@ -10,10 +10,10 @@ from collections.abc import Awaitable, Callable
 from pvestord import policy
 from pvestord.adapters import lvm
 from pvestord.adapters.command import KILL_WAIT
-from pvestord.adapters.config import DaemonSettings
 from pvestord.adapters.lvmshell import LvmShells
 from pvestord.adapters.qmp import VmBusyError
 from pvestord.adapters.service import fields
+from pvestord.adapters.settings import DaemonSettings
 from pvestord.adapters.vms import LocalVm
 from pvestord.engine import migration
 from pvestord.engine.drive import Drive, RoundTimings, ms_since

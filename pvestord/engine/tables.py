@@ -13,10 +13,10 @@ import logging
 from pvestord import policy
 from pvestord.adapters import lvm
 from pvestord.adapters.command import KILL_WAIT
-from pvestord.adapters.config import DaemonSettings
 from pvestord.adapters.locks import Held
 from pvestord.adapters.lvmshell import LvmShells
 from pvestord.adapters.service import fields
+from pvestord.adapters.settings import DaemonSettings
 from pvestord.adapters.vms import LocalVm
 from pvestord.engine.drive import Drive, StaleTableError, VmOutcome
 from pvestord.engine.gates import VgGates

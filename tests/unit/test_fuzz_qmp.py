@@ -38,8 +38,8 @@ from pvestord.engine.migration import MIGRATING
 from pvestord.errors import PvestordError
 from pvestord.policy import BlockDevice
 from qmeventd_py import events
+from qmeventd_py.hello import read_hello
 from qmeventd_py.peer import PeerError
-from qmeventd_py.server import read_hello
 
 fuzz = settings(max_examples=200, deadline=None)
 
