@@ -20,7 +20,7 @@ LVM change starts that could outlive the lock. Budgets, all counted from a
 renewal: a change's command timeout plus the bounded wait after its kill
 (:data:`pvestord.adapters.command.KILL_WAIT`) plus :data:`MARGIN_SHARE` of the
 lifetime must fit in the ``1 - RENEW_SHARE`` of it that a renewal leaves at
-worst (30 + 5 + 10 s of 90 s on pmxcfs; :class:`pvestord.adapters.config.DaemonSettings`
+worst (30 + 5 + 10 s of 90 s on pmxcfs; :class:`pvestord.adapters.settings.DaemonSettings`
 refuses settings where it does not).
 
 :class:`VgLock` holds the locks of every storage on one VG (Proxmox locks

@@ -9,8 +9,8 @@ from typing import Any, TypeAlias, TypeVar
 
 from pvestord import paths
 from pvestord.adapters import vghealth
-from pvestord.adapters.config import DaemonSettings
 from pvestord.adapters.locks import PMXCFS_LOCK_EXPIRY
+from pvestord.adapters.settings import DaemonSettings
 
 #: What each command module's ``register`` adds its commands to.
 SubCommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"

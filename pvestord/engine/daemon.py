@@ -42,10 +42,10 @@ import time
 from collections.abc import Callable, Sequence
 
 from pvestord.adapters import service
-from pvestord.adapters.config import DaemonSettings
 from pvestord.adapters.locks import queue_lock
 from pvestord.adapters.queue import Entry, ExtendQueue
 from pvestord.adapters.service import fields
+from pvestord.adapters.settings import DaemonSettings
 from pvestord.adapters.vms import LocalVm, local_vm, local_vms
 from pvestord.adapters.watch import FolderWatch
 from pvestord.engine import metrics, publisher, status

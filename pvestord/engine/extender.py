@@ -36,10 +36,11 @@ from collections.abc import Callable
 
 from pvestord import policy
 from pvestord.adapters import lvm
-from pvestord.adapters.config import DaemonSettings, StorageConfig
+from pvestord.adapters.config import StorageConfig
 from pvestord.adapters.lvmshell import LvmShells
 from pvestord.adapters.qmp import MIGRATION_STATES, VmBusyError, VmMonitor
 from pvestord.adapters.service import fields
+from pvestord.adapters.settings import DaemonSettings
 from pvestord.adapters.vms import LocalVm
 from pvestord.engine import migration
 from pvestord.engine.drive import Drive, RoundTimings, VmOutcome, ms_since

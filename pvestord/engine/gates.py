@@ -8,8 +8,9 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 
-from pvestord.adapters.config import DaemonSettings, StorageConfig, ThinStorage
+from pvestord.adapters.config import StorageConfig, ThinStorage
 from pvestord.adapters.locks import Held, VgLock, vg_lock
+from pvestord.adapters.settings import DaemonSettings
 from pvestord.adapters.vghealth import VgHealth
 
 #: Budget for waiting on the storage lock: as ``cfs_lock``.

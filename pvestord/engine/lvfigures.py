@@ -15,9 +15,10 @@ import time
 
 from pvestord import policy
 from pvestord.adapters import lvm, qemu_img
-from pvestord.adapters.config import DaemonSettings, StorageConfig
+from pvestord.adapters.config import StorageConfig
 from pvestord.adapters.lvmshell import LvmShells
 from pvestord.adapters.qmp import ThinDriveView, VmMonitor
+from pvestord.adapters.settings import DaemonSettings
 from pvestord.engine.drive import Drive, VmOutcome
 
 #: Seconds a whole-VG ``lvs`` may serve other reconcile passes of the same

@@ -10,10 +10,10 @@ from collections.abc import Awaitable, Callable
 from pvestord import policy
 from pvestord.adapters import lvm
 from pvestord.adapters.command import KILL_WAIT
-from pvestord.adapters.config import DaemonSettings
 from pvestord.adapters.lvmshell import LvmShells
 from pvestord.adapters.qmp import VmBusyError
 from pvestord.adapters.service import fields
+from pvestord.adapters.settings import DaemonSettings
 from pvestord.adapters.vms import LocalVm
 from pvestord.engine import migration
 from pvestord.engine.drive import Drive, RoundTimings, ms_since
@@ -134,7 +134,7 @@ class LvGrowth:
                     " maximum %s (a fragmented image can outgrow qemu-img measure, Proxmox"
                     " bug 6543): growing one more chunk so the VM can run",
                     vm.vmid, node, drive.view.path, format_size(drive.maximum),
-                    extra=fields(VMID=vm.vmid, NODE_NAME=node, LV=drive.view.path))
+                    extra=fields(VMID=vm.vmid, NODE_NAME=node, LV=drive.lv))
             held.require(self.settings.lvm_timeout + KILL_WAIT)
             await lvm.extend(drive.vg, drive.lv, decision.target,
                              timeout=self.settings.lvm_timeout, shells=self.shells)
@@ -145,7 +145,7 @@ class LvGrowth:
         log.info("VM %d %s: LV %s extended %s -> %s in %d ms", vm.vmid, node,
                  drive.view.path, format_size(info.size), format_size(decision.target),
                  elapsed_ms, extra=fields(
-                     VMID=vm.vmid, NODE_NAME=node, LV=drive.view.path, VG=drive.vg,
+                     VMID=vm.vmid, NODE_NAME=node, LV=drive.lv, VG=drive.vg,
                      OLD_SIZE=info.size, NEW_SIZE=decision.target, DURATION_MS=elapsed_ms,
                      REASON=state.reason.value, ROUND_STARTED=f"{timings.started_wall:.6f}",
                      QMP_MS=timings.observe_ms + round((observed - started) * 1000),

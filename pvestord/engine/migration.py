@@ -46,7 +46,7 @@ from pathlib import Path
 from pvestord import policy
 from pvestord.adapters import lvm, qemu_img
 from pvestord.adapters.command import KILL_WAIT
-from pvestord.adapters.config import DaemonSettings, StorageConfig, ThinStorage
+from pvestord.adapters.config import StorageConfig, ThinStorage
 from pvestord.adapters.locks import Held, VgLock, vg_lock
 from pvestord.adapters.qmp import (
     MIGRATION_STATES,
@@ -55,6 +55,7 @@ from pvestord.adapters.qmp import (
     migration_status_from,
 )
 from pvestord.adapters.service import fields
+from pvestord.adapters.settings import DaemonSettings
 from pvestord.adapters.vghealth import VgHealth
 from pvestord.adapters.vmconfig import read_config_lock
 from pvestord.engine.gates import STORAGE_LOCK_TIMEOUT

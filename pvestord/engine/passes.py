@@ -16,8 +16,9 @@ from collections.abc import Callable, Coroutine, Iterable
 from pathlib import Path
 from typing import Any
 
-from pvestord.adapters.config import DaemonSettings, StorageConfig
+from pvestord.adapters.config import StorageConfig
 from pvestord.adapters.service import fields
+from pvestord.adapters.settings import DaemonSettings
 from pvestord.adapters.vghealth import VgHealth
 
 #: The daemon's messages keep the logger name they always had.

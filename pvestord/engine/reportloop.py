@@ -9,7 +9,8 @@ import logging
 import time
 from collections.abc import Callable
 
-from pvestord.adapters.config import DaemonSettings, StorageConfig
+from pvestord.adapters.config import StorageConfig
+from pvestord.adapters.settings import DaemonSettings
 from pvestord.engine import nodereport
 from pvestord.engine.failures import Failures
 from pvestord.engine.nodereport import LvmHealth

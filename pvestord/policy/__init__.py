@@ -14,6 +14,7 @@ needs from here; the submodules group them by question:
   volumes' names and sizes, and when pmxcfs's files prove a VM stopped;
 - :mod:`~pvestord.policy.requests`: which drives a queue entry asks a pass
   to look at, and when the entry leaves the queue;
+- :mod:`~pvestord.policy.storageoptions`: the values of our storage options;
 - :mod:`~pvestord.policy.reason`, :mod:`~pvestord.policy.sizes`: the
   vocabulary (why a drive was queued, byte sizes).
 """

@@ -174,7 +174,7 @@ def test_journal_has_the_extension_with_its_fields(report: dict[str, Any]) -> No
     assert first["_SYSTEMD_UNIT"] == "pvestord.service"
     assert first["SYSLOG_IDENTIFIER"] == "pvestord"
     assert (first["VMID"], first["NODE_NAME"], first["VG"]) == ("101", "file0", "pvsd")
-    assert first["LV"] == "/dev/pvsd/vm-101-disk-0.qcow2"
+    assert first["LV"] == "vm-101-disk-0.qcow2"  # the LV name; VG holds the group
     assert (first["OLD_SIZE"], first["NEW_SIZE"]) == (str(256 * MiB), str(512 * MiB))
     assert int(first["DURATION_MS"]) > 0
     assert first["REASON"] == "threshold"

@@ -7,12 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pvestord.adapters.config import (
-    DaemonSettings,
-    StorageOptionError,
-    load_storage_config,
-    parse_storage_config,
-)
+from pvestord.adapters.config import StorageOptionError, load_storage_config, parse_storage_config
+from pvestord.adapters.settings import DaemonSettings
 from pvestord.errors import ConfigError
 from pvestord.policy.sizes import GiB, MiB
 

@@ -196,7 +196,7 @@ async def test_a_pass_that_ignores_its_cancellation_stops_the_pings(
     at its deadline, and its watchdog loop pings a real ``NOTIFY_SOCKET``;
     only the grace before "wedged" is shortened.
     """
-    from pvestord.adapters.config import DaemonSettings
+    from pvestord.adapters.settings import DaemonSettings
     from pvestord.adapters.vms import LocalVm
     from pvestord.engine import daemon as daemon_module
     from pvestord.engine import passes

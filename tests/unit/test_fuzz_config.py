@@ -12,15 +12,14 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pvestord.adapters.config import (
+from pvestord.adapters.config import StorageOptionError, parse_storage_config
+from pvestord.errors import ConfigError
+from pvestord.policy.storageoptions import (
     DEFAULT_CHUNK_PERCENTAGE,
     DEFAULT_INITIAL_SIZE,
     MIN_CHUNKSIZE,
     THIN_OPTIONS,
-    StorageOptionError,
-    parse_storage_config,
 )
-from pvestord.errors import ConfigError
 
 fuzz = settings(max_examples=200, deadline=None)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from pvestord.adapters.command import UnkillableCommandError, stuck_processes
-from pvestord.adapters.config import DaemonSettings, parse_storage_config
+from pvestord.adapters.config import parse_storage_config
 from pvestord.adapters.locks import (
     FlockLock,
     LockDirLock,
@@ -28,6 +28,7 @@ from pvestord.adapters.locks import (
     vg_lock,
 )
 from pvestord.adapters.lvm import LvmError
+from pvestord.adapters.settings import DaemonSettings
 from pvestord.adapters.vghealth import VgHealth, VgUnhealthyError
 from pvestord.engine.extender import Extender
 from pvestord.errors import ConfigError

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from pvestord.adapters.config import DaemonSettings
 from pvestord.adapters.lvm import LvInfo
+from pvestord.adapters.settings import DaemonSettings
 from pvestord.engine.lvfigures import LvFigures
 
 MiB = 1024 * 1024

@@ -79,7 +79,7 @@ def test_read_from_this_nodes_folder(tmp_path: Path) -> None:
 def test_engine_reads_this_nodes_config(tmp_path: Path) -> None:
     """The engine's view (pvestord.engine.migration.config_lock): the config on
     this node's folder under the settings' nodes dir, aged by its mtime."""
-    from pvestord.adapters.config import DaemonSettings
+    from pvestord.adapters.settings import DaemonSettings
     from pvestord.engine.migration import config_lock
 
     settings = DaemonSettings(node="pve1", queue=tmp_path / "extend-queue",

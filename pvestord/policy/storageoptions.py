@@ -1,0 +1,130 @@
+"""The values of pvestord's storage options: defaults, limits, and how each is read.
+
+Pure, and apart from the file's syntax, because two callers read the same
+values: the ``storage.cfg`` parser (:mod:`pvestord.adapters.config`) and the
+storage plugin, which gets a storage's options from Proxmox, not from a file.
+Both must accept and refuse exactly the same text. Every reader takes the
+options as written (``None``: a bare key) and reports an unusable value to
+``problem(option, reason)``, then goes on with the default, so one pass over
+a section lists every problem at once.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping
+from typing import NamedTuple
+
+from pvestord.policy import capacity
+from pvestord.policy.sizes import GiB, MiB, format_size, parse_size
+
+#: Defaults of our ``lvm:`` options (docs/design.md, "Storage configuration").
+DEFAULT_CHUNKSIZE = 1 * GiB
+DEFAULT_CHUNK_PERCENTAGE = 0.5
+DEFAULT_INITIAL_SIZE = 2 * GiB
+#: A smaller chunk would mean an extension per handful of writes; LVM's own
+#: smallest useful extent is 1 MiB, so anything below is surely a typo (``1``
+#: for ``1G``). Chunks need not be a multiple of the extent size: the policy
+#: rounds every target up to whole extents (the extent size is only known at
+#: run time, from the VG).
+MIN_CHUNKSIZE = 1 * MiB
+
+#: The options of ours in an ``lvm:`` or ``pvestord:`` section.
+THIN_OPTIONS = ("chunksize", "chunk-percentage", "initial-size", *capacity.OPTIONS)
+
+# PVE::JSONSchema's number check; Python's float() would also take "nan", "1_0".
+_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+Options = Mapping[str, str | None]
+#: Reports ``(option, reason)`` for the storage being read.
+Problem = Callable[[str, str], None]
+
+
+class ThinValues(NamedTuple):
+    """What a thin storage's options set, each value usable or its default."""
+
+    chunksize: int
+    chunk_percentage: float
+    initial_size: int
+    guards: capacity.Guards
+
+
+def thin_values(opts: Options, problem: Problem) -> ThinValues:
+    """Every thin option of one storage; each unusable value is told to ``problem``."""
+    chunksize = size_option(opts, "chunksize", DEFAULT_CHUNKSIZE, MIN_CHUNKSIZE, problem)
+    initial_size = size_option(opts, "initial-size", DEFAULT_INITIAL_SIZE, 1, problem)
+    percentage = chunk_percentage(opts, problem)
+    guards = capacity.parse_guards(opts, problem)
+    return ThinValues(chunksize, percentage, initial_size, guards)
+
+
+def size_option(opts: Options, option: str, default: int, minimum: int,
+                problem: Problem) -> int:
+    if option not in opts:
+        return default
+    text = opts[option]
+    if text is None:
+        problem(option, "needs a value")
+        return default
+    try:
+        size = parse_size(text)
+    except ValueError:
+        problem(option, "not a size (a number with an optional K, M, G or T suffix,"
+                " e.g. 1G or 512M)")
+        return default
+    if size < minimum:
+        problem(option, f"must be at least {format_size(minimum)}")
+        return default
+    return size
+
+
+def chunk_percentage(opts: Options, problem: Problem) -> float:
+    option = "chunk-percentage"
+    if option not in opts:
+        return DEFAULT_CHUNK_PERCENTAGE
+    text = opts[option]
+    if text is None or not _NUMBER.fullmatch(text):
+        problem(option, "not a number (the share of a chunk left free when the"
+                " threshold fires, e.g. 0.5)")
+        return DEFAULT_CHUNK_PERCENTAGE
+    value = float(text)
+    if not (math.isfinite(value) and 0 < value < 1):
+        problem(option, "must be between 0 and 1 (both excluded)")
+        return DEFAULT_CHUNK_PERCENTAGE
+    return value
+
+
+def _truth(opts: Options, option: str) -> bool | None:
+    """A boolean option as SectionConfig reads it; None for a value that is no boolean.
+
+    Absent is false; a bare key is a boolean set to 1, as in SectionConfig.
+    """
+    if option not in opts:
+        return False
+    text = opts[option]
+    if text is None:
+        return True
+    if text.lower() in _TRUE:
+        return True
+    if text.lower() in _FALSE:
+        return False
+    return None
+
+
+def boolean_option(opts: Options, option: str, problem: Problem) -> bool:
+    """A boolean option of ours: a value that is no boolean is a problem (and false)."""
+    value = _truth(opts, option)
+    if value is None:
+        problem(option, "not a boolean (0 or 1)")
+        return False
+    return value
+
+
+def flag(opts: Options, option: str, *, unreadable: bool) -> bool:
+    """A boolean option of any storage; ``unreadable`` for a value that is no
+    boolean (the safer reading for the caller)."""
+    value = _truth(opts, option)
+    return unreadable if value is None else value

@@ -1,0 +1,164 @@
+"""A small VG filling up under the capacity guards (node guest): real LVM,
+real QEMU, the real daemons and ``pvestord volume create``.
+
+One story, step by step, as an admin would meet it: the VG falls below
+``thin-warn-free`` (one journal warning, ``status`` says ``warn``), below
+``thin-critical-free`` (new thin volumes refused, the running VM still
+grows), and below what an extension may take without eating the reserve
+(the drive waits, held, until room comes back). Thick "filler" LVs stand for
+the other users of a shared VG.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.harness.daemonlog import parse
+from tests.harness.daemons import VENV_BIN, Daemon, NodeBed, ThinStorageSpec, daemons
+from tests.harness.lvmbed import VG, GiB, MiB, loop_vg, qcow2_check, sh
+from tests.harness.polling import wait_until
+from tests.harness.qemu import Disk, QemuVM
+
+CLI_TIMEOUT = 300.0
+START_TIMEOUT = 180.0
+EXTEND_TIMEOUT = 180.0
+CHUNK = 32 * MiB
+#: chunk-percentage 0.5: the threshold sits half a chunk below the LV's end.
+HEADROOM = CHUNK // 2
+GUARDS = "\tthin-warn-free 60%\n\tthin-critical-free 30%\n"  # thin-reserve: one chunk
+
+
+@pytest.fixture
+def vg() -> Iterator[VG]:
+    with loop_vg(1 * GiB) as vg:
+        yield vg
+
+
+@pytest.fixture
+def bed(vg: VG, tmp_path: Path, out_dir: Path) -> NodeBed:
+    bed = NodeBed(tmp_path, [ThinStorageSpec("thin1", vg.name, chunksize="32M",
+                                             initial_size="32M")], logs_dir=out_dir)
+    bed.storage_cfg.write_text(bed.storage_cfg.read_text() + GUARDS)
+    return bed
+
+
+def vg_figures(vg: VG) -> tuple[int, int]:
+    """(size, free) of ``vg`` in bytes, as LVM says now."""
+    out = sh("vgs", "--reportformat", "json", "--units", "b", "--nosuffix", "-o",
+             "vg_size,vg_free", vg.name)
+    row = json.loads(out)["report"][0]["vg"][0]
+    return int(row["vg_size"]), int(row["vg_free"])
+
+
+def fill_to(vg: VG, name: str, free: int) -> None:
+    """A thick LV that leaves about ``free`` bytes free (whole extents)."""
+    extent = vg.extent_size()
+    _, now = vg_figures(vg)
+    take = (now - free) // extent * extent
+    assert take > 0, (now, free)
+    sh("lvcreate", "-q", "-an", "-Zn", "-L", f"{take}b", "-n", name, vg.name)
+
+
+def volume_create(bed: NodeBed, vmid: int) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(  # noqa: S603 - argument list
+        [str(VENV_BIN / "pvestord"), "volume", "create", "--storage-config",
+         str(bed.storage_cfg), "thin1", str(vmid), "4G"],
+        capture_output=True, text=True, timeout=CLI_TIMEOUT, stdin=subprocess.DEVNULL,
+        check=False)
+
+
+def status(status_file: Path) -> dict[str, Any]:
+    done = subprocess.run(  # noqa: S603 - argument list
+        [str(VENV_BIN / "pvestord"), "status", "--json", "--file", str(status_file)],
+        capture_output=True, text=True, timeout=CLI_TIMEOUT, check=False)
+    view: dict[str, Any] = json.loads(done.stdout) if done.stdout else {}
+    return view
+
+
+def drive_state(status_file: Path, vmid: int) -> str | None:
+    if not status_file.exists():
+        return None
+    return next((d["state"] for d in status(status_file).get("drives", [])
+                 if d["vmid"] == vmid and d["node"] == "file0"), None)
+
+
+def warnings_with(daemon: Daemon, **fields: str) -> list[dict[str, str]]:
+    return [line.fields for line in parse(daemon.log_text()) if line.level == "WARNING"
+            and all(line.fields.get(k) == v for k, v in fields.items())]
+
+
+def test_a_filling_vg_warns_refuses_new_volumes_and_keeps_the_reserve(
+        bed: NodeBed, vg: VG, tmp_path: Path, out_dir: Path) -> None:
+    size, _ = vg_figures(vg)
+    fill_to(vg, "filler-a", size * 55 // 100)  # below the warning's 60 %
+    created = volume_create(bed, 150)
+    assert created.returncode == 0, created.stderr  # above the critical 30 %: allowed
+    lv = created.stdout.strip().split(":")[1]
+    assert vg.lv_size(lv) == CHUNK
+
+    status_file = tmp_path / "run-pvestord" / "status.json"
+    vm = QemuVM(150, bed.run_dir, disks=[Disk(vg.lv_path(lv), "fmt0", "file0")],
+                event_socket=bed.event_socket, log_path=bed.logs / "qemu-150.log",
+                launch_timeout=START_TIMEOUT)
+    with daemons(bed, pvestord_args=("--reconcile-interval", "5", "--vg-health-dir",
+                                     str(status_file.parent / "vg-unhealthy"))) as (_, pvestord), \
+            vm:
+        # Below thin-warn-free: said once in the journal, and in status.
+        wait_until(lambda: warnings_with(pvestord, VG=vg.name, CAPACITY_LEVEL="warn"),
+                   START_TIMEOUT, "the VG's warning level in the journal")
+        wait_until(lambda: status_file.exists()
+                   and status(status_file)["vgs"].get(vg.name, {}).get("health") == "warn",
+                   START_TIMEOUT, "status showing the VG at warn")
+
+        wait_until(lambda: vm.named_node("file0")["write_threshold"] == CHUNK - HEADROOM,
+                   START_TIMEOUT, "the threshold armed")
+        vm.write_pattern("fmt0", 0, CHUNK - HEADROOM + 8 * MiB, 0x41, timeout=120)
+        wait_until(lambda: vg.lv_size(lv) == 2 * CHUNK, EXTEND_TIMEOUT, "a first chunk")
+
+        # Below thin-critical-free: no new thin volume, the running VM grows on.
+        fill_to(vg, "filler-b", size * 25 // 100)
+        refused = volume_create(bed, 151)
+        assert refused.returncode == 1, (refused.stdout, refused.stderr)
+        assert "thin-critical-free" in refused.stderr, refused.stderr
+        assert not any(name.startswith("vm-151-") for name in lv_names(vg))
+        wait_until(lambda: vm.named_node("file0")["write_threshold"] == 2 * CHUNK - HEADROOM,
+                   EXTEND_TIMEOUT, "the threshold re-armed")
+        vm.write_pattern("fmt0", 2 * CHUNK - HEADROOM, 8 * MiB, 0x42, timeout=120)
+        wait_until(lambda: vg.lv_size(lv) == 3 * CHUNK, EXTEND_TIMEOUT, "a chunk while critical")
+
+        # Less free than a chunk plus the reserve: the running VM's drive waits.
+        fill_to(vg, "filler-c", CHUNK + CHUNK // 2)
+        wait_until(lambda: vm.named_node("file0")["write_threshold"] == 3 * CHUNK - HEADROOM,
+                   EXTEND_TIMEOUT, "the threshold re-armed again")
+        vm.write_pattern("fmt0", 3 * CHUNK - HEADROOM, 8 * MiB, 0x43, timeout=120)
+        wait_until(lambda: drive_state(status_file, 150) == "held-by-reserve", EXTEND_TIMEOUT,
+                   "the drive held by the reserve in status")
+        assert vg.lv_size(lv) == 3 * CHUNK
+        held = warnings_with(pvestord, VMID="150", VG=vg.name)
+        assert [w.get("NODE_NAME") for w in held] == ["file0"], held  # said once
+
+        # Room again (another user's LV removed): the held drive gets its chunk.
+        sh("lvremove", "-q", "-y", f"{vg.name}/filler-c")
+        wait_until(lambda: vg.lv_size(lv) == 4 * CHUNK, EXTEND_TIMEOUT,
+                   "the held chunk once room came back")
+        assert vm.read_verify("fmt0", 0, CHUNK - HEADROOM + 8 * MiB, 0x41, timeout=120)
+        assert vm.read_verify("fmt0", 2 * CHUNK - HEADROOM, 8 * MiB, 0x42, timeout=120)
+        assert vm.read_verify("fmt0", 3 * CHUNK - HEADROOM, 8 * MiB, 0x43, timeout=120)
+        view = status(status_file)
+        assert view["live"] is True, view.get("problem")
+        assert view["extensions"]["made"] == 3
+        assert view["extensions"]["failed"] == 0
+        (out_dir / "capacity.json").write_text(json.dumps(
+            {"vg": view["vgs"].get(vg.name), "last": view["extensions"]["last"]}, indent=1))
+    assert qcow2_check(vg.lv_path(lv))["exit"] == 0
+
+
+def lv_names(vg: VG) -> list[str]:
+    out = sh("lvs", "--reportformat", "json", "-o", "lv_name", vg.name)
+    return [row["lv_name"] for row in json.loads(out)["report"][0]["lv"]]
