@@ -22,17 +22,20 @@ FRAGILE_TIE = 1e-12
 
 
 @dataclass(frozen=True)
-class NodeCapacity:
+class CpuMem:
+    """CPUs and bytes of memory: the two figures the static CRS weighs."""
+
     maxcpu: float
     maxmem: float
 
 
-@dataclass(frozen=True)
-class GuestSize:
-    #: CPUs the guest may use; 0 means "the whole node" as upstream counts it.
-    maxcpu: float
-    #: Bytes of memory.
-    maxmem: float
+class NodeCapacity(CpuMem):
+    """A node's CPUs and memory."""
+
+
+class GuestSize(CpuMem):
+    """The CPUs a guest may use (0 means "the whole node", as upstream counts
+    it) and its memory; a type of its own so that it is never taken for a node's."""
 
 
 def basic_scores(users: Mapping[str, int]) -> dict[str, float]:
