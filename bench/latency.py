@@ -198,7 +198,7 @@ def extension_after(text: str) -> tuple[daemonlog.LogLine, daemonlog.LogLine] | 
     extended: daemonlog.LogLine | None = None
     for line in daemonlog.parse(text):
         if extended is None:
-            if daemonlog.is_extension(line) and line.fields.get("NODE_NAME") == FILE_NODE:
+            if daemonlog.is_extension(line) and line.fields.get("BLOCK_NODE") == FILE_NODE:
                 extended = line
         elif daemonlog.is_armed(line, VMID, FILE_NODE):
             return extended, line

@@ -125,8 +125,8 @@ class Appender:
                             " attempts", len(batch), waited, attempt,
                             extra=fields(DURATION_MS=int(waited * 1000)))
             for e in batch:
-                log.info("VM %d: queued %s:%s reason=%s", e.vmid, e.vmid, e.node_name,
-                         e.reason.value, extra=fields(VMID=e.vmid, NODE_NAME=e.node_name,
+                log.info("VM %d: queued %s:%s reason=%s", e.vmid, e.vmid, e.block_node,
+                         e.reason.value, extra=fields(VMID=e.vmid, BLOCK_NODE=e.block_node,
                                                       REASON=e.reason.value))
             self.queued += len(batch)
             self._on_change()
@@ -146,8 +146,8 @@ class Appender:
         for e in entries:
             log.error("VM %d: LOST queue entry %s:%s reason=%s %s;"
                       " pvestord's reconcile will find this drive, but later",
-                      e.vmid, e.vmid, e.node_name, e.reason.value, why,
-                      extra=fields(VMID=e.vmid, NODE_NAME=e.node_name, REASON=e.reason.value))
+                      e.vmid, e.vmid, e.block_node, e.reason.value, why,
+                      extra=fields(VMID=e.vmid, BLOCK_NODE=e.block_node, REASON=e.reason.value))
         self.lost += len(entries)
         self._on_change()
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pvestord.policy import Reason
-from pvestord.policy.queueformat import Entry, InvalidEntryError, check_node_name
+from pvestord.policy.queueformat import Entry, InvalidEntryError, check_block_node
 
 #: Proxmox VMIDs are 100..999999999; we accept any positive id that fits.
 _VMID = re.compile(r"[1-9][0-9]{0,9}")
@@ -22,9 +22,9 @@ _VMID = re.compile(r"[1-9][0-9]{0,9}")
 
 @dataclass(frozen=True)
 class Extend:
-    """A drive needs more room: a queue entry for ``node_name``."""
+    """A drive needs more room: a queue entry for ``block_node``."""
 
-    node_name: str
+    block_node: str
     reason: Reason
 
 
@@ -86,7 +86,7 @@ def _is_name(value: object) -> bool:
     if not isinstance(value, str):
         return False
     try:
-        check_node_name(value)
+        check_block_node(value)
     except InvalidEntryError:
         return False
     return True
@@ -96,7 +96,7 @@ def to_entry(vmid: int, action: Extend, *, origin: str, ts: int) -> Entry | Reje
     """The queue entry for an :class:`Extend` of VM ``vmid``, or why there is none
     (a VMID outside Proxmox's range, say)."""
     try:
-        return Entry(vmid, action.node_name, action.reason, origin=origin, ts=ts)
+        return Entry(vmid, action.block_node, action.reason, origin=origin, ts=ts)
     except InvalidEntryError as err:
         return Rejected(action.reason.value, str(err))
 

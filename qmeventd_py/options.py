@@ -61,8 +61,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("-t", "--kill-timeout", type=float, default=cleanup.DEFAULT_KILL_TIMEOUT,
                    help="seconds from SIGTERM to SIGKILL for a shut-down VM"
                         " (default: %(default)g)")
-    p.add_argument("--node-name", help="origin recorded in queue entries"
-                   " (default: short host name)")
+    # --node-name was its first name; it names the cluster node, not a QEMU
+    # block node, so it became --node (the alias stays for old unit files).
+    p.add_argument("--node", "--node-name", dest="node", metavar="NODE",
+                   help="this cluster node's name, recorded as the origin of queue entries"
+                   " (default: short host name; --node-name is an old alias)")
     p.add_argument("--hello-timeout", type=float, default=HELLO_TIMEOUT,
                    help="seconds a peer has to send its first message (default: %(default)g)")
     p.add_argument("-f", "--foreground", action="store_true",
@@ -90,12 +93,12 @@ def make_options(args: argparse.Namespace) -> Options:
             raise ConfigError(f"--cleanup-cmd {args.cleanup_cmd!r}: {err}") from err
     else:
         command = cleanup.default_command()
-    origin = args.node_name or socket.gethostname().split(".")[0]
+    origin = args.node or socket.gethostname().split(".")[0]
     try:
         Entry(100, "probe", origin=origin)
     except QueueError as err:
         raise ConfigError(f"node name {origin!r} cannot be a queue entry's origin: {err}"
-                          " (use --node-name)") from err
+                          " (use --node)") from err
     sock = args.socket or args.path or paths.QMEVENTD_SOCKET
     if sock.exists() and not stat.S_ISSOCK(sock.stat().st_mode):
         raise ConfigError(f"{sock} exists and is not a socket; not replacing it")

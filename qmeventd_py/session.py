@@ -95,7 +95,7 @@ class VmSession:
                                     ts=int(time.time()))
             if isinstance(entry, events.Rejected):
                 log.warning("VM %d: no queue entry for %s (%s): %s", self.vmid,
-                            action.node_name, action.reason.value, entry.why, extra=self.extra)
+                            action.block_node, action.reason.value, entry.why, extra=self.extra)
             else:
                 self._submit(entry)
         elif isinstance(action, events.Shutdown):

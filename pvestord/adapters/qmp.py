@@ -91,9 +91,9 @@ class RunState:
     #: Devices whose io-status is ``failed``: a real I/O error, never resumed by us.
     failed_devices: tuple[BlockDevice, ...]
 
-    def nospace_on(self, path: str, node_names: Collection[str] = ()) -> bool:
+    def nospace_on(self, path: str, block_nodes: Collection[str] = ()) -> bool:
         """Whether the VM is paused on ENOSPC on a device that sits on the
-        drive at ``path`` with ``node_names`` (matched exactly).
+        drive at ``path`` with ``block_nodes`` (matched exactly).
 
         Only while it is paused: QEMU 7.2 keeps a ``-blockdev`` device's
         io-status at ``nospace`` after ``cont``, so a running VM would look
@@ -102,7 +102,7 @@ class RunState:
         """
         if self.paused_on_unowned_error:
             return True
-        drive = DriveIdentity(path, frozenset(node_names))
+        drive = DriveIdentity(path, frozenset(block_nodes))
         return self.paused_on_nospace and any(device_on(d, drive) for d in self.nospace_devices)
 
     @property
@@ -316,8 +316,8 @@ def block_device_from(device: Mapping[str, Any]) -> BlockDevice:
     inserted = inserted if isinstance(inserted, dict) else {}
     name = next((n for n in (device.get("device"), device.get("qdev"))
                  if isinstance(n, str) and n), "?")
-    node_name = inserted.get("node-name")
-    return BlockDevice(name, node_name if isinstance(node_name, str) else None,
+    block_node = inserted.get("node-name")
+    return BlockDevice(name, block_node if isinstance(block_node, str) else None,
                        device_filenames(inserted.get("file")))
 
 

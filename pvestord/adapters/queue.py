@@ -6,7 +6,7 @@ lock and the changes to it.
 
 Rules:
 
-* one line per ``VMID:NODE-NAME``: a second event for a queued drive merges
+* one line per ``VMID:BLOCK-NODE``: a second event for a queued drive merges
   into its line, so the file stays small however many events arrive;
 * an entry leaves the queue only when its work is done or moot. The daemon
   reads a snapshot (:meth:`ExtendQueue.list_async`), works, then calls
@@ -64,7 +64,7 @@ from pvestord.policy.queueformat import (
     QueueError,
     QueueFullError,
     RejectedLine,
-    check_node_name,
+    check_block_node,
     check_vmid,
     parse_contents,
     parse_key,
@@ -279,6 +279,6 @@ def _flusher(entries: dict[tuple[int, str], Entry]) -> int:
 __all__ = [
     "MAX_BYTES", "MAX_LINE", "MAX_READ", "MAX_REJECTED_LINE", "N_MAX", "VMID_MAX", "VMID_MIN",
     "Entry", "ExtendQueue", "InvalidEntryError", "QueueError", "QueueFullError", "Reason",
-    "RejectedLine", "check_node_name", "check_vmid", "parse_key", "parse_queue", "render",
+    "RejectedLine", "check_block_node", "check_vmid", "parse_key", "parse_queue", "render",
     "write_atomically",
 ]

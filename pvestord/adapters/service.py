@@ -19,7 +19,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 #: Journal fields our log calls may carry (``extra=``); shown on stderr too.
-FIELDS = ("VMID", "NODE_NAME", "LV", "VG", "OLD_SIZE", "NEW_SIZE", "DURATION_MS", "REASON",
+FIELDS = ("VMID", "BLOCK_NODE", "LV", "VG", "OLD_SIZE", "NEW_SIZE", "DURATION_MS", "REASON",
           "ROUND_STARTED", "QMP_MS", "LOCK_WAIT_MS", "LVM_MS",
           # stale device-mapper tables and blocked resumes (extender.py)
           "THRESHOLD", "TABLE", "TABLE_SIZE", "LV_SIZE", "DEVICE", "RESUME_BLOCKED",

@@ -66,7 +66,7 @@ def register(sub: options.SubCommands) -> None:
     extend = options.add_command(sub, "extend", _extend, "extend one thin drive by a chunk now")
     options.add_node_options(extend)
     extend.add_argument("vmid", type=int, metavar="VMID")
-    extend.add_argument("node_name", metavar="NODE-NAME",
+    extend.add_argument("block_node", metavar="BLOCK-NODE",
                         help="the drive's file node-name (see 'pvestord drives')")
 
 
@@ -108,9 +108,9 @@ def _drives(args: argparse.Namespace) -> int:
         print(json.dumps([{**dataclasses.asdict(r), "state": r.state.value} for r in reports],
                          indent=2))
         return 0
-    header = ("VMID", "NODE-NAME", "LV", "STORAGE", "LV SIZE", "ALLOCATED", "THRESHOLD",
+    header = ("VMID", "BLOCK-NODE", "LV", "STORAGE", "LV SIZE", "ALLOCATED", "THRESHOLD",
               "MAXIMUM", "STATE")
-    rows = [(str(r.vmid), r.node_name, r.lv, r.storage or "-", format_size(r.lv_size),
+    rows = [(str(r.vmid), r.block_node, r.lv, r.storage or "-", format_size(r.lv_size),
              format_size(r.allocation), format_size(r.threshold) if r.threshold else "-",
              format_size(r.maximum), r.state.value if r.storage else "not thin")
             for r in reports]
@@ -119,7 +119,7 @@ def _drives(args: argparse.Namespace) -> int:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
     for r in reports:
         if r.problem:
-            print(f"VM {r.vmid} {r.node_name}: {r.problem}")
+            print(f"VM {r.vmid} {r.block_node}: {r.problem}")
     if not rows:
         print("(no thin drives on this node)")
     return 0
@@ -137,17 +137,17 @@ def _extend(args: argparse.Namespace) -> int:
         extender = Extender(settings, StorageConfigSource(settings.storage_config).get)
         # Checked before any LVM command: a name that is no thin drive's must
         # not fall back to every drive of the VM.
-        known, thin = await extender.thin_node_names(vm)
-        if args.node_name not in known:
-            raise PvestordError(f"VM {args.vmid} has no block node {args.node_name!r}")
-        if args.node_name not in thin:
+        known, thin = await extender.thin_block_nodes(vm)
+        if args.block_node not in known:
+            raise PvestordError(f"VM {args.vmid} has no block node {args.block_node!r}")
+        if args.block_node not in thin:
             raise PvestordError(
-                f"VM {args.vmid}: block node {args.node_name!r} is not a thin drive's "
+                f"VM {args.vmid}: block node {args.block_node!r} is not a thin drive's "
                 f"(thin drives: {', '.join(sorted(thin)) or 'none'})")
-        outcome = await extender.handle(vm, {args.node_name: Reason.MANUAL})
+        outcome = await extender.handle(vm, {args.block_node: Reason.MANUAL})
         if outcome.errors:
             raise PvestordError("; ".join(str(e) for e in outcome.errors.values()))
-        print(f"VM {args.vmid} {args.node_name}: "
+        print(f"VM {args.vmid} {args.block_node}: "
               + ("extended" if outcome.extensions else "nothing to do (at its maximum?)"))
         return 0
 

@@ -38,12 +38,12 @@ def register(sub: SubCommands) -> None:
                    help="show the lines moved aside because they did not parse")
 
     p = add_command(cmds, "add", _add, "queue drives by hand")
-    p.add_argument("keys", nargs="+", type=_KEY, metavar="VMID:NODE-NAME")
+    p.add_argument("keys", nargs="+", type=_KEY, metavar="VMID:BLOCK-NODE")
     p.add_argument("--reason", default=Reason.MANUAL.value, choices=[r.value for r in Reason],
                    help="why (default: %(default)s)")
 
     p = add_command(cmds, "remove", _remove, "drop drives from the queue")
-    p.add_argument("keys", nargs="+", type=_KEY, metavar="VMID:NODE-NAME")
+    p.add_argument("keys", nargs="+", type=_KEY, metavar="VMID:BLOCK-NODE")
 
     add_command(cmds, "flush", _flush, "drop every queued drive")
 
@@ -87,7 +87,7 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def entry_json(entry: Entry) -> dict[str, Any]:
-    return {"vmid": entry.vmid, "node_name": entry.node_name, "reason": entry.reason.value,
+    return {"vmid": entry.vmid, "block_node": entry.block_node, "reason": entry.reason.value,
             "origin": entry.origin, "ts": entry.ts, "n": entry.n, "id": entry.id,
             "extra": dict(entry.extra)}
 
@@ -113,8 +113,8 @@ def _list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([entry_json(e) for e in entries], indent=2))
     elif entries:
-        print(_table(("VMID", "NODE-NAME", "REASON", "EVENTS", "SINCE", "ORIGIN"),
-                     [(str(e.vmid), e.node_name, e.reason.value, str(e.n), _when(e.ts),
+        print(_table(("VMID", "BLOCK-NODE", "REASON", "EVENTS", "SINCE", "ORIGIN"),
+                     [(str(e.vmid), e.block_node, e.reason.value, str(e.n), _when(e.ts),
                        e.origin or "-") for e in entries]))
     else:
         print(f"queue is empty ({queue.path})")

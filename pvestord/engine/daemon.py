@@ -211,8 +211,8 @@ class Daemon:
             removed = await self.queue.complete_async(moot)
             for entry in moot:
                 log.info("VM %d is not running on this node: entry %d:%s dropped", entry.vmid,
-                         entry.vmid, entry.node_name,
-                         extra=fields(VMID=entry.vmid, NODE_NAME=entry.node_name))
+                         entry.vmid, entry.block_node,
+                         extra=fields(VMID=entry.vmid, BLOCK_NODE=entry.block_node))
             log.debug("removed %d moot entries", removed)
 
     def _start_pass(self, vm: LocalVm, entries: Sequence[Entry]) -> bool:

@@ -57,7 +57,7 @@ class DriveReport:
     """One drive's figures for ``pvestord drives`` (LV size read from LVM)."""
 
     vmid: int
-    node_name: str
+    block_node: str
     format_node: str
     lv: str
     storage: str | None

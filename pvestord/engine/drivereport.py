@@ -24,7 +24,7 @@ async def drive_reports(extender: Extender, vm: LocalVm) -> list[DriveReport]:
         table = lvm.device_size(drive.vg, drive.lv)
         verdict = policy.table_state(info.size, table)
         state = drive.state(lv_size=info.size, paused_nospace=run.nospace_on(
-            drive.view.path, drive.identity.node_names))
+            drive.view.path, drive.identity.block_nodes))
         reports.append(DriveReport(
             vm.vmid, drive.view.file_node, drive.view.format_node, drive.view.path,
             drive.storage.storeid if drive.storage else None, info.size,

@@ -119,7 +119,7 @@ class Extender:
         return await self.figures.drives(monitor, self._storage_config(), outcome,
                                          fresh=fresh, shared=shared)
 
-    async def thin_node_names(self, vm: LocalVm) -> tuple[set[str], set[str]]:
+    async def thin_block_nodes(self, vm: LocalVm) -> tuple[set[str], set[str]]:
         """(every node-name of ``vm``, the node-names of its thin drives), from
         QMP and storage.cfg only: ``pvestord extend`` checks its argument with
         this before any LVM command."""
@@ -200,10 +200,10 @@ class Extender:
                 outcome.drives.add(drive.view.file_node)
                 if drive.view.file_node in stale or drive.view.file_node in outcome.errors:
                     continue
-                reason = policy.reason_for(drive.identity.node_names, requests, thin_nodes)
+                reason = policy.reason_for(drive.identity.block_nodes, requests, thin_nodes)
                 if reason is None:
                     continue
-                paused = run.nospace_on(drive.view.path, drive.identity.node_names)
+                paused = run.nospace_on(drive.view.path, drive.identity.block_nodes)
                 state = drive.state(paused_nospace=paused and self._enospc_is_new(vm, drive),
                                     reason=reason)
                 planned.append((drive, policy.decide(state), state))
@@ -271,4 +271,4 @@ def _note_requests_for_no_thin_drive(vm: LocalVm, requests: dict[str, Reason],
                 and name in outcome.known_nodes):
             log.warning("VM %d: entry %s (%s) names no thin drive: nothing done", vm.vmid,
                         name, reason.value,
-                        extra=fields(VMID=vm.vmid, NODE_NAME=name, REASON=reason.value))
+                        extra=fields(VMID=vm.vmid, BLOCK_NODE=name, REASON=reason.value))

@@ -120,7 +120,7 @@ class Failures:
             self._errors[key] = message
             vmid, node = key
             log.log(level, "%s (will retry)", message,
-                    extra=fields(VMID=vmid, NODE_NAME=node) if vmid else {})
+                    extra=fields(VMID=vmid, BLOCK_NODE=node) if vmid else {})
         else:
             log.debug("still failing: %s", message)
 

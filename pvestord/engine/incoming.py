@@ -48,5 +48,5 @@ async def catch_up_incoming(vm: LocalVm, drives: list[Drive], *, gates: VgGates,
             log.info("VM %d %s: incoming migration: LV %s refreshed %s -> %s", vm.vmid,
                      drive.view.file_node, drive.view.path, format_size(done.old),
                      format_size(done.new), extra=fields(
-                         VMID=vm.vmid, NODE_NAME=drive.view.file_node, LV=drive.lv,
+                         VMID=vm.vmid, BLOCK_NODE=drive.view.file_node, LV=drive.lv,
                          VG=drive.vg, OLD_SIZE=done.old, NEW_SIZE=done.new))

@@ -126,7 +126,7 @@ class LvGrowth:
                 self.activity.hold(vm.vmid, node, held_back)
                 self._said.say((vm.vmid, node, "reserve"), logging.WARNING, "VM %d %s: %s",
                                vm.vmid, node, held_back,
-                               extra=fields(VMID=vm.vmid, NODE_NAME=node, VG=drive.vg))
+                               extra=fields(VMID=vm.vmid, BLOCK_NODE=node, VG=drive.vg))
                 return False
             if isinstance(decision, policy.ExtendPastMaximum):
                 log.warning(
@@ -134,7 +134,7 @@ class LvGrowth:
                     " maximum %s (a fragmented image can outgrow qemu-img measure, Proxmox"
                     " bug 6543): growing one more chunk so the VM can run",
                     vm.vmid, node, drive.view.path, format_size(drive.maximum),
-                    extra=fields(VMID=vm.vmid, NODE_NAME=node, LV=drive.lv))
+                    extra=fields(VMID=vm.vmid, BLOCK_NODE=node, LV=drive.lv))
             held.require(self.settings.lvm_timeout + KILL_WAIT)
             await lvm.extend(drive.vg, drive.lv, decision.target,
                              timeout=self.settings.lvm_timeout, shells=self.shells)
@@ -145,7 +145,7 @@ class LvGrowth:
         log.info("VM %d %s: LV %s extended %s -> %s in %d ms", vm.vmid, node,
                  drive.view.path, format_size(info.size), format_size(decision.target),
                  elapsed_ms, extra=fields(
-                     VMID=vm.vmid, NODE_NAME=node, LV=drive.lv, VG=drive.vg,
+                     VMID=vm.vmid, BLOCK_NODE=node, LV=drive.lv, VG=drive.vg,
                      OLD_SIZE=info.size, NEW_SIZE=decision.target, DURATION_MS=elapsed_ms,
                      REASON=state.reason.value, ROUND_STARTED=f"{timings.started_wall:.6f}",
                      QMP_MS=timings.observe_ms + round((observed - started) * 1000),

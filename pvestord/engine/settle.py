@@ -26,13 +26,13 @@ async def arm_or_disarm(monitor: VmMonitor, vm: LocalVm, drive: Drive,
         await monitor.set_threshold(node, decision.threshold)
         log.info("VM %d %s: threshold armed at %s (LV %s)", vm.vmid, node,
                  format_size(decision.threshold), format_size(drive.lv_size),
-                 extra=fields(VMID=vm.vmid, NODE_NAME=node, LV=drive.lv,
+                 extra=fields(VMID=vm.vmid, BLOCK_NODE=node, LV=drive.lv,
                               THRESHOLD=decision.threshold))
     elif isinstance(decision, policy.AtMaximum) and decision.disarm:
         await monitor.set_threshold(node, 0)
         log.info("VM %d %s: LV holds the whole image (%s): threshold removed", vm.vmid,
                  node, format_size(drive.maximum),
-                 extra=fields(VMID=vm.vmid, NODE_NAME=node, LV=drive.lv))
+                 extra=fields(VMID=vm.vmid, BLOCK_NODE=node, LV=drive.lv))
 
 
 async def rearm_and_resume(monitor: VmMonitor, vm: LocalVm, drives: list[Drive],

@@ -96,7 +96,7 @@ class Tables:
         log.info("VM %d %s: LV %s was grown elsewhere to %s (this node's table had %s):"
                  " refreshed", vm.vmid, node, drive.view.path, format_size(size),
                  format_size(table), extra=fields(
-                     VMID=vm.vmid, NODE_NAME=node, LV=drive.lv, TABLE="refreshed",
+                     VMID=vm.vmid, BLOCK_NODE=node, LV=drive.lv, TABLE="refreshed",
                      OLD_SIZE=table, NEW_SIZE=size))
 
     def ahead(self, vm: LocalVm, drive: Drive, size: int, table: int) -> StaleTableError:
@@ -109,7 +109,7 @@ class Tables:
                       " VG and may hold guest data. Not extended, not resumed: an operator"
                       " must look",
                       vm.vmid, node, drive.view.path, format_size(table), format_size(size),
-                      extra=fields(VMID=vm.vmid, NODE_NAME=node, LV=drive.lv,
+                      extra=fields(VMID=vm.vmid, BLOCK_NODE=node, LV=drive.lv,
                                    TABLE="ahead", TABLE_SIZE=table, LV_SIZE=size))
         return StaleTableError(
             f"VM {vm.vmid} {node}: device-mapper table of {drive.view.path} "

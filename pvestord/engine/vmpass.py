@@ -31,7 +31,7 @@ async def run_pass(vm: LocalVm, entries: list[Entry], *, extender: Extender,
                    queue: ExtendQueue, failures: Failures, run_dir: Path) -> None:
     """Pass over ``vm`` for its ``entries`` (none: a reconcile); note what
     failed or works again, and drop the entries whose work is done or moot."""
-    requests = (policy.requests_from((e.node_name, e.reason) for e in entries)
+    requests = (policy.requests_from((e.block_node, e.reason) for e in entries)
                 if entries else None)
     try:
         outcome = await extender.handle(vm, requests)
@@ -68,12 +68,12 @@ async def complete_entries(queue: ExtendQueue, failures: Failures, vm: LocalVm,
     for node in outcome.drives - set(outcome.errors):
         failures.clear_error((vm.vmid, node), f"VM {vm.vmid} {node}: extensions work again")
     for entry in entries:
-        fate = policy.entry_fate(entry.node_name, known_nodes=outcome.known_nodes,
+        fate = policy.entry_fate(entry.block_node, known_nodes=outcome.known_nodes,
                                  drives=outcome.drives, failed=outcome.errors.keys())
         if fate is EntryFate.NO_SUCH_NODE:
             log.warning("VM %d has no block node %r: entry dropped", vm.vmid,
-                        entry.node_name,
-                        extra=fields(VMID=vm.vmid, NODE_NAME=entry.node_name))
+                        entry.block_node,
+                        extra=fields(VMID=vm.vmid, BLOCK_NODE=entry.block_node))
         if fate is not EntryFate.RETRY:
             done.append(entry)  # a failed one stays queued, retried after the backoff
     if outcome.errors:

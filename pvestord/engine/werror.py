@@ -68,4 +68,4 @@ class WerrorWatch:
                         "fails in the guest instead of pausing the VM until it grows (set "
                         "the disk's write error action to its default, enospc)",
                         vm.vmid, node, werror,
-                        extra=fields(VMID=vm.vmid, NODE_NAME=node, WERROR=werror))
+                        extra=fields(VMID=vm.vmid, BLOCK_NODE=node, WERROR=werror))

@@ -15,7 +15,7 @@ class BlockDevice:
     name: str
     #: ``inserted.node-name``: the device's root node (PVE 9: a throttle filter
     #: above the format node; plain ``-blockdev``: the format node itself).
-    node_name: str | None
+    block_node: str | None
     #: ``inserted.file``, and for a ``json:`` pseudo-filename every
     #: ``filename`` inside it: the paths the device's nodes sit on.
     filenames: frozenset[str]
@@ -55,14 +55,14 @@ class DriveIdentity:
     """How a thin drive is recognised in ``query-block``: its LV path and node-names."""
 
     path: str
-    node_names: frozenset[str]
+    block_nodes: frozenset[str]
 
 
 def device_on(device: BlockDevice, drive: DriveIdentity) -> bool:
     """Whether ``device`` sits on ``drive``: exact names only, never a substring
     (``/dev/san1/vm-101-disk-1`` is not ``/dev/san1/vm-101-disk-10``)."""
     return drive.path in device.filenames or (
-        device.node_name is not None and device.node_name in drive.node_names)
+        device.block_node is not None and device.block_node in drive.block_nodes)
 
 
 #: ``werror`` values under which QEMU pauses the VM on ENOSPC, as thin

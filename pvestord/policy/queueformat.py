@@ -4,7 +4,7 @@ record of a line that did not parse. The file, its lock and its changes are
 
 Format (UTF-8 text, one entry a line, fields separated by blanks)::
 
-    VMID:NODE-NAME [reason=threshold|nospace|arm|manual] [origin=NODE] [ts=UNIX]
+    VMID:BLOCK-NODE [reason=threshold|nospace|arm|manual] [origin=NODE] [ts=UNIX]
                    [n=N] [id=HEX] [key=value ...]
 
 The original proposal's plain ``101:drive-scsi0`` lines are entries with the
@@ -14,7 +14,7 @@ stands for (written when more than one), ``id`` a random tag given when the
 line is created. Unknown ``key=value`` fields are kept as they are: a newer
 writer's fields survive an older reader.
 
-One line per ``VMID:NODE-NAME``: a second event for a queued drive merges
+One line per ``VMID:BLOCK-NODE``: a second event for a queued drive merges
 into its line (the strongest reason wins, ``nospace`` > ``threshold`` >
 ``manual`` > ``arm``; the oldest ``ts`` wins; ``n`` adds up). A rejected line
 longer than 4 KiB is kept truncated, with its length and SHA-256.
@@ -43,7 +43,7 @@ VMID_MIN, VMID_MAX = 100, 999_999_999
 N_MAX = 2**63 - 1
 
 # QEMU's id_wellformed(): a letter, then letters, digits, '-', '.', '_';
-# BlockDriverState.node_name holds 31 characters.
+# BlockDriverState.block_node holds 31 characters.
 _NODE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9._-]{0,30}")
 # A Proxmox node name is a DNS label (PVE::JSONSchema pve-node).
 _ORIGIN = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
@@ -73,7 +73,7 @@ def check_vmid(vmid: int) -> int:
     return vmid
 
 
-def check_node_name(name: str) -> str:
+def check_block_node(name: str) -> str:
     if not isinstance(name, str) or not _NODE_NAME.fullmatch(name):
         shown = name if isinstance(name, str) and len(name) <= 40 else f"{str(name)[:40]!r}..."
         raise InvalidEntryError(
@@ -86,8 +86,8 @@ def parse_key(text: str) -> tuple[int, str]:
     """``"101:drive-scsi0"`` -> ``(101, "drive-scsi0")``; :class:`InvalidEntryError` otherwise."""
     vmid_text, sep, name = text.partition(":")
     if not sep or not re.fullmatch(r"[0-9]{1,10}", vmid_text):
-        raise InvalidEntryError(f"expected VMID:NODE-NAME, got {text[:60]!r}")
-    return check_vmid(int(vmid_text)), check_node_name(name)
+        raise InvalidEntryError(f"expected VMID:BLOCK-NODE, got {text[:60]!r}")
+    return check_vmid(int(vmid_text)), check_block_node(name)
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ class Entry:
     relies on it to tell an untouched line from one that merged a new event."""
 
     vmid: int
-    node_name: str
+    block_node: str
     reason: Reason = Reason.THRESHOLD
     origin: str | None = None
     ts: int | None = None
@@ -106,7 +106,7 @@ class Entry:
 
     def __post_init__(self) -> None:
         check_vmid(self.vmid)
-        check_node_name(self.node_name)
+        check_block_node(self.block_node)
         if not isinstance(self.reason, Reason):
             raise InvalidEntryError(f"invalid reason {self.reason!r}")
         if self.origin is not None and not _ORIGIN.fullmatch(self.origin):
@@ -127,11 +127,11 @@ class Entry:
 
     @property
     def key(self) -> tuple[int, str]:
-        return (self.vmid, self.node_name)
+        return (self.vmid, self.block_node)
 
     def format(self) -> str:
         """The entry as one queue line, without the newline."""
-        parts = [f"{self.vmid}:{self.node_name}", f"reason={self.reason.value}"]
+        parts = [f"{self.vmid}:{self.block_node}", f"reason={self.reason.value}"]
         if self.origin is not None:
             parts.append(f"origin={self.origin}")
         if self.ts is not None:

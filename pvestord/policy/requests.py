@@ -18,10 +18,10 @@ from pvestord.policy.reason import Reason
 def requests_from(entries: Iterable[tuple[str, Reason]]) -> dict[str, Reason]:
     """(node-name, reason) pairs merged by node-name: the strongest reason wins."""
     requests: dict[str, Reason] = {}
-    for node_name, reason in entries:
-        old = requests.get(node_name)
+    for block_node, reason in entries:
+        old = requests.get(block_node)
         if old is None or reason.strength > old.strength:
-            requests[node_name] = reason
+            requests[block_node] = reason
     return requests
 
 
@@ -54,9 +54,9 @@ class EntryFate(enum.Enum):
     RETRY = "retry"
 
 
-def entry_fate(node_name: str, *, known_nodes: Collection[str], drives: Collection[str],
+def entry_fate(block_node: str, *, known_nodes: Collection[str], drives: Collection[str],
                failed: Collection[str]) -> EntryFate:
-    """The fate of an entry naming ``node_name`` after a pass.
+    """The fate of an entry naming ``block_node`` after a pass.
 
     ``known_nodes``: every node-name the VM has; ``drives``: the file nodes
     of its thin drives seen; ``failed``: the file nodes whose work failed.
@@ -64,8 +64,8 @@ def entry_fate(node_name: str, *, known_nodes: Collection[str], drives: Collecti
     file node (a device's root node, a format node) while any drive failed:
     its work may be the failed drive's.
     """
-    if node_name not in known_nodes:
+    if block_node not in known_nodes:
         return EntryFate.NO_SUCH_NODE
-    if node_name in failed or (node_name not in drives and failed):
+    if block_node in failed or (block_node not in drives and failed):
         return EntryFate.RETRY
     return EntryFate.DONE

@@ -58,7 +58,7 @@ def records(text: str, level: str | None = None, **fields: str) -> list[LogLine]
 #: the sizes but no duration).
 _EXTENSION_FIELDS = ("LV", "OLD_SIZE", "NEW_SIZE", "DURATION_MS")
 #: A write threshold armed on a block node.
-_ARMED_FIELDS = ("VMID", "NODE_NAME", "THRESHOLD")
+_ARMED_FIELDS = ("VMID", "BLOCK_NODE", "THRESHOLD")
 
 
 def is_extension(line: LogLine) -> bool:
@@ -72,4 +72,4 @@ def extensions(text: str, **fields: str) -> list[LogLine]:
 
 def is_armed(line: LogLine, vmid: int, node: str) -> bool:
     return (all(k in line.fields for k in _ARMED_FIELDS)
-            and line.fields["VMID"] == str(vmid) and line.fields["NODE_NAME"] == node)
+            and line.fields["VMID"] == str(vmid) and line.fields["BLOCK_NODE"] == node)

@@ -102,7 +102,7 @@ class NodeBed:
     def qmeventd_argv(self, *extra: str) -> list[str]:
         return [str(VENV_BIN / "qmeventd-py"), "--socket", str(self.event_socket),
                 "--queue", str(self.queue_path), "--no-cleanup", "-f",
-                *(["-v"] if self.verbose else []), "--node-name", self.node, *extra]
+                *(["-v"] if self.verbose else []), "--node", self.node, *extra]
 
 
 class Daemon:

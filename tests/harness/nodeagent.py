@@ -121,7 +121,7 @@ class Agent:
         return entry is not None and entry[0].poll() is None
 
     def op_vm_launch(self, req: dict[str, Any]) -> dict[str, Any]:
-        disks = [Disk(d["path"], d["node_name"], d["file_node_name"],
+        disks = [Disk(d["path"], d["block_node"], d["file_block_node"],
                       file_options=d.get("file_options", {}),
                       format_options=d.get("format_options", {})) for d in req["disks"]]
         vm = QemuVM(req["vmid"], req["run_dir"], disks=disks,

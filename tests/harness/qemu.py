@@ -110,8 +110,8 @@ class Disk:
     """
 
     path: str | Path
-    node_name: str
-    file_node_name: str
+    block_node: str
+    file_block_node: str
     fmt: str = "qcow2"
     file_options: Mapping[str, str] = field(default_factory=dict)
     format_options: Mapping[str, str] = field(default_factory=dict)
@@ -122,9 +122,9 @@ class Disk:
     def args(self) -> list[str]:
         path = str(self.path).replace(",", ",,")
         file_opts = {"driver": self.file_driver(), "filename": path,
-                     "node-name": self.file_node_name, **self.file_options}
-        fmt_opts = {"driver": self.fmt, "file": self.file_node_name,
-                    "node-name": self.node_name, **self.format_options}
+                     "node-name": self.file_block_node, **self.file_options}
+        fmt_opts = {"driver": self.fmt, "file": self.file_block_node,
+                    "node-name": self.block_node, **self.format_options}
         return ["-blockdev", _opts(file_opts), "-blockdev", _opts(fmt_opts)]
 
 
@@ -476,15 +476,15 @@ class QemuVM:
         return self._client().wait_event(
             lambda e: e.get("event") == name and (match is None or match(e)), timeout)
 
-    def set_write_threshold(self, node_name: str, threshold: int) -> None:
-        self.qmp("block-set-write-threshold", node_name=node_name, write_threshold=threshold)
+    def set_write_threshold(self, block_node: str, threshold: int) -> None:
+        self.qmp("block-set-write-threshold", node_name=block_node, write_threshold=threshold)
 
-    def named_node(self, node_name: str) -> dict[str, Any]:
-        """The ``query-named-block-nodes`` entry of ``node_name``."""
+    def named_node(self, block_node: str) -> dict[str, Any]:
+        """The ``query-named-block-nodes`` entry of ``block_node``."""
         for node in self.qmp("query-named-block-nodes", flat=True):
-            if node.get("node-name") == node_name:
+            if node.get("node-name") == block_node:
                 return dict(node)
-        raise QemuError(f"no block node {node_name!r}")
+        raise QemuError(f"no block node {block_node!r}")
 
     # -- qemu-io ---------------------------------------------------------------
 

@@ -157,7 +157,7 @@ class Node:
         self.call("spawn", name="qmeventd", log=str(self.logs / "qmeventd.log"), argv=[
             str(VENV_BIN / "qmeventd-py"), "--socket", self.event_socket,
             "--queue", str(pve / "extend-queue"), "--lock-dir", str(cluster.lock_dir),
-            "--no-cleanup", "-f", "-v", "--node-name", self.name])
+            "--no-cleanup", "-f", "-v", "--node", self.name])
         self.start_pvestord(cluster, poll=poll, timeout=timeout, wait=wait)
 
     def start_pvestord(self, cluster: Cluster, *, poll: float = 1.0, timeout: float = 300.0,
@@ -426,7 +426,7 @@ def launch_vm(node: Node, vmid: int, path: str, *, incoming: str | None = None,
     node.call("vm_launch", vmid=vmid, run_dir=node.run_dir, event_socket=node.event_socket,
               machine=machine,
               log_path=str(node.logs / f"qemu-{vmid}.log"), extra_args=args,
-              disks=[{"path": path, "node_name": "fmt0", "file_node_name": "file0"}])
+              disks=[{"path": path, "block_node": "fmt0", "file_block_node": "file0"}])
 
 
 def migration_status(node: Node, vmid: int) -> str:

@@ -167,7 +167,7 @@ def grow_a_thin_disk(report: dict[str, Any]) -> None:
 
 
 def extension_fields(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    keep = ("MESSAGE", "VMID", "NODE_NAME", "LV", "VG", "OLD_SIZE", "NEW_SIZE", "DURATION_MS",
+    keep = ("MESSAGE", "VMID", "BLOCK_NODE", "LV", "VG", "OLD_SIZE", "NEW_SIZE", "DURATION_MS",
             "REASON", "PRIORITY", "SYSLOG_IDENTIFIER", "_SYSTEMD_UNIT")
     return [{k: e[k] for k in keep if k in e} for e in entries]
 

@@ -42,7 +42,7 @@ def test_queue_commands(installed_root: Path) -> None:
     assert "queue is empty" in chroot(installed_root, [*queue, "queue", "list"]).stdout
     chroot(installed_root, [*queue, "queue", "add", "101:drive-scsi0"])
     entries = json.loads(chroot(installed_root, [*queue, "queue", "list", "--json"]).stdout)
-    assert [(e["vmid"], e["node_name"]) for e in entries] == [(101, "drive-scsi0")], entries
+    assert [(e["vmid"], e["block_node"]) for e in entries] == [(101, "drive-scsi0")], entries
 
 
 def test_private_qemu_qmp(installed_root: Path) -> None:

@@ -173,7 +173,7 @@ def test_journal_has_the_extension_with_its_fields(report: dict[str, Any]) -> No
     first = extensions[0]
     assert first["_SYSTEMD_UNIT"] == "pvestord.service"
     assert first["SYSLOG_IDENTIFIER"] == "pvestord"
-    assert (first["VMID"], first["NODE_NAME"], first["VG"]) == ("101", "file0", "pvsd")
+    assert (first["VMID"], first["BLOCK_NODE"], first["VG"]) == ("101", "file0", "pvsd")
     assert first["LV"] == "vm-101-disk-0.qcow2"  # the LV name; VG holds the group
     assert (first["OLD_SIZE"], first["NEW_SIZE"]) == (str(256 * MiB), str(512 * MiB))
     assert int(first["DURATION_MS"]) > 0
@@ -184,7 +184,7 @@ def test_qmeventd_py_queued_the_threshold_event(report: dict[str, Any]) -> None:
     queued = [e for e in report["journal_qmeventd_vmid"] if e.get("REASON") == "threshold"]
     assert queued, report["journal_qmeventd_vmid"]
     assert queued[0]["_SYSTEMD_UNIT"] == "qmeventd-py.service"
-    assert (queued[0]["VMID"], queued[0]["NODE_NAME"]) == ("101", "file0")
+    assert (queued[0]["VMID"], queued[0]["BLOCK_NODE"]) == ("101", "file0")
 
 
 @pytest.mark.parametrize(("unit", "last_words"), [("pvestord.service", "pvestord stopped"),

@@ -78,7 +78,7 @@ def taker(args: argparse.Namespace) -> None:
             continue
         if removed != len(batch):
             bad.append(f"complete removed {removed} of {len(batch)}")
-        taken.extend([e.vmid, e.node_name] for e in batch)
+        taken.extend([e.vmid, e.block_node] for e in batch)
     print(json.dumps({"taken": taken, "rounds": rounds, "bad": bad, "lock_timeouts": timeouts,
                       "seconds": time.monotonic() - start}))
 

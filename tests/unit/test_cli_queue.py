@@ -32,11 +32,11 @@ def test_add_list_remove_flush(queue: Path) -> None:
     table = run(queue, "queue", "list")
     assert table.returncode == 0
     header, *rows = table.stdout.splitlines()
-    assert header.split() == ["VMID", "NODE-NAME", "REASON", "EVENTS", "SINCE", "ORIGIN"]
+    assert header.split() == ["VMID", "BLOCK-NODE", "REASON", "EVENTS", "SINCE", "ORIGIN"]
     assert [r.split()[:3] for r in rows] == [["101", "drive-scsi0", "nospace"],
                                             ["102", "drive-virtio1", "nospace"]]
     listed = json.loads(run(queue, "queue", "list", "--json").stdout)
-    assert [(e["vmid"], e["node_name"], e["reason"], e["n"]) for e in listed] == [
+    assert [(e["vmid"], e["block_node"], e["reason"], e["n"]) for e in listed] == [
         (101, "drive-scsi0", "nospace", 1), (102, "drive-virtio1", "nospace", 1)]
     removed = run(queue, "queue", "remove", "101:drive-scsi0", "103:nothing")
     assert removed.returncode == 0 and "removed 1 of 2" in removed.stdout

@@ -32,7 +32,7 @@ from pvestord.adapters.qemu_img import (
     required_size,
 )
 from pvestord.adapters.qmp import migration_status_from, run_state_from, thin_drives_from
-from pvestord.adapters.queue import VMID_MAX, VMID_MIN, Entry, check_node_name
+from pvestord.adapters.queue import VMID_MAX, VMID_MIN, Entry, check_block_node
 from pvestord.engine.drive import Drive
 from pvestord.engine.migration import MIGRATING
 from pvestord.errors import PvestordError
@@ -233,10 +233,10 @@ def test_events_give_an_action_and_an_entry_or_a_reason(message: Any, vmid: int,
     assert action is None or isinstance(action, events.Extend | events.Shutdown
                                         | events.Rejected)
     if isinstance(action, events.Extend):
-        check_node_name(action.node_name)
+        check_block_node(action.block_node)
         entry = events.to_entry(vmid, action, origin="pve1", ts=ts)
         if isinstance(entry, Entry):
-            assert VMID_MIN <= entry.vmid <= VMID_MAX and entry.node_name == action.node_name
+            assert VMID_MIN <= entry.vmid <= VMID_MAX and entry.block_node == action.block_node
         else:
             assert isinstance(entry, events.Rejected) and entry.why
     if message in EVENTS:

@@ -37,7 +37,7 @@ fuzz_files = settings(max_examples=80, deadline=None)
 good_entries = st.builds(
     Entry,
     vmid=st.integers(100, 999_999_999),
-    node_name=st.from_regex(r"good[A-Za-z0-9._-]{0,27}", fullmatch=True),
+    block_node=st.from_regex(r"good[A-Za-z0-9._-]{0,27}", fullmatch=True),
     reason=st.sampled_from(list(Reason)),
     origin=st.none() | st.from_regex(r"[a-z][a-z0-9-]{0,10}[a-z0-9]", fullmatch=True),
     ts=st.none() | st.integers(0, 2**63 - 1),
@@ -103,7 +103,7 @@ def lines_of(data: bytes) -> list[bytes]:
 
 
 def only_good(entries: list[Entry]) -> list[Entry]:
-    return [e for e in entries if e.node_name.startswith("good")]
+    return [e for e in entries if e.block_node.startswith("good")]
 
 
 @st.composite

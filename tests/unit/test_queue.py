@@ -28,7 +28,7 @@ from pvestord.policy.reason import Reason
 
 # -- strategies
 
-node_names = st.from_regex(r"[A-Za-z][A-Za-z0-9._-]{0,30}", fullmatch=True)
+block_nodes = st.from_regex(r"[A-Za-z][A-Za-z0-9._-]{0,30}", fullmatch=True)
 origins = st.none() | st.from_regex(r"[a-z][a-z0-9-]{0,10}[a-z0-9]", fullmatch=True)
 extras = st.lists(st.tuples(st.from_regex(r"x[a-z0-9_-]{0,8}", fullmatch=True),
                             st.from_regex(r"[\x21-\x7e]{1,20}", fullmatch=True)),
@@ -36,7 +36,7 @@ extras = st.lists(st.tuples(st.from_regex(r"x[a-z0-9_-]{0,8}", fullmatch=True),
 entries = st.builds(
     Entry,
     vmid=st.integers(100, 999_999_999),
-    node_name=node_names,
+    block_node=block_nodes,
     reason=st.sampled_from(list(Reason)),
     origin=origins,
     ts=st.none() | st.integers(0, 2**40),
@@ -47,7 +47,7 @@ entries = st.builds(
 
 
 def same_drive(entry: Entry, other: Entry) -> Entry:
-    return Entry(entry.vmid, entry.node_name, other.reason, other.origin, other.ts, other.n,
+    return Entry(entry.vmid, entry.block_node, other.reason, other.origin, other.ts, other.n,
                  other.id, other.extra)
 
 
@@ -107,7 +107,7 @@ def test_node_names_follow_qemus_rules(name: str, ok: bool) -> None:
     if ok:
         assert parse_key(f"101:{name}") == (101, name)
     else:
-        with pytest.raises(InvalidEntryError, match=r"node-name|VMID:NODE-NAME"):
+        with pytest.raises(InvalidEntryError, match=r"node-name|VMID:BLOCK-NODE"):
             parse_key(f"101:{name}")
 
 
@@ -188,7 +188,7 @@ def test_complete_never_loses_an_event_merged_meanwhile(
         first: list[Entry], again: list[int], gone: list[int]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         queue = ExtendQueue(Path(tmp) / "q")
-        queue.append([Entry(e.vmid, e.node_name, e.reason, e.origin, e.ts) for e in first])
+        queue.append([Entry(e.vmid, e.block_node, e.reason, e.origin, e.ts) for e in first])
         snapshot = queue.pending(lambda e: True)
         # While the daemon works: new events for some drives, and some lines
         # removed by hand and queued again with identical fields.

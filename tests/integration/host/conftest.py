@@ -65,7 +65,7 @@ class Daemon:
         self.log_path = run_dir / f"{name}.log"
         self.argv = [str(Path(sys.executable).parent / "qmeventd-py"),
                      "--socket", str(self.socket), "--queue", str(self.queue_path),
-                     "--node-name", "testnode", "-v", *extra]
+                     "--node", "testnode", "-v", *extra]
         self.argv += ["--cleanup-cmd", cleanup_cmd] if cleanup_cmd else ["--no-cleanup"]
         self.proc: subprocess.Popen[bytes] | None = None
 

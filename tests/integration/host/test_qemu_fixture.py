@@ -23,7 +23,7 @@ MiB = 1024 * 1024
 
 def _disk(run_dir: Path, size: int = 64 * MiB) -> Disk:
     path = create_qcow2(run_dir / "disk0.qcow2", size)
-    return Disk(path, node_name="drive-scsi0", file_node_name="file-scsi0")
+    return Disk(path, block_node="drive-scsi0", file_block_node="file-scsi0")
 
 
 def test_layout_and_pattern_round_trip(run_dir: Path) -> None:

@@ -48,7 +48,7 @@ def _vm(run_dir: Path, vmid: int, daemon: Any, *, disks: int = 1, size: int = 16
     # Bounds, not timings: generous so a loaded 2-core machine does not fail them.
     return QemuVM(vmid, run_dir, event_socket=daemon.socket, extra_args=extra_args,
                   launch_timeout=LAUNCH_BUDGET, disks=[
-        Disk(path, node_name=f"drive-scsi{i}", file_node_name=f"file-scsi{i}")
+        Disk(path, block_node=f"drive-scsi{i}", file_block_node=f"file-scsi{i}")
         for i, path in enumerate(images)])
 
 

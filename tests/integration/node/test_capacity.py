@@ -141,7 +141,7 @@ def test_a_filling_vg_warns_refuses_new_volumes_and_keeps_the_reserve(
                    "the drive held by the reserve in status")
         assert vg.lv_size(lv) == 3 * CHUNK
         held = warnings_with(pvestord, VMID="150", VG=vg.name)
-        assert [w.get("NODE_NAME") for w in held] == ["file0"], held  # said once
+        assert [w.get("BLOCK_NODE") for w in held] == ["file0"], held  # said once
 
         # Room again (another user's LV removed): the held drive gets its chunk.
         sh("lvremove", "-q", "-y", f"{vg.name}/filler-c")

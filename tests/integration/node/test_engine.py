@@ -204,10 +204,10 @@ def test_full_vg_keeps_the_entry_then_extends_when_space_is_added(
             vm.write_pattern("fmt0", 0, 144 * MiB, 0x07)
             wait_until(lambda: records(pvestord.log_text(), "ERROR", VMID="301"),
                        EXTEND_TIMEOUT, "VG full logged")
-            assert [e.node_name for e in bed.entries()] == ["file0"]
+            assert [e.block_node for e in bed.entries()] == ["file0"]
             time.sleep(5)  # retries happen meanwhile...
             # ...logged once at ERROR (with -v, DEBUG lines note each retry).
-            errors = records(pvestord.log_text(), "ERROR", VMID="301", NODE_NAME="file0")
+            errors = records(pvestord.log_text(), "ERROR", VMID="301", BLOCK_NODE="file0")
             assert len(errors) == 1, errors
             small.add_pv(1 * GiB)
             wait_until(lambda: small.lv_size("vm-301-disk-0.qcow2") > 256 * MiB, 120,
@@ -241,8 +241,8 @@ def test_duplicate_and_stale_entries(bed: NodeBed, vg: VG) -> None:
         wait_until(lambda: bed.entries() == [], 30, "all three handled")
         assert vg.lv_size(lv) == 256 * MiB  # the duplicate did nothing
         log = pvestord.log_text()
-        assert records(log, "WARNING", VMID="501", NODE_NAME="nosuchnode"), log[-3000:]
-        assert records(log, "INFO", VMID="999", NODE_NAME="file0"), log[-3000:]
+        assert records(log, "WARNING", VMID="501", BLOCK_NODE="nosuchnode"), log[-3000:]
+        assert records(log, "INFO", VMID="999", BLOCK_NODE="file0"), log[-3000:]
 
 
 def test_vm_paused_by_the_user_is_never_resumed(bed: NodeBed, vg: VG) -> None:
@@ -270,7 +270,7 @@ def test_manual_extend_and_drives_commands(bed: NodeBed, vg: VG) -> None:
             capture_output=True, text=True, timeout=120, check=True).stdout)
         assert len(report) == 1
         row = report[0]
-        assert (row["vmid"], row["node_name"], row["lv_size"], row["threshold"],
+        assert (row["vmid"], row["block_node"], row["lv_size"], row["threshold"],
                 row["storage"], row["state"]) == (
                     701, "file0", 512 * MiB, 384 * MiB, "thin1", "armed")
         assert row["allocation"] >= 32 * MiB

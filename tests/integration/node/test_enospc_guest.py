@@ -314,7 +314,7 @@ def test_running_daemons_resume_a_vm_that_outran_them(
                 stop = run_guest_until_paused(vm, guest)
                 vm.wait_event("BLOCK_WRITE_THRESHOLD", timeout=5)  # crossed on the way
                 qmeventd.wait_log("VM 902: queued 902:fmt0 reason=nospace", timeout=60)
-                assert {(e.node_name, e.reason) for e in bed.entries()} == {
+                assert {(e.block_node, e.reason) for e in bed.entries()} == {
                     ("file0", Reason.THRESHOLD), ("fmt0", Reason.NOSPACE)}
                 assert vg.lv_size(lv) == LV_SIZE
                 expected = extended_size(allocation(vm))
@@ -398,11 +398,11 @@ def test_a_paused_vm_runs_once_proxmox_lets_go_of_the_storage_lock(
                 [str(VENV_BIN / "pvestord"), "--queue", str(bed.queue_path), "drives", "--json",
                  "--storage-config", str(bed.storage_cfg), "--run-dir", str(bed.run_dir)],
                 capture_output=True, text=True, timeout=120, check=True).stdout)
-        problems = {row["node_name"]: row["problem"] for row in report}
+        problems = {row["block_node"]: row["problem"] for row in report}
         assert problems["file0"] is None
         assert problems["file1"] is not None and "werror=report" in problems["file1"]
         warned = [line.fields for line in lines if "WERROR" in line.fields]
-        assert [(w["VMID"], w["NODE_NAME"], w["WERROR"]) for w in warned] == [
+        assert [(w["VMID"], w["BLOCK_NODE"], w["WERROR"]) for w in warned] == [
             ("903", "file1", "report")]
         extension = next(line.fields for line in lines if "NEW_SIZE" in line.fields)
         errors = [line for line in lines if line.level == "ERROR"]

@@ -184,7 +184,7 @@ def test_table_smaller_than_the_metadata_is_refreshed_before_anything_is_armed(
         # The premise: what lies past the stale end reads as zeros, no error.
         assert not reads_back(vm, "fmt0", *PAST_OLD_END, STALE_PATTERN)
         with daemons(small_bed) as (_, pvestord):
-            wait_until(lambda: records(pvestord, VMID=111, NODE_NAME="file0",
+            wait_until(lambda: records(pvestord, VMID=111, BLOCK_NODE="file0",
                                      THRESHOLD=2 * SMALL_CHUNK - SMALL_CHUNK // 2), WAIT,
                        "threshold armed")
             assert vg.device_size(lv) == 2 * SMALL_CHUNK
@@ -222,13 +222,13 @@ def test_table_larger_than_the_metadata_is_never_extended_over(
         dm_reload(path, big_table)
         assert (vg.lv_size(lv), vg.device_size(lv)) == (SMALL_CHUNK, 2 * SMALL_CHUNK)
         with daemons(small_bed) as (_, pvestord):
-            ahead = {"VMID": 112, "NODE_NAME": "file0", "TABLE": "ahead"}
+            ahead = {"VMID": 112, "BLOCK_NODE": "file0", "TABLE": "ahead"}
             wait_until(lambda: records(pvestord, **ahead), WAIT, "the stale table refused")
             (first,) = [r for r in records(pvestord, **ahead) if r.level == "ERROR"]
             assert (first.fields["TABLE_SIZE"], first.fields["LV_SIZE"]) == (
                 str(2 * SMALL_CHUNK), str(SMALL_CHUNK))
             (row,) = drives_report(small_bed)
-            assert (row["vmid"], row["node_name"], row["state"]) == (112, "file0", "failed")
+            assert (row["vmid"], row["block_node"], row["state"]) == (112, "file0", "failed")
             assert (row["lv_size"], row["device_size"]) == (SMALL_CHUNK, 2 * SMALL_CHUNK)
             assert row["problem"]
             # The threshold event a guest writing on would bring: the extension
@@ -236,7 +236,7 @@ def test_table_larger_than_the_metadata_is_never_extended_over(
             small_bed.queue.append([Entry(112, "file0", Reason.THRESHOLD, origin=small_bed.node)])
             wait_until(lambda: len(records(pvestord, **ahead)) >= 3, WAIT,
                        "the extension path refused as well")
-            assert [e.node_name for e in small_bed.entries()] == ["file0"]
+            assert [e.block_node for e in small_bed.entries()] == ["file0"]
             assert vg.lv_size(lv) == SMALL_CHUNK
             assert vg.device_size(lv) == 2 * SMALL_CHUNK
             assert extensions(pvestord, 112) == []
@@ -401,7 +401,7 @@ def test_extend_with_a_wrong_name_touches_no_drive(
                 Entry(141, "fmt2", Reason.MANUAL, origin=small_bed.node),
                 Entry(141, "file-typo", Reason.MANUAL, origin=small_bed.node)])
             wait_until(lambda: small_bed.entries() == [], WAIT, "both entries handled")
-            assert records(pvestord, VMID=141, NODE_NAME="fmt2", REASON="manual")
+            assert records(pvestord, VMID=141, BLOCK_NODE="fmt2", REASON="manual")
             assert [vg.lv_size(lv) for lv in lvs] == [SMALL_CHUNK] * 2
             assert extensions(pvestord, 141) == []
         # The right name still works.
