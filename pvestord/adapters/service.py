@@ -28,7 +28,9 @@ FIELDS = ("VMID", "BLOCK_NODE", "LV", "VG", "OLD_SIZE", "NEW_SIZE", "DURATION_MS
           # a thin drive whose device does not pause on ENOSPC (extender.py)
           "WERROR",
           # the metadata watch (nodereport.py)
-          "MDA_FREE", "MDA_SIZE")
+          "MDA_FREE", "MDA_SIZE",
+          # a thin VG crossing its capacity guards (publisher.py)
+          "CAPACITY_LEVEL", "VG_FREE")
 
 
 class _FieldsFormatter(logging.Formatter):
