@@ -76,13 +76,19 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Shrunk:
+    """What ``volume shrink`` did, or would do with ``--dry-run``."""
+
     volid: VolumeId
     lv_size_before: int
+    #: As LVM reports it afterwards (the size before, on a dry run).
     lv_size_after: int
+    #: The image's end (``qemu-img check``): no byte past it holds data.
     image_end: int
     virtual_size: int
+    #: What the LV is reduced to (:func:`pvestord.policy.volumes.shrink_target`).
     target: int
     dry_run: bool
+    #: How long the shrink took, the locks included.
     seconds: float
 
     @property

@@ -32,6 +32,13 @@ CHUNK = 32 * MiB
 #: chunk-percentage 0.5: the threshold sits half a chunk below the LV's end.
 HEADROOM = CHUNK // 2
 GUARDS = "\tthin-warn-free 60%\n\tthin-critical-free 30%\n"  # thin-reserve: one chunk
+#: The guest's writes, in order and back to back: qcow2 allocates clusters at
+#: the image's end whatever the guest offset, so each write moves the LV's
+#: highest written offset past the next threshold (+ half a chunk of margin
+#: below the LV's end). (offset, length, pattern)
+WRITES = ((0, CHUNK - HEADROOM + 8 * MiB, 0x41),
+          (CHUNK - HEADROOM + 8 * MiB, CHUNK, 0x42),
+          (2 * CHUNK - HEADROOM + 8 * MiB, CHUNK, 0x43))
 
 
 @pytest.fixture
@@ -118,7 +125,7 @@ def test_a_filling_vg_warns_refuses_new_volumes_and_keeps_the_reserve(
 
         wait_until(lambda: vm.named_node("file0")["write_threshold"] == CHUNK - HEADROOM,
                    START_TIMEOUT, "the threshold armed")
-        vm.write_pattern("fmt0", 0, CHUNK - HEADROOM + 8 * MiB, 0x41, timeout=120)
+        vm.write_pattern("fmt0", *WRITES[0], timeout=120)
         wait_until(lambda: vg.lv_size(lv) == 2 * CHUNK, EXTEND_TIMEOUT, "a first chunk")
 
         # Below thin-critical-free: no new thin volume, the running VM grows on.
@@ -129,14 +136,14 @@ def test_a_filling_vg_warns_refuses_new_volumes_and_keeps_the_reserve(
         assert not any(name.startswith("vm-151-") for name in lv_names(vg))
         wait_until(lambda: vm.named_node("file0")["write_threshold"] == 2 * CHUNK - HEADROOM,
                    EXTEND_TIMEOUT, "the threshold re-armed")
-        vm.write_pattern("fmt0", 2 * CHUNK - HEADROOM, 8 * MiB, 0x42, timeout=120)
+        vm.write_pattern("fmt0", *WRITES[1], timeout=120)
         wait_until(lambda: vg.lv_size(lv) == 3 * CHUNK, EXTEND_TIMEOUT, "a chunk while critical")
 
         # Less free than a chunk plus the reserve: the running VM's drive waits.
         fill_to(vg, "filler-c", CHUNK + CHUNK // 2)
         wait_until(lambda: vm.named_node("file0")["write_threshold"] == 3 * CHUNK - HEADROOM,
                    EXTEND_TIMEOUT, "the threshold re-armed again")
-        vm.write_pattern("fmt0", 3 * CHUNK - HEADROOM, 8 * MiB, 0x43, timeout=120)
+        vm.write_pattern("fmt0", *WRITES[2], timeout=120)
         wait_until(lambda: drive_state(status_file, 150) == "held-by-reserve", EXTEND_TIMEOUT,
                    "the drive held by the reserve in status")
         assert vg.lv_size(lv) == 3 * CHUNK
@@ -147,9 +154,8 @@ def test_a_filling_vg_warns_refuses_new_volumes_and_keeps_the_reserve(
         sh("lvremove", "-q", "-y", f"{vg.name}/filler-c")
         wait_until(lambda: vg.lv_size(lv) == 4 * CHUNK, EXTEND_TIMEOUT,
                    "the held chunk once room came back")
-        assert vm.read_verify("fmt0", 0, CHUNK - HEADROOM + 8 * MiB, 0x41, timeout=120)
-        assert vm.read_verify("fmt0", 2 * CHUNK - HEADROOM, 8 * MiB, 0x42, timeout=120)
-        assert vm.read_verify("fmt0", 3 * CHUNK - HEADROOM, 8 * MiB, 0x43, timeout=120)
+        for offset, length, pattern in WRITES:
+            assert vm.read_verify("fmt0", offset, length, pattern, timeout=120)
         view = status(status_file)
         assert view["live"] is True, view.get("problem")
         assert view["extensions"]["made"] == 3
