@@ -48,12 +48,13 @@ def _text(view: dict[str, Any]) -> list[str]:
             f"overcommit {acc['overcommit']:.2f}; full in {_duration(acc['time_to_full'])}")
     for d in view["drives"]:
         why = f": {d['reason']}" if d.get("reason") else ""
-        lines.append(f"  VM {d['vmid']} {d['node']} {d['lv']}: {d['state']}{why}")
+        lines.append(f"  VM {d['vmid']} {d['block_node']} {d['vg']}/{d['lv']}: {d['state']}{why}")
     ext = view["extensions"]
     lines.append(f"extensions: {ext['made']} made, {ext['failed']} failed")
     for e in ext["last"]:
         lines.append(f"  {time.strftime('%H:%M:%S', time.localtime(e['at']))} VM {e['vmid']}"
-                     f" {e['lv']} {format_size(e['old_size'])} -> {format_size(e['new_size'])}"
+                     f" {e['vg']}/{e['lv']} {format_size(e['old_size'])} ->"
+                     f" {format_size(e['new_size'])}"
                      f": {e['round_ms']} ms (lock {e['lock_wait_ms']} ms,"
                      f" LVM {e['lvm_ms']} ms)")
     return lines

@@ -207,7 +207,7 @@ class Extender:
                 state = drive.state(paused_nospace=paused and self._enospc_is_new(vm, drive),
                                     reason=reason)
                 planned.append((drive, policy.decide(state), state))
-                self.activity.seen(vm.vmid, drive.view.file_node, drive.view.path, drive.vg,
+                self.activity.seen(vm.vmid, drive.view.file_node, drive.lv, drive.vg,
                                    policy.classify(state), paused_nospace=paused,
                                    maximum=drive.maximum)
             # Cheap actions first, inside this QMP session.

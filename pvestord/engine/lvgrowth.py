@@ -151,6 +151,6 @@ class LvGrowth:
                      QMP_MS=timings.observe_ms + round((observed - started) * 1000),
                      LOCK_WAIT_MS=round((locked - observed) * 1000), LVM_MS=ms_since(checked)))
         self.activity.extended(Extension(
-            time.time(), vm.vmid, node, drive.view.path, info.size, decision.target, elapsed_ms,
+            time.time(), vm.vmid, node, drive.vg, drive.lv, info.size, decision.target, elapsed_ms,
             round((locked - observed) * 1000), ms_since(checked), ms_since(timings.started)))
         return True

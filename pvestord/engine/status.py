@@ -41,7 +41,8 @@ class Extension:
 
     at: float
     vmid: int
-    node: str
+    block_node: str
+    vg: str
     lv: str
     old_size: int
     new_size: int
@@ -55,7 +56,8 @@ class Extension:
 @dataclass
 class DriveView:
     vmid: int
-    node: str
+    block_node: str
+    #: The LV's name (its VG beside it): as the journal's LV and VG fields.
     lv: str
     vg: str
     state: str
@@ -80,14 +82,14 @@ class Activity:
     #: Drives whose extension waits for the VG's reserve: their reason.
     held: dict[tuple[int, str], str] = field(default_factory=dict)
 
-    def seen(self, vmid: int, node: str, lv: str, vg: str, state: ExtensionState, *,
+    def seen(self, vmid: int, block_node: str, lv: str, vg: str, state: ExtensionState, *,
              paused_nospace: bool, maximum: int) -> None:
-        self.drives[(vmid, node)] = DriveView(vmid, node, lv, vg, state.value, paused_nospace,
-                                              maximum=maximum)
+        self.drives[(vmid, block_node)] = DriveView(vmid, block_node, lv, vg, state.value,
+                                                    paused_nospace, maximum=maximum)
 
     def maxima(self, vg: str) -> dict[str, int]:
         """The measured maxima of ``vg``'s LVs in use here, by LV name."""
-        return {Path(d.lv).name: d.maximum for d in self.drives.values() if d.vg == vg}
+        return {d.lv: d.maximum for d in self.drives.values() if d.vg == vg}
 
     def extended(self, extension: Extension) -> None:
         self.made += 1
@@ -97,13 +99,13 @@ class Activity:
         for index, bound in enumerate(LATENCY_BUCKETS_MS):
             if extension.round_ms <= bound:
                 self.latency_counts[index] += 1
-        self.held.pop((extension.vmid, extension.node), None)
+        self.held.pop((extension.vmid, extension.block_node), None)
 
     def failure(self) -> None:
         self.failed += 1
 
-    def hold(self, vmid: int, node: str, reason: str) -> None:
-        self.held[(vmid, node)] = reason
+    def hold(self, vmid: int, block_node: str, reason: str) -> None:
+        self.held[(vmid, block_node)] = reason
 
     def forget(self, vmid: int) -> None:
         for key in [k for k in self.drives if k[0] == vmid]:

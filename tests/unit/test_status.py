@@ -22,11 +22,11 @@ from pvestord.policy.sizes import GiB
 def busy_activity() -> status.Activity:
     activity = status.Activity()
     for vmid, node in ((100, "f0"), (101, "f1"), (102, "f2"), (103, "f3"), (104, "f4")):
-        activity.seen(vmid, node, f"/dev/vg0/vm-{vmid}-disk-0", "vg0", ExtensionState.ARMED,
+        activity.seen(vmid, node, f"vm-{vmid}-disk-0", "vg0", ExtensionState.ARMED,
                       paused_nospace=vmid == 104, maximum=11 * GiB)
-    activity.extended(status.Extension(1000.0, 100, "f0", "/dev/vg0/vm-100-disk-0", GiB,
+    activity.extended(status.Extension(1000.0, 100, "f0", "vg0", "vm-100-disk-0", GiB,
                                        2 * GiB, 180, 20, 90, 240))
-    activity.extended(status.Extension(1001.0, 101, "f1", "/dev/vg0/vm-101-disk-0", GiB,
+    activity.extended(status.Extension(1001.0, 101, "f1", "vg0", "vm-101-disk-0", GiB,
                                        2 * GiB, 700, 300, 350, 3000))
     activity.failure()
     activity.hold(103, "f3", "inside the VG's reserve")

@@ -92,7 +92,7 @@ def drive_state(status_file: Path, vmid: int) -> str | None:
     if not status_file.exists():
         return None
     return next((d["state"] for d in status(status_file).get("drives", [])
-                 if d["vmid"] == vmid and d["node"] == "file0"), None)
+                 if d["vmid"] == vmid and d["block_node"] == "file0"), None)
 
 
 def warnings_with(daemon: Daemon, **fields: str) -> list[dict[str, str]]:
