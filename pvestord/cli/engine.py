@@ -6,11 +6,12 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import sys
 from pathlib import Path
 
 from pvestord.adapters.vms import local_vm, local_vms
 from pvestord.cli import options
-from pvestord.engine import daemon
+from pvestord.engine import daemon, status
 from pvestord.engine.configsource import StorageConfigSource
 from pvestord.engine.drive import DriveReport
 from pvestord.engine.drivereport import drive_reports
@@ -62,6 +63,10 @@ def register(sub: options.SubCommands) -> None:
                                  "show the thin drives of the VMs running here")
     options.add_node_options(drives)
     options.add_json_option(drives)
+    drives.add_argument("--status-file", type=Path, default=status.STATUS_FILE, metavar="PATH",
+                        help="the running daemon's published view, whose states (extending, "
+                        "paused, deferred, failed, held) are shown over this look's "
+                        "(default: %(default)s)")
 
     extend = options.add_command(sub, "extend", _extend, "extend one thin drive by a chunk now")
     options.add_node_options(extend)
@@ -104,25 +109,44 @@ def _drives(args: argparse.Namespace) -> int:
         return reports
 
     reports = asyncio.run(collect())
+    said = _daemon_says(args.status_file)
+    states = {(r.vmid, r.block_node): said.get((r.vmid, r.block_node), (r.state.value, None))
+              for r in reports}
     if args.json:
-        print(json.dumps([{**dataclasses.asdict(r), "state": r.state.value} for r in reports],
-                         indent=2))
+        print(json.dumps([{**dataclasses.asdict(r), "state": states[(r.vmid, r.block_node)][0],
+                           "problem": r.problem or states[(r.vmid, r.block_node)][1]}
+                          for r in reports], indent=2))
         return 0
     header = ("VMID", "BLOCK-NODE", "LV", "STORAGE", "LV SIZE", "ALLOCATED", "THRESHOLD",
               "MAXIMUM", "STATE")
     rows = [(str(r.vmid), r.block_node, r.lv, r.storage or "-", format_size(r.lv_size),
              format_size(r.allocation), format_size(r.threshold) if r.threshold else "-",
-             format_size(r.maximum), r.state.value if r.storage else "not thin")
+             format_size(r.maximum),
+             states[(r.vmid, r.block_node)][0] if r.storage else "not thin")
             for r in reports]
     widths = [max(len(c) for c in col) for col in zip(header, *rows, strict=True)]
     for row in (header, *rows):
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
     for r in reports:
-        if r.problem:
-            print(f"VM {r.vmid} {r.block_node}: {r.problem}")
+        problem = r.problem or states[(r.vmid, r.block_node)][1]
+        if problem:
+            print(f"VM {r.vmid} {r.block_node}: {problem}")
     if not rows:
         print("(no thin drives on this node)")
     return 0
+
+
+def _daemon_says(path: Path) -> dict[tuple[int, str], tuple[str, str | None]]:
+    """The live daemon's word on drives, or nothing, said on stderr: without
+    it ``drives`` shows only what its own look can see."""
+    view = status.read(path)
+    problem = (f"no view published at {path}" if view is None
+               else status.daemon_state(view))
+    if view is None or problem is not None:
+        print(f"pvestord: {problem}: states are this look's only (extending, paused, "
+              "deferred, failed and held are known to a running daemon)", file=sys.stderr)
+        return {}
+    return status.daemon_says(view)
 
 
 def _extend(args: argparse.Namespace) -> int:

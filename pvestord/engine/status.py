@@ -186,6 +186,25 @@ def read(path: Path = STATUS_FILE) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+#: Drive states only the running daemon knows: ``pvestord drives``, which
+#: looks for itself, cannot see them.
+DAEMON_STATES = frozenset({"extending", "paused-on-enospc", "deferred", "held-by-reserve",
+                           "failed"})
+
+
+def daemon_says(view: Mapping[str, Any]) -> dict[tuple[int, str], tuple[str, str | None]]:
+    """What the daemon's view says of each drive beyond a look's own states:
+    (vmid, block node) -> (state, reason). A malformed row is skipped."""
+    said: dict[tuple[int, str], tuple[str, str | None]] = {}
+    for row in view.get("drives") or []:
+        if not isinstance(row, dict) or row.get("state") not in DAEMON_STATES:
+            continue
+        vmid, node, reason = row.get("vmid"), row.get("block_node"), row.get("reason")
+        if isinstance(vmid, int) and isinstance(node, str):
+            said[(vmid, node)] = (str(row["state"]), reason if isinstance(reason, str) else None)
+    return said
+
+
 def daemon_state(view: Mapping[str, Any], *, now: float | None = None,
                  max_age: float = 10 * STATUS_INTERVAL) -> str | None:
     """Why ``view`` is not the live daemon's (its pid gone, too old); None when it is."""

@@ -108,3 +108,36 @@ def test_publisher_writes_status_and_metrics_atomically(tmp_path: Path) -> None:
         (tmp_path / "prom" / "pvestord.prom").read_text()))
     assert families
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["prom", "pvestord.prom", "s.json"]
+
+
+def test_the_daemons_word_on_drives_is_its_own_states_only() -> None:
+    view = busy_view(busy_activity())
+    assert status.daemon_says(view) == {
+        (100, "f0"): ("extending", None),
+        (101, "f1"): ("failed", "lvextend failed"),
+        (102, "f2"): ("deferred", "the VM is migrating"),
+        (103, "f3"): ("held-by-reserve", "inside the VG's reserve"),
+        (104, "f4"): ("paused-on-enospc", None),
+    }
+    # Rows a look can see for itself, and malformed rows, say nothing.
+    assert status.daemon_says({"drives": [{"vmid": 1, "block_node": "f", "state": "armed"},
+                                          {"vmid": "1", "block_node": "f", "state": "failed"},
+                                          "junk"]}) == {}
+
+
+def test_drives_says_when_it_has_no_daemon_view(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "run").mkdir()
+    (tmp_path / "storage.cfg").write_text("pvestord: t0\n\tvgname vg0\n")
+    argv = ["drives", "--run-dir", str(tmp_path / "run"), "--storage-config",
+            str(tmp_path / "storage.cfg"), "--status-file", str(tmp_path / "status.json")]
+    assert main(argv) == 0
+    out = capsys.readouterr()
+    assert "(no thin drives on this node)" in out.out
+    assert "no view published" in out.err and "this look's only" in out.err
+    view = busy_view(busy_activity())
+    view["time"] = __import__("time").time()
+    status.publish(tmp_path / "status.json", view)
+    assert main([*argv, "--json"]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out) == [] and out.err == ""
