@@ -50,6 +50,7 @@ from bench.latency import (
     event_time,
 )
 from bench.together import enter_together, map_together
+from pvestord.engine import status
 from tests.harness import daemonlog
 from tests.harness.daemons import Daemon, NodeBed, ThinStorageSpec, daemons
 from tests.harness.lvmbed import VG, MiB, loop_vg
@@ -88,13 +89,55 @@ def rss_bytes(pid: int) -> int:
     raise LookupError(f"no VmRSS for pid {pid}")
 
 
-def idle_cost(daemons_: Sequence[Daemon], seconds: float) -> dict[str, Any]:
-    """CPU % of one core and RSS of each daemon over ``seconds`` of nothing happening."""
+def published_after(moment: float, pid: int) -> dict[str, Any]:
+    """pvestord's first published view (status.json) written after ``moment``
+    (wall clock) by the daemon ``pid``."""
+    views: list[dict[str, Any]] = []
+
+    def fresh() -> bool:
+        view = status.read(status.STATUS_FILE)
+        if view is not None and view.get("pid") == pid and view["time"] > moment:
+            views.append(view)
+            return True
+        return False
+
+    wait_until(fresh, 10 * status.STATUS_INTERVAL, f"a status view newer than {moment:.1f}")
+    return views[-1]
+
+
+def idle_counts(before: Mapping[str, Any], after: Mapping[str, Any],
+                qemus: int) -> dict[str, float]:
+    """Per minute, between two published views: what pvestord asked of LVM,
+    of the VMs' QMP sockets and of pmxcfs. Counts, not times: they do not
+    depend on the machine's speed."""
+    minutes = (after["time"] - before["time"]) / 60
+
+    def delta(kind: str, key: str) -> int:
+        now: int = after["tally"][kind].get(key, 0)
+        then: int = before["tally"][kind].get(key, 0)
+        return now - then
+    return {
+        "minutes": minutes,
+        "lvm_processes_per_minute": delta("commands", "lvm") / minutes,
+        "processes_per_minute": sum(delta("commands", p) for p in after["tally"]["commands"])
+        / minutes,
+        "qmp_sessions_per_vm_per_minute": delta("events", "qmp_session") / qemus / minutes,
+        "pmxcfs_writes_per_minute": (delta("events", "cluster_write")
+                                     + delta("events", "cluster_lock_attempt")) / minutes,
+    }
+
+
+def idle_cost(daemons_: Sequence[Daemon], seconds: float, qemus: int) -> dict[str, Any]:
+    """CPU % of one core and RSS of each daemon over ``seconds`` of nothing
+    happening, and pvestord's idle counts (:func:`idle_counts`)."""
+    pvestord = next(d for d in daemons_ if d.name == "pvestord")
+    first = published_after(time.time(), pvestord.proc.pid)
     before = {d.name: cpu_seconds(d.proc.pid) for d in daemons_}
     began = time.monotonic()
-    time.sleep(seconds)
+    time.sleep(seconds)  # the measurement window itself
     elapsed = time.monotonic() - began
-    result: dict[str, Any] = {"seconds": elapsed}
+    last = published_after(time.time(), pvestord.proc.pid)
+    result: dict[str, Any] = {"seconds": elapsed, "counts": idle_counts(first, last, qemus)}
     for d in daemons_:
         own, total = cpu_seconds(d.proc.pid)
         result[d.name] = {
@@ -236,7 +279,8 @@ def run(out: Path, idle_seconds: float) -> dict[str, Any]:
                   + ", ".join(f"{step} {at:.0f}" for step, at in setup.items()), flush=True)
             time.sleep(SETTLE)
             results["idle"] = {"qemus": len(fleet.vms),
-                               **idle_cost([qmeventd, pvestord], idle_seconds)}
+                               **idle_cost([qmeventd, pvestord], idle_seconds,
+                                           len(fleet.vms))}
             results["burst_one_vg"] = burst(fleet, pvestord, in_a)
             fleet.start(in_b[IN_B_IDLE:])
             fleet.wait_armed(list(fleet.vms))

@@ -147,6 +147,14 @@ def _fleet_figures(result: dict[str, Any] | None) -> list[Figure]:
                    figures.get("cpu_percent_with_children"), "%", target=("<", 0.5)),
             Figure("7 idle", f"{daemon} RSS", None if rss is None else rss / MiB, "MiB",
                    target=("<", 60))]
+    counts = idle.get("counts", {})
+    rows += [
+        Figure("7 idle", "LVM processes per minute", counts.get("lvm_processes_per_minute"),
+               target=("<=", 0)),
+        Figure("7 idle", "QMP sessions per VM per minute",
+               counts.get("qmp_sessions_per_vm_per_minute"), target=("<=", 2)),
+        Figure("7 idle", "writes to pmxcfs per minute", counts.get("pmxcfs_writes_per_minute"),
+               target=("<=", 6))]
     return rows
 
 

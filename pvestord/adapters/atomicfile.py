@@ -17,6 +17,7 @@ import stat
 import tempfile
 from pathlib import Path
 
+from pvestord.adapters import tally
 from pvestord.policy.queueformat import QueueError
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ def write_atomically(path: Path, data: bytes) -> None:
     Also what the node reports (:mod:`pvestord.engine.nodereport`) are written with.
     """
     refuse_symlink(path)
+    tally.happened("cluster_write")
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as err:

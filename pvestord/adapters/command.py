@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from pvestord.adapters import tally
 from pvestord.errors import CommandError
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,7 @@ def run(argv: Sequence[str], *, timeout: float, check: bool = True,
     """Run ``argv`` to completion (blocking); for the CLI and tests."""
     args = list(argv)
     log.debug("run: %s", args)
+    tally.started(args[0])
     try:
         proc = subprocess.run(  # noqa: S603 - argument list, no shell
             args, input=input, capture_output=True, text=True, timeout=timeout,
@@ -166,6 +168,7 @@ async def run_async(argv: Sequence[str], *, timeout: float, check: bool = True, 
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     inodes = (os.fstat(out_r).st_ino, os.fstat(err_r).st_ino)
+    tally.started(args[0])
     try:
         proc = await asyncio.create_subprocess_exec(
             *args,

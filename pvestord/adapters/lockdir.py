@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Protocol
 
 from pvestord import paths
+from pvestord.adapters import tally
 from pvestord.adapters.lockheld import (
     DEFAULT_TIMEOUT,
     HOLD_BUDGET,
@@ -232,6 +233,7 @@ class LockDirLock:
         self.retry_max = retry_max
 
     def _try(self) -> _Seen | None:
+        tally.happened("cluster_lock_attempt")
         try:
             os.mkdir(self.path, 0o755)
         except FileExistsError:

@@ -54,6 +54,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pvestord.adapters import tally
 from pvestord.adapters.command import (
     KILL_WAIT,
     Completed,
@@ -236,6 +237,7 @@ class LvmShell:
                    # LVM stops logging to its log file after a number of lines
                    # per process, which a long-lived shell reaches.
                    LVM_LOG_FILE_MAX_LINES="0")
+        tally.started("lvm")
         try:
             self._proc = await asyncio.create_subprocess_exec(
                 binary("lvm"), stdin=asyncio.subprocess.PIPE,

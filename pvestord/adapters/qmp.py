@@ -29,6 +29,7 @@ from typing import Any, Self
 from qemu.qmp import ExecuteError, QMPClient, QMPError
 from qemu.qmp.qmp_client import GreetingError
 
+from pvestord.adapters import tally
 from pvestord.errors import PvestordError
 from pvestord.policy import BlockDevice, DriveIdentity, device_filenames, device_on, qom_path
 
@@ -162,6 +163,7 @@ class VmMonitor:
         raise AssertionError("unreachable")
 
     async def _connect(self) -> None:
+        tally.happened("qmp_session")
         try:
             async with asyncio.timeout(self.timeout):
                 await self._client.connect(str(self.socket_path))

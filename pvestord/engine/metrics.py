@@ -63,6 +63,20 @@ def render(view: Mapping[str, Any]) -> str:
     out.family("pvestord_lvm_shell_restarts_total", "counter",
                "Persistent lvm shells started again after one ended.")
     out.sample("pvestord_lvm_shell_restarts_total", view["lvm_shell_restarts"])
+    counts = view.get("tally", {})
+    out.family("pvestord_commands_started_total", "counter",
+               "External programs started (lvm, qemu-img, ...), by program.")
+    for program, count in counts.get("commands", {}).items():
+        out.sample("pvestord_commands_started_total", count, {"program": program})
+    events = counts.get("events", {})
+    for name, key, help_text in (
+            ("pvestord_qmp_sessions_total", "qmp_session", "QMP sessions opened with VMs."),
+            ("pvestord_cluster_writes_total", "cluster_write",
+             "Cluster files (queue, node report) replaced."),
+            ("pvestord_cluster_lock_attempts_total", "cluster_lock_attempt",
+             "Attempts at a pmxcfs lock directory.")):
+        out.family(name, "counter", help_text)
+        out.sample(name, events.get(key, 0))
     vgs: Mapping[str, Mapping[str, Any]] = view["vgs"]
     gauges = (("pvestord_vg_size_bytes", "size", "Size of the thin VG."),
               ("pvestord_vg_free_bytes", "free", "Free space of the thin VG."),

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pvestord.adapters import tally
 from pvestord.policy import capacity
 from pvestord.policy.extension import ExtensionState
 
@@ -162,6 +163,9 @@ def snapshot(*, node: str, pid: int, now: float, activity: Activity,
             "last": [asdict(e) for e in activity.last],
         },
         "lvm_shell_restarts": lvm_shell_restarts,
+        # What the daemon asked of the outside world since it started: at
+        # idle, these should hardly move (docs/operations.md, "Idle cost").
+        "tally": tally.snapshot(),
     }
 
 

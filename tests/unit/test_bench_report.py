@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from bench import drives, run, together
+from bench.fleet import idle_counts
 from bench.latency import Sample, split_summary
 from bench.lvm_shell import LvmShellError
 from bench.report import Figure, build_report, percentile, ratio, summary, table
@@ -328,3 +329,14 @@ def test_placement_rows_without_a_run_are_not_measured_and_in_the_guest_untarget
     assert "emulated node guest" in rows["static fail"].note
     host = {**guest, "in_node_guest": False}
     assert by_name(run.figures_for({"placement": host}))["static fail"].status == "missed"
+
+
+def test_idle_counts_are_rates_between_two_published_views() -> None:
+    before = {"time": 1000.0, "tally": {"commands": {"lvm": 3},
+                                        "events": {"qmp_session": 100, "cluster_write": 10}}}
+    after = {"time": 1120.0, "tally": {
+        "commands": {"lvm": 3, "qemu-img": 2},
+        "events": {"qmp_session": 180, "cluster_write": 22, "cluster_lock_attempt": 0}}}
+    assert idle_counts(before, after, qemus=20) == {
+        "minutes": 2.0, "lvm_processes_per_minute": 0.0, "processes_per_minute": 1.0,
+        "qmp_sessions_per_vm_per_minute": 2.0, "pmxcfs_writes_per_minute": 6.0}

@@ -9,6 +9,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from pvestord.adapters import tally
+from pvestord.adapters.atomicfile import write_atomically
+from pvestord.adapters.command import run
 from pvestord.adapters.config import parse_storage_config
 from pvestord.cli import main
 from pvestord.engine import metrics, status
@@ -141,3 +144,21 @@ def test_drives_says_when_it_has_no_daemon_view(
     assert main([*argv, "--json"]) == 0
     out = capsys.readouterr()
     assert json.loads(out.out) == [] and out.err == ""
+
+
+def test_what_the_daemon_asks_of_the_world_is_counted_and_published(tmp_path: Path) -> None:
+    before = tally.snapshot()
+    run(["true"], timeout=30)
+    write_atomically(tmp_path / "queue", b"")
+    after = tally.snapshot()
+    assert after["commands"]["true"] == before["commands"].get("true", 0) + 1
+    assert after["events"]["cluster_write"] == before["events"].get("cluster_write", 0) + 1
+    view = busy_view(busy_activity())
+    assert view["tally"] == after
+    families = {f.name: f for f in text_string_to_metric_families(metrics.render(view))}
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in families.values() for s in f.samples}
+    assert samples[("pvestord_commands_started_total", (("program", "true"),))] == \
+        after["commands"]["true"]
+    assert samples[("pvestord_cluster_writes_total", ())] == after["events"]["cluster_write"]
+    assert ("pvestord_qmp_sessions_total", ()) in samples
