@@ -50,8 +50,11 @@ packaging: deps
 
 # Node-guest tier: boots a Debian kernel under QEMU with dm-mod and runs
 # tests/integration/node inside it against real LVM on loop devices.
+# NODE=full adds the long tests the quick set covers otherwise (node_full).
+NODE      ?= quick
 node: deps
-	$(PY) -m tests.harness.nodeguest --out $(OUT)/node -- tests/integration/node
+	$(PY) -m tests.harness.nodeguest --out $(OUT)/node -- tests/integration/node \
+		--node-set=$(NODE)
 
 # The fault suite with every kill moment (the node tier runs its quick set),
 # and the faults of the reliability review (test_faults_*.py, which the node

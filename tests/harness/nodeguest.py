@@ -47,9 +47,11 @@ BLACKLIST = (
     "input_leds,psmouse,serio_raw,evdev,i2c_piix4,floppy,pcspkr"
 )
 
-#: Whole-run budget for a node-guest pytest session (boot alone is ~15-30 s);
-#: CI's whole `make check` must stay under 45 minutes.
-DEFAULT_TIMEOUT = 40 * 60
+#: Whole-run budget for a node-guest pytest session (boot alone is ~15-30 s):
+#: the quick set took 37 minutes on this project's slowest CI machine, and a
+#: budget at its edge killed a run that was only slow; CI's whole `make
+#: check` must stay under an hour.
+DEFAULT_TIMEOUT = 48 * 60
 CONSOLE_TAIL_LINES = 40
 
 

@@ -21,22 +21,32 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--faults", choices=("quick", "full"), default="quick",
                      help="fault suite: the quick set (make check) or every kill moment "
                      "(make faults)")
+    parser.addoption("--node-set", choices=("quick", "full"), default="quick",
+                     help="the node tier's quick set (make check) or every test (make node "
+                     "NODE=full)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "faults_full: a long fault test run by `make faults` (--faults=full) and "
         "left out of the quick set `make check` runs")
+    config.addinivalue_line(
+        "markers", "node_full: a long node test whose behaviour the quick set covers "
+        "otherwise; run by `make node NODE=full`")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The quick set: `make check` must stay under an hour on 2 cores, and the
     longest fault tests (two to four minutes each under TCG) run in `make
     faults`, where every fault is tried."""
-    if config.getoption("--faults") == "full":
-        return
-    quick = [item for item in items if item.get_closest_marker("faults_full") is None]
-    left_out = [item for item in items if item.get_closest_marker("faults_full") is not None]
+    skipped = set()
+    if config.getoption("--faults") != "full":
+        skipped.add("faults_full")
+    if config.getoption("--node-set") != "full":
+        skipped.add("node_full")
+    quick = [item for item in items
+             if not any(item.get_closest_marker(name) for name in skipped)]
+    left_out = [item for item in items if item not in quick]
     if left_out:
         config.hook.pytest_deselected(items=left_out)
         items[:] = quick

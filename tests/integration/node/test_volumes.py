@@ -248,6 +248,9 @@ def _set_refcount(path: str, cluster: int, value: int) -> None:
         os.close(fd)
 
 
+# Four minutes under TCG, in `make node NODE=full`: the quick set keeps the
+# shrink itself, and tests/unit/test_volumes.py each refusal's rule.
+@pytest.mark.node_full
 def test_shrink_refusals_each_with_its_reason(bed: NodeBed, vg: VG) -> None:
     volid = pvestord(bed, "create", "thin1", "130", "8G").stdout.strip()
     lv = volid.split(":")[1]
