@@ -196,12 +196,10 @@ def extension_spans(log: str) -> dict[str, tuple[float, float]]:
 
 def test_full_vg_keeps_the_entry_then_extends_when_space_is_added(
         tmp_path: Path, out_dir: Path) -> None:
-    # A VG with room for the LV and less than one chunk more. No reserve: with
-    # one (the default), the extension would be held back before LVM is
-    # asked (test_capacity.py); here LVM itself must refuse it.
+    # A VG with room for the LV and less than one chunk more: LVM refuses
+    # the chunk (the reserve holds back only an extension that fits).
     with loop_vg(320 * MiB) as small:
         bed = NodeBed(tmp_path, [ThinStorageSpec("thin1", small.name)], logs_dir=out_dir)
-        bed.storage_cfg.write_text(bed.storage_cfg.read_text() + "\tthin-reserve 0\n")
         with daemons(bed) as (_, pvestord), thin_vm(bed, small, 301) as vm:
             wait_until(lambda: vm.named_node("file0")["write_threshold"] > 0, 30, "armed")
             vm.write_pattern("fmt0", 0, 144 * MiB, 0x07)
