@@ -26,6 +26,8 @@ position and the marker is exactly the first command's output.
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import itertools
 import json
 import logging
@@ -126,6 +128,68 @@ class Disk:
         fmt_opts = {"driver": self.fmt, "file": self.file_block_node,
                     "node-name": self.block_node, **self.format_options}
         return ["-blockdev", _opts(file_opts), "-blockdev", _opts(fmt_opts)]
+
+
+@dataclass(frozen=True)
+class Pve9Disk(Disk):
+    """A disk as Proxmox VE 9 puts it on QEMU's command line for qcow2 on LVM
+    (``../shared/PVE9.md`` section 1, qemu-server's ``Blockdev.pm``): a
+    throttle node ``drive-<id>`` in its own throttle group, over the qcow2
+    node ``f<hash>``, over the ``host_device`` node ``e<hash>``, one nested
+    ``-blockdev`` JSON, with ``cache.direct``, ``aio=native``,
+    ``detect-zeroes=on`` and ``discard=ignore`` on every node. The hash is
+    qemu-server's: the first 30 hex digits of the SHA-256 of
+    ``drive=<id>,volid=<storeid>:<volname>``. ``discard-no-unref`` (QEMU 8.1
+    and later) is set when the QEMU here knows it.
+
+    :attr:`block_node` is the qcow2 node and :attr:`file_block_node` the
+    file node, as for :class:`Disk`; :attr:`top_node` is what a device uses.
+    """
+
+    drive_id: str = "scsi0"
+
+    @classmethod
+    def for_volume(cls, path: str | Path, volid: str, drive_id: str = "scsi0") -> Pve9Disk:
+        digest = pve9_node_hash(drive_id, volid)
+        return cls(path, f"f{digest}", f"e{digest}", drive_id=drive_id)
+
+    @property
+    def top_node(self) -> str:
+        return f"drive-{self.drive_id}"
+
+    def args(self) -> list[str]:
+        common: dict[str, Any] = {"detect-zeroes": "on", "discard": "ignore"}
+        cache = {"direct": True, "no-flush": False}
+        file_node = {"aio": "native", "cache": cache, **common, "driver": self.file_driver(),
+                     "filename": str(self.path), "node-name": self.file_block_node,
+                     "read-only": False}
+        fmt_node: dict[str, Any] = {"cache": cache, **common, "driver": "qcow2",
+                                    "file": file_node, "node-name": self.block_node,
+                                    "read-only": False}
+        if qemu_version() >= (8, 1):
+            fmt_node["discard-no-unref"] = True
+        group = f"throttle-{self.top_node}"
+        top = {**common, "driver": "throttle", "file": fmt_node, "node-name": self.top_node,
+               "read-only": False, "throttle-group": group}
+        return ["-object", json.dumps({"id": group, "limits": {}, "qom-type": "throttle-group"}),
+                "-blockdev", json.dumps(top)]
+
+
+def pve9_node_hash(drive_id: str, volid: str) -> str:
+    """qemu-server's node-name hash (Blockdev.pm ``get_node_name``)."""
+    return hashlib.sha256(f"drive={drive_id},volid={volid}".encode()).hexdigest()[:30]
+
+
+@functools.cache
+def qemu_version() -> tuple[int, int]:
+    """The (major, minor) version of the QEMU the harness starts."""
+    out = subprocess.run([  # noqa: S603 - argument list, no shell
+                         os.environ.get(QEMU_ENV, "qemu-system-x86_64"), "--version"],
+                         capture_output=True, text=True, timeout=30, check=True).stdout
+    found = re.search(r"version (\d+)\.(\d+)", out)
+    if found is None:
+        raise QemuError(f"cannot read QEMU's version from {out!r}")
+    return int(found[1]), int(found[2])
 
 
 def _opts(values: Mapping[str, str]) -> str:

@@ -1,20 +1,26 @@
 """Stand-ins on a VM's QMP socket path, for tests that watch or break pvestord's QMP use.
 
 - :class:`CountingQmpProxy` forwards every connection to QEMU's real socket
-  (moved aside) and counts them: how many QMP connections pvestord makes;
+  (moved aside), counts them and times them: how many QMP connections
+  pvestord makes, and how long each held QEMU's only monitor;
 - :class:`NeverAnsweringQmp` is a hung QEMU: a pidfile naming a live process
-  whose command line carries it, and a socket that accepts and never greets.
+  whose command line carries it, and a socket that accepts and never greets;
+- :class:`QemuServerStandIn` is qemu-server's own use of the socket: a short
+  call every 100 ms, each timed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
+from typing import Any
 
 
 class CountingQmpProxy:
@@ -27,6 +33,9 @@ class CountingQmpProxy:
         self.upstream = path.with_name(path.name + ".real")
         os.rename(path, self.upstream)
         self.connections = 0
+        #: Seconds each finished connection held QEMU's monitor: from QEMU's
+        #: first byte (its greeting: it serves this client now) to the end.
+        self.sessions: list[float] = []
         self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._server.bind(str(path))
         self._server.listen(16)
@@ -49,9 +58,13 @@ class CountingQmpProxy:
         except OSError:
             client.close()
             return
+        greeted: list[float] = []
+
         def pump(src: socket.socket, dst: socket.socket) -> None:
             with contextlib.suppress(OSError):
                 while data := src.recv(65536):
+                    if src is upstream and not greeted:
+                        greeted.append(time.monotonic())
                     dst.sendall(data)
             # Either side's end ends the other's at once: QEMU serves the next
             # client only once this one is gone.
@@ -65,6 +78,8 @@ class CountingQmpProxy:
         back.join(30)
         client.close()
         upstream.close()
+        if greeted:
+            self.sessions.append(time.monotonic() - greeted[0])
 
     def close(self) -> None:
         self._closed = True
@@ -99,3 +114,80 @@ class NeverAnsweringQmp:
             conn.close()
         self.process.kill()
         self.process.wait(timeout=30)
+
+
+class QemuServerStandIn:
+    """Plays qemu-server on a VM's QMP socket (test code): every ``period`` a
+    new connection, the greeting, ``qmp_capabilities``, ``query-status`` and
+    disconnect, as ``PVE::QMPClient`` makes each call, with its budget of
+    :data:`BUDGET` for all of it (QMPClient.pm). Runs in a thread while used
+    as a context manager; :attr:`calls` holds each call's seconds, connect
+    included, and :attr:`failures` the calls that failed or ran out of budget.
+    """
+
+    BUDGET = 5.0
+
+    def __init__(self, path: Path, period: float = 0.1) -> None:
+        self.path = path
+        self.period = period
+        self.calls: list[float] = []
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name=f"qemu-server-{path.name}")
+
+    def __enter__(self) -> QemuServerStandIn:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join(2 * self.BUDGET)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            began = time.monotonic()
+            try:
+                self._call()
+                self.calls.append(time.monotonic() - began)
+            except (OSError, ValueError, EOFError) as err:
+                self.failures.append(f"after {time.monotonic() - began:.3f} s: {err!r}")
+            self._stop.wait(self.period)
+
+    def _call(self) -> None:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(self.BUDGET)
+            deadline = time.monotonic() + self.BUDGET
+            sock.connect(str(self.path))
+            lines = _QmpLines(sock, deadline)
+            lines.until("QMP")
+            for command in ("qmp_capabilities", "query-status"):
+                sock.sendall(json.dumps({"execute": command}).encode() + b"\n")
+                reply = lines.until("return", "error")
+                if "error" in reply:
+                    raise ValueError(f"{command}: {reply['error']}")
+
+
+class _QmpLines:
+    """QMP messages off a socket, skipping events, within one deadline."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self.sock = sock
+        self.deadline = deadline
+        self.buffer = b""
+
+    def until(self, *keys: str) -> dict[str, Any]:
+        while True:
+            while b"\n" not in self.buffer:
+                left = self.deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("the call's budget ran out")
+                self.sock.settimeout(left)
+                chunk = self.sock.recv(65536)
+                if not chunk:
+                    raise EOFError("QMP socket closed")
+                self.buffer += chunk
+            line, self.buffer = self.buffer.split(b"\n", 1)
+            message: dict[str, Any] = json.loads(line)
+            if any(key in message for key in keys):
+                return message
