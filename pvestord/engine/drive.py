@@ -1,7 +1,9 @@
 """The pass's model of a VM's drives: what one look saw, and what a pass did.
 
-A :class:`Drive` joins QEMU's view of a drive with its LV and storage; the
-policy's input is built from it (:meth:`Drive.state`). :class:`VmOutcome` is
+A :class:`DriveCandidate` is QEMU's view of a drive with its LV and storage,
+as a QMP session sees it; a :class:`Drive` adds what LVM and ``qemu-img``
+say, read after that session; the policy's input is built from it
+(:meth:`Drive.state`). :class:`VmOutcome` is
 what the daemon's bookkeeping reads after a pass; :class:`DriveReport` is one
 line of ``pvestord drives``.
 """
@@ -9,9 +11,11 @@ line of ``pvestord drives``.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from pvestord.adapters.config import ThinStorage
+from pvestord.adapters.config import StorageConfig, ThinStorage
+from pvestord.adapters.lvm import lv_from_path
 from pvestord.adapters.qmp import ThinDriveView
 from pvestord.errors import PvestordError
 from pvestord.policy import DriveIdentity, DriveState, ExtensionState, Reason
@@ -22,13 +26,42 @@ class StaleTableError(PvestordError):
 
 
 @dataclass(frozen=True)
-class Drive:
-    """A thin-drive candidate: QEMU's view joined with its storage."""
+class DriveCandidate:
+    """What QEMU and ``storage.cfg`` say of a drive: no LVM read yet.
+
+    A pass builds these inside its QMP session and leaves the session before
+    it asks LVM or ``qemu-img`` anything (:class:`Drive`): qemu-server and
+    pvestatd share the VM's only QMP socket, with a 5 s budget per call.
+    """
 
     view: ThinDriveView
     vg: str
     lv: str
     storage: ThinStorage | None
+
+    @property
+    def identity(self) -> DriveIdentity:
+        return DriveIdentity(self.view.path,
+                             frozenset({self.view.file_node, self.view.format_node}))
+
+
+def candidates(views: Iterable[ThinDriveView], config: StorageConfig,
+               node: str | None) -> list[DriveCandidate]:
+    """The views on an LV (``/dev/VG/LV``), each with its storage on this node;
+    a qcow2 on a plain file or another kind of device is not ours."""
+    found = []
+    for view in views:
+        vg_lv = lv_from_path(view.path)
+        if vg_lv is not None:
+            vg, lv = vg_lv
+            found.append(DriveCandidate(view, vg, lv, config.by_vg(vg, node)))
+    return found
+
+
+@dataclass(frozen=True)
+class Drive(DriveCandidate):
+    """A thin-drive candidate joined with its LV's figures and its image's maximum."""
+
     maximum: int
     extent_size: int
     #: The LV's size in LVM's metadata, as last read or set by us.
@@ -45,12 +78,6 @@ class Drive:
             chunksize=storage.chunksize if storage else 1,
             chunk_percentage=storage.chunk_percentage if storage else 0.5,
             paused_nospace=paused_nospace, reason=reason, thin=storage is not None)
-
-    @property
-    def identity(self) -> DriveIdentity:
-        return DriveIdentity(self.view.path,
-                             frozenset({self.view.file_node, self.view.format_node}))
-
 
 @dataclass(frozen=True)
 class DriveReport:

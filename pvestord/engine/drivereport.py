@@ -15,9 +15,12 @@ from pvestord.policy import ExtensionState, TableState
 async def drive_reports(extender: Extender, vm: LocalVm) -> list[DriveReport]:
     """Every thin-drive candidate of ``vm`` with its LV read from LVM."""
     async with extender.monitor(vm) as monitor:
-        drives = await extender.drives(monitor, fresh=True)
+        views, _ = await monitor.thin_drives()
+        found = extender.found(views)
         run = await monitor.run_state()
-        werror = await werror_risks(monitor, drives)
+        werror = await werror_risks(monitor, found)
+    # LVM and qemu-img after the session: the VM's QMP socket serves one client.
+    drives = await extender.figures.drives(found, fresh=True)
     reports = []
     for drive in drives:
         info = await lvm.lv_info(drive.vg, drive.lv, timeout=extender.settings.lvm_timeout)

@@ -9,7 +9,12 @@ exactly the daemon's path.
 
 Order of work for an extension, and why:
 
-1. observe with QMP (allocation, threshold, virtual size); the LV size
+1. observe with QMP (allocation, threshold, virtual size) in one short
+   session that does nothing else, then leave it: qemu-server and pvestatd
+   share the VM's only QMP socket and give each call 5 s, connect included,
+   so no LVM command, lock wait or ``qemu-img`` ever runs while pvestord
+   holds it (each later step that needs QMP opens a session of its own);
+   the LV size
    comes from LVM, read on every reconcile pass and otherwise remembered
    from our last read or extension (QEMU 7.2 does not re-read a
    ``host_device``'s size when it grows, so its figure cannot be used), and
@@ -32,25 +37,38 @@ Order of work for an extension, and why:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from pvestord import policy
-from pvestord.adapters import lvm
 from pvestord.adapters.config import StorageConfig
 from pvestord.adapters.lvmshell import LvmShells
-from pvestord.adapters.qmp import MIGRATION_STATES, VmBusyError, VmMonitor
+from pvestord.adapters.qmp import (
+    MIGRATION_STATES,
+    RunState,
+    ThinDriveView,
+    VmBusyError,
+    VmMonitor,
+)
 from pvestord.adapters.service import fields
 from pvestord.adapters.settings import DaemonSettings
 from pvestord.adapters.vms import LocalVm
 from pvestord.engine import migration
-from pvestord.engine.drive import Drive, RoundTimings, VmOutcome, ms_since
+from pvestord.engine.drive import (
+    Drive,
+    DriveCandidate,
+    RoundTimings,
+    VmOutcome,
+    candidates,
+    ms_since,
+)
 from pvestord.engine.gates import VgGates
 from pvestord.engine.incoming import catch_up_incoming
 from pvestord.engine.lvfigures import LvFigures
 from pvestord.engine.lvgrowth import LvGrowth
 from pvestord.engine.nodereport import LvmHealth
 from pvestord.engine.oncelog import OncePerChange
-from pvestord.engine.settle import arm_or_disarm, rearm_and_resume
+from pvestord.engine.settle import arm_or_disarm, changes_threshold, rearm_and_resume
 from pvestord.engine.status import Activity
 from pvestord.engine.tables import Tables
 from pvestord.engine.werror import WerrorWatch
@@ -113,24 +131,26 @@ class Extender:
         """A QMP session with ``vm``, with the daemon's budget."""
         return VmMonitor(vm.qmp_socket, f"VM {vm.vmid}", timeout=self.settings.qmp_timeout)
 
-    async def drives(self, monitor: VmMonitor, outcome: VmOutcome | None = None, *,
-                      fresh: bool = False, shared: bool = False) -> list[Drive]:
-        """The VM's thin-drive candidates (:meth:`LvFigures.drives`)."""
-        return await self.figures.drives(monitor, self._storage_config(), outcome,
-                                         fresh=fresh, shared=shared)
+    def found(self, views: Iterable[ThinDriveView]) -> list[DriveCandidate]:
+        """QEMU's views joined with their storage (no I/O)."""
+        return candidates(views, self._storage_config(), self.settings.node)
+
+    async def look(self, monitor: VmMonitor, *, migration_check: bool = True) -> Look:
+        """One observation in ``monitor``'s session: QMP commands only."""
+        run = await monitor.run_state()
+        in_flight = (migration_check and run.status not in MIGRATION_STATES
+                     and await migration.migrating_away(monitor))
+        views, names = await monitor.thin_drives()
+        return Look(run, in_flight, self.found(views), names)
 
     async def thin_block_nodes(self, vm: LocalVm) -> tuple[set[str], set[str]]:
         """(every node-name of ``vm``, the node-names of its thin drives), from
         QMP and storage.cfg only: ``pvestord extend`` checks its argument with
         this before any LVM command."""
-        config = self._storage_config()
         async with self.monitor(vm) as monitor:
             views, names = await monitor.thin_drives()
-        thin: set[str] = set()
-        for view in views:
-            vg_lv = lvm.lv_from_path(view.path)
-            if vg_lv is not None and config.by_vg(vg_lv[0], self.settings.node) is not None:
-                thin |= {view.file_node, view.format_node}
+        thin = {name for c in self.found(views) if c.storage is not None
+                for name in (c.view.file_node, c.view.format_node)}
         return names, thin
 
     # -- the pass
@@ -166,53 +186,60 @@ class Extender:
         """Observe, decide, act once. True when another round is needed."""
         timings = RoundTimings()
         async with self.monitor(vm) as monitor:
-            run = await monitor.run_state()
-            if run.status == "inmigrate":
-                # The destination of a live migration: its QEMU takes the
-                # devices' sizes at the switchover, so catch up now with
-                # whatever the source grew (docs/design.md, "Live migration").
-                await catch_up_incoming(vm, await self.drives(monitor, fresh=True),
-                                        gates=self.gates, figures=self.figures,
-                                        extending=self.extending)
-            if run.status in MIGRATION_STATES:
-                raise VmBusyError(f"VM {vm.vmid} is in state {run.status}: later")
-            if await self._migrating_away(vm, monitor):
-                raise migration.ExtensionsDeferred(vm.vmid, paused=run.paused_for_room)
-            migration.refuse_while_renaming(self.settings, vm.vmid)
-            fresh = requests is None
-            drives = await self.drives(monitor, outcome, fresh=fresh, shared=shared)
-            await self.werror.check_once(monitor, vm, drives)
-            thin_nodes = {name for d in drives if d.storage is not None
-                          for name in (d.view.file_node, d.view.format_node)}
-            if requests:
-                _note_requests_for_no_thin_drive(vm, requests, thin_nodes, outcome)
-            if not run.paused_for_room:
-                self._said.over((vm.vmid, "", "resume"))
-            # Figures just read from LVM are compared with this node's table
-            # (an lseek each); a drive whose table differs gets nothing else
-            # until it is settled under the lock: never a threshold past the
-            # device's end, never an extension over a lost one.
-            stale = {d.view.file_node for d in drives
-                     if fresh and d.view.file_node not in outcome.errors
-                     and self.tables.differs(vm, d, outcome)}
-            planned: list[tuple[Drive, Decision, DriveState]] = []
-            for drive in drives:
-                outcome.drives.add(drive.view.file_node)
-                if drive.view.file_node in stale or drive.view.file_node in outcome.errors:
-                    continue
-                reason = policy.reason_for(drive.identity.block_nodes, requests, thin_nodes)
-                if reason is None:
-                    continue
-                paused = run.nospace_on(drive.view.path, drive.identity.block_nodes)
-                state = drive.state(paused_nospace=paused and self._enospc_is_new(vm, drive),
-                                    reason=reason)
-                planned.append((drive, policy.decide(state), state))
-                self.activity.seen(vm.vmid, drive.view.file_node, drive.lv, drive.vg,
-                                   policy.classify(state), paused_nospace=paused,
-                                   maximum=drive.maximum)
-            # Cheap actions first, inside this QMP session.
-            for drive, decision, _ in planned:
-                await arm_or_disarm(monitor, vm, drive, decision)
+            look = await self.look(monitor)
+        outcome.known_nodes |= look.names
+        run = look.run
+        if run.status == "inmigrate":
+            # The destination of a live migration: its QEMU takes the
+            # devices' sizes at the switchover, so catch up now with
+            # whatever the source grew (docs/design.md, "Live migration").
+            await catch_up_incoming(vm, await self.figures.drives(look.found, fresh=True),
+                                    gates=self.gates, figures=self.figures,
+                                    extending=self.extending)
+        if run.status in MIGRATION_STATES:
+            raise VmBusyError(f"VM {vm.vmid} is in state {run.status}: later")
+        if migration.extensions_defer(self.settings, vm.vmid, in_flight=look.in_flight,
+                                      said=self._said):
+            raise migration.ExtensionsDeferred(vm.vmid, paused=run.paused_for_room)
+        migration.refuse_while_renaming(self.settings, vm.vmid)
+        fresh = requests is None
+        drives = await self.figures.drives(look.found, fresh=fresh, shared=shared)
+        thin_nodes = {name for d in drives if d.storage is not None
+                      for name in (d.view.file_node, d.view.format_node)}
+        if requests:
+            _note_requests_for_no_thin_drive(vm, requests, thin_nodes, outcome)
+        if not run.paused_for_room:
+            self._said.over((vm.vmid, "", "resume"))
+        # Figures just read from LVM are compared with this node's table
+        # (an lseek each); a drive whose table differs gets nothing else
+        # until it is settled under the lock: never a threshold past the
+        # device's end, never an extension over a lost one.
+        stale = {d.view.file_node for d in drives
+                 if fresh and d.view.file_node not in outcome.errors
+                 and self.tables.differs(vm, d, outcome)}
+        planned: list[tuple[Drive, Decision, DriveState]] = []
+        for drive in drives:
+            outcome.drives.add(drive.view.file_node)
+            if drive.view.file_node in stale or drive.view.file_node in outcome.errors:
+                continue
+            reason = policy.reason_for(drive.identity.block_nodes, requests, thin_nodes)
+            if reason is None:
+                continue
+            paused = run.nospace_on(drive.view.path, drive.identity.block_nodes)
+            state = drive.state(paused_nospace=paused and self._enospc_is_new(vm, drive),
+                                reason=reason)
+            planned.append((drive, policy.decide(state), state))
+            self.activity.seen(vm.vmid, drive.view.file_node, drive.lv, drive.vg,
+                               policy.classify(state), paused_nospace=paused,
+                               maximum=drive.maximum)
+        # Cheap actions first, in a session of their own, and only when
+        # there is one to carry out: an idle pass costs one QMP session.
+        quick = [(d, decision) for d, decision, _ in planned if changes_threshold(decision)]
+        if quick or self.werror.due(vm):
+            async with self.monitor(vm) as monitor:
+                await self.werror.check_once(monitor, vm, drives)
+                for drive, decision in quick:
+                    await arm_or_disarm(monitor, vm, drive, decision)
         timings.observe_ms = ms_since(timings.started)
         refreshed = False
         for drive in drives:
@@ -236,29 +263,56 @@ class Extender:
         # Re-arm and resume on a fresh observation: sizes changed, and a fast
         # writer may already be past the new threshold.
         if extended or refreshed or run.paused_for_room:
-            async with self.monitor(vm) as monitor:
-                drives = await self.drives(monitor)
-                run = await monitor.run_state()
-                return await rearm_and_resume(monitor, vm, drives, run, outcome,
-                                              extended=extended, said=self._said)
+            return await self._rearm(vm, outcome, extended=extended)
         return False
+
+    async def _rearm(self, vm: LocalVm, outcome: VmOutcome, *, extended: bool) -> bool:
+        """Re-arm every drive and resume ``vm`` if it may run, from a fresh look.
+
+        One QMP session when the figures are all remembered (our extension
+        has just set them); when one is not (a resize changed the image's
+        geometry meanwhile), it is read outside the session, and a new one
+        looks again.
+        """
+        filled: list[Drive] | None = None
+        while True:
+            async with self.monitor(vm) as monitor:
+                look = await self.look(monitor, migration_check=False)
+                drives = self.figures.remembered(look.found)
+                if drives is None and filled is not None:
+                    drives = filled  # the image changed again: what was just read
+                if drives is not None:
+                    return await rearm_and_resume(monitor, vm, drives, look.run, outcome,
+                                                  extended=extended, said=self._said)
+            filled = await self.figures.drives(look.found)
 
     def _enospc_is_new(self, vm: LocalVm, drive: Drive) -> bool:
         answered = self._answered.get((vm.vmid, vm.pid, drive.view.file_node))
         chunksize = drive.storage.chunksize if drive.storage else 1
         return policy.enospc_is_new(answered, drive.lv_size, drive.view.allocation, chunksize)
 
-    async def _migrating_away(self, vm: LocalVm, monitor: VmMonitor | None = None) -> bool:
+    async def _migrating_away(self, vm: LocalVm) -> bool:
         """Whether ``vm`` is the source of a live migration now, or is about to
         be: its LVs must not grow here (the destination could miss the new size;
-        :func:`pvestord.engine.migration.extensions_defer`)."""
-        if monitor is None:
-            async with self.monitor(vm) as fresh:
-                in_flight = await migration.migrating_away(fresh)
-        else:
+        :func:`pvestord.engine.migration.extensions_defer`). Asked again under
+        the storage lock, in a session of its own."""
+        async with self.monitor(vm) as monitor:
             in_flight = await migration.migrating_away(monitor)
         return migration.extensions_defer(self.settings, vm.vmid, in_flight=in_flight,
                                           said=self._said)
+
+
+@dataclass(frozen=True)
+class Look:
+    """What one QMP session saw of a VM, before any LVM read."""
+
+    run: RunState
+    #: ``query-migrate`` shows a migration away in flight (not asked for a
+    #: VM in one of :data:`MIGRATION_STATES`, nor by a re-arm).
+    in_flight: bool
+    found: list[DriveCandidate]
+    #: Every node-name the VM has: an entry naming none of them is stale.
+    names: set[str]
 
 
 def _note_requests_for_no_thin_drive(vm: LocalVm, requests: dict[str, Reason],

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterable
 
 from pvestord import policy
 from pvestord.adapters import lvm, qemu_img
-from pvestord.adapters.config import StorageConfig
 from pvestord.adapters.lvmshell import LvmShells
-from pvestord.adapters.qmp import ThinDriveView, VmMonitor
+from pvestord.adapters.qmp import ThinDriveView
 from pvestord.adapters.settings import DaemonSettings
-from pvestord.engine.drive import Drive, VmOutcome
+from pvestord.engine.drive import Drive, DriveCandidate
 
 #: Seconds a whole-VG ``lvs`` may serve other reconcile passes of the same
 #: sweep (they start together); never an extension's own read under the lock.
@@ -64,7 +64,8 @@ class LvFigures:
         """LV sizes of ``vg`` by name, from one ``lvs`` shared by concurrent callers."""
         taken = self._vg_reports.get(vg)
         if taken is None or time.monotonic() - taken[0] > VG_REPORT_SHARE:
-            task = asyncio.ensure_future(lvm.list_lvs(vg, timeout=self.settings.lvm_timeout))
+            task = asyncio.ensure_future(lvm.list_lvs(vg, timeout=self.settings.lvm_timeout,
+                                                       shells=self.shells))
             taken = (time.monotonic(), task)
             self._vg_reports[vg] = taken
         # shield: one caller's cancellation (a shutdown) must not fail the others'.
@@ -91,31 +92,49 @@ class LvFigures:
 
     async def maximum(self, view: ThinDriveView, extent_size: int) -> int:
         """The LV size that holds the whole image, from a cached ``qemu-img measure``."""
-        info = qemu_img.parse_info(view.image)
-        key = (info.virtual_size, info.cluster_size, info.extended_l2, info.refcount_bits,
-               tuple((b.name, b.granularity) for b in info.bitmaps))
+        key = _geometry(view)
         measured = self._maximum_cache.get(key)
         if measured is None:
             measured = await qemu_img.maximum_required(
-                info, timeout=self.settings.qemu_img_timeout)
+                qemu_img.parse_info(view.image), timeout=self.settings.qemu_img_timeout)
             self._maximum_cache[key] = measured
         return policy.maximum_size(measured, extent_size)
 
-    async def drives(self, monitor: VmMonitor, config: StorageConfig,
-                     outcome: VmOutcome | None = None, *, fresh: bool = False,
+    async def drives(self, found: Iterable[DriveCandidate], *, fresh: bool = False,
                      shared: bool = False) -> list[Drive]:
-        """The VM's thin-drive candidates, QEMU's view joined with these figures."""
+        """``found`` joined with their LV sizes and maxima, read from LVM and
+        ``qemu-img`` where :meth:`sizes_of` says so: never inside a QMP session."""
         drives: list[Drive] = []
-        views, names = await monitor.thin_drives()
-        if outcome is not None:
-            outcome.known_nodes |= names
-        for view in views:
-            vg_lv = lvm.lv_from_path(view.path)
-            if vg_lv is None:
-                continue  # a qcow2 on a plain file or another kind of device: not ours
-            vg, lv = vg_lv
-            storage = config.by_vg(vg, self.settings.node)
-            size, extent = await self.sizes_of(vg, lv, fresh=fresh, shared=shared)
-            drives.append(Drive(view, vg, lv, storage, await self.maximum(view, extent),
-                                extent, size))
+        for candidate in found:
+            size, extent = await self.sizes_of(candidate.vg, candidate.lv, fresh=fresh,
+                                               shared=shared)
+            drives.append(self._join(candidate, await self.maximum(candidate.view, extent),
+                                     extent, size))
         return drives
+
+    def remembered(self, found: Iterable[DriveCandidate]) -> list[Drive] | None:
+        """``found`` joined from what is remembered alone, or None when any
+        figure would have to be read: a re-arm after our own extension stays
+        in its QMP session only when it needs no LVM and no ``qemu-img``."""
+        drives: list[Drive] = []
+        for candidate in found:
+            size = self._lv_sizes.get((candidate.vg, candidate.lv))
+            extent = self._extent_sizes.get(candidate.vg)
+            measured = self._maximum_cache.get(_geometry(candidate.view))
+            if size is None or extent is None or measured is None:
+                return None
+            drives.append(self._join(candidate, policy.maximum_size(measured, extent),
+                                     extent, size))
+        return drives
+
+    @staticmethod
+    def _join(candidate: DriveCandidate, maximum: int, extent: int, size: int) -> Drive:
+        return Drive(candidate.view, candidate.vg, candidate.lv, candidate.storage,
+                     maximum, extent, size)
+
+
+def _geometry(view: ThinDriveView) -> tuple[object, ...]:
+    """What ``qemu-img measure``'s answer depends on: the maximum cache's key."""
+    info = qemu_img.parse_info(view.image)
+    return (info.virtual_size, info.cluster_size, info.extended_l2, info.refcount_bits,
+            tuple((b.name, b.granularity) for b in info.bitmaps))

@@ -18,6 +18,12 @@ from pvestord.policy.sizes import format_size
 log = logging.getLogger("pvestord.engine.extender")
 
 
+def changes_threshold(decision: Decision) -> bool:
+    """Whether :func:`arm_or_disarm` has QMP work to do for ``decision``."""
+    return isinstance(decision, policy.Arm) or (
+        isinstance(decision, policy.AtMaximum) and decision.disarm)
+
+
 async def arm_or_disarm(monitor: VmMonitor, vm: LocalVm, drive: Drive,
                         decision: Decision) -> None:
     """Carry out the cheap decisions: a threshold armed, or removed at the maximum."""

@@ -10,18 +10,19 @@ as the drive's problem in ``drives``.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from pvestord.adapters.qmp import VmMonitor
 from pvestord.adapters.service import fields
 from pvestord.adapters.vms import LocalVm
-from pvestord.engine.drive import Drive
+from pvestord.engine.drive import DriveCandidate
 from pvestord.policy import device_on, hands_enospc_to_guest
 
 #: The pass's messages keep the logger name they always had.
 log = logging.getLogger("pvestord.engine.extender")
 
 
-async def werror_risks(monitor: VmMonitor, drives: list[Drive]) -> dict[str, str]:
+async def werror_risks(monitor: VmMonitor, drives: Sequence[DriveCandidate]) -> dict[str, str]:
     """The thin drives whose device hands ENOSPC to the guest: file node ->
     the device's ``werror``."""
     thin = [d for d in drives if d.storage is not None]
@@ -57,9 +58,14 @@ class WerrorWatch:
     def forget(self, vmid: int) -> None:
         self._checked = {k for k in self._checked if k[0] != vmid}
 
-    async def check_once(self, monitor: VmMonitor, vm: LocalVm, drives: list[Drive]) -> None:
+    def due(self, vm: LocalVm) -> bool:
+        """Whether this QEMU's devices are still to be looked at."""
+        return (vm.vmid, vm.pid) not in self._checked
+
+    async def check_once(self, monitor: VmMonitor, vm: LocalVm,
+                         drives: Sequence[DriveCandidate]) -> None:
         """Warn once per QEMU (vmid, pid) about each risky thin drive."""
-        if (vm.vmid, vm.pid) in self._checked:
+        if not self.due(vm):
             return
         risks = await werror_risks(monitor, drives)
         self._checked.add((vm.vmid, vm.pid))

@@ -1,0 +1,121 @@
+"""pvestord shares each VM's QMP socket with qemu-server (issue 16.1).
+
+QEMU serves one client at a time on ``/var/run/qemu-server/<vmid>.qmp``, and
+qemu-server gives each call 5 s, connect included (``PVE::QMPClient``); a
+pvestord that held the socket across an LVM command, a lock wait or
+``qemu-img`` would make ``qm`` calls, pvestatd and a migration's own QMP
+calls time out. So a pass observes, leaves the socket, acts, and comes back
+to arm.
+
+The test runs real daemons on VMs started with Proxmox VE 9's block graph
+(throttle over qcow2 ``f<hash>`` over host_device ``e<hash>``), while a
+stand-in for qemu-server makes a call every 100 ms on each VM's socket:
+20 extensions of a writing VM (each a write threshold crossed, an
+``lvextend``, a re-arm), and, on a second VM waiting in ``inmigrate``, LVs
+grown by "another node" that pvestord refreshes under the storage lock. No
+call of the stand-in may wait more than :data:`LONGEST_CALL`. pvestord runs
+a process per LVM command (``--no-lvm-shell``), its slowest LVM. How long
+pvestord's own sessions are is the benchmark's figure (bench/qmp_sessions.py).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.harness.daemons import NodeBed, ThinStorageSpec, daemons
+from tests.harness.lvmbed import VG, GiB, MiB, qcow2_check, qcow2_create
+from tests.harness.polling import wait_until
+from tests.harness.qemu import Pve9Disk, QemuVM
+from tests.harness.qmpproxy import QemuServerStandIn
+from tests.integration.node.test_faults_daemon import grow_elsewhere
+
+CHUNK = 32 * MiB
+#: chunk-percentage 0.5: the threshold sits this far below the LV's end.
+HEADROOM = 16 * MiB
+LV0 = 64 * MiB
+WRITE = 1 * MiB
+EXTENSIONS = 20
+#: Every this many extensions of the writer, the incoming VM's LV grows elsewhere.
+CATCH_UP_EVERY = 4
+#: qemu-server's budget is 5 s; a call that waits a fifth of it was held up.
+LONGEST_CALL = 1.0
+#: A daemon's start-up and a first pass, or one extension, under TCG inside TCG.
+SETTLE_TIMEOUT = 180.0
+
+
+@pytest.fixture
+def bed(vg: VG, tmp_path: Path, out_dir: Path) -> NodeBed:
+    spec = ThinStorageSpec("thin1", vg.name, chunksize="32M", chunk_percentage=0.5,
+                           initial_size="64M")
+    return NodeBed(tmp_path, [spec], logs_dir=out_dir)
+
+
+def pve9_vm(bed: NodeBed, vg: VG, vmid: int, *extra_args: str) -> tuple[QemuVM, Pve9Disk, str]:
+    lv = f"vm-{vmid}-disk-0.qcow2"
+    qcow2_create(vg.create_lv(lv, LV0), 8 * GiB)
+    disk = Pve9Disk.for_volume(vg.lv_path(lv), f"thin1:{lv}")
+    vm = QemuVM(vmid, bed.run_dir, disks=[disk], event_socket=bed.event_socket,
+                log_path=bed.logs / f"qemu-{vmid}.log", extra_args=list(extra_args),
+                launch_timeout=120)
+    return vm, disk, lv
+
+
+def file_node(vm: QemuVM, disk: Pve9Disk) -> tuple[int, int]:
+    """(write threshold, allocation) of the disk's file node."""
+    threshold = int(vm.named_node(disk.file_block_node)["write_threshold"])
+    for entry in vm.qmp("query-blockstats", query_nodes=True):
+        if entry.get("node-name") == disk.file_block_node:
+            return threshold, int(entry["stats"]["wr_highest_offset"])
+    raise AssertionError(f"no blockstats for {disk.file_block_node}")
+
+
+def armed_for(vm: QemuVM, disk: Pve9Disk, vg: VG, lv: str, size: int) -> bool:
+    return vg.lv_size(lv) == size and file_node(vm, disk)[0] == size - HEADROOM
+
+
+def test_qemu_servers_calls_never_wait_on_pvestord(bed: NodeBed, vg: VG,
+                                                   out_dir: Path) -> None:
+    writer, disk, lv = pve9_vm(bed, vg, 951)
+    incoming, _, incoming_lv = pve9_vm(bed, vg, 952, "-incoming", "defer")
+    written: list[tuple[int, int, int]] = []  # (offset, length, pattern)
+    with writer, incoming, daemons(bed, pvestord_args=("--no-lvm-shell",)):
+        assert incoming.qmp("query-status")["status"] == "inmigrate"
+        wait_until(lambda: armed_for(writer, disk, vg, lv, LV0), SETTLE_TIMEOUT,
+                   "the writer's first threshold armed")
+        with QemuServerStandIn(writer.qmp_path) as on_writer, \
+                QemuServerStandIn(incoming.qmp_path) as on_incoming:
+            size, cursor, incoming_size = LV0, 0, LV0
+            for number in range(EXTENSIONS):
+                # Cross the armed threshold, inside the headroom: no write can fail.
+                start, pattern = cursor, number % 251 + 1
+                while file_node(writer, disk)[1] <= size - HEADROOM:
+                    writer.write_pattern(disk.block_node, cursor, WRITE, pattern)
+                    cursor += WRITE
+                written.append((start, cursor - start, pattern))
+                size += CHUNK
+                wait_until(lambda s=size: armed_for(writer, disk, vg, lv, s), SETTLE_TIMEOUT,
+                           f"extension {number + 1} to {size // MiB} MiB, re-armed")
+                if number % CATCH_UP_EVERY == 0:
+                    incoming_size += CHUNK
+                    grow_elsewhere(vg, incoming_lv, incoming_size)
+                    wait_until(lambda s=incoming_size: vg.device_size(incoming_lv) == s,
+                               SETTLE_TIMEOUT, "the incoming VM's table refreshed")
+        calls = on_writer.calls + on_incoming.calls
+        figures = {"calls": len(calls), "longest_call_s": round(max(calls), 3),
+                   "writer_longest_s": round(max(on_writer.calls), 3),
+                   "incoming_longest_s": round(max(on_incoming.calls), 3),
+                   "failures": on_writer.failures + on_incoming.failures,
+                   "extensions": EXTENSIONS, "refreshes": EXTENSIONS // CATCH_UP_EVERY}
+        (out_dir / "qmp-manners.json").write_text(json.dumps(figures, indent=2) + "\n")
+        assert not figures["failures"], figures
+        # At 100 ms apart, each stand-in called hundreds of times meanwhile.
+        assert min(len(on_writer.calls), len(on_incoming.calls)) >= EXTENSIONS, figures
+        assert max(calls) < LONGEST_CALL, figures
+        assert vg.lv_size(lv) == LV0 + EXTENSIONS * CHUNK
+        bad = [offset for offset, length, pattern in written
+               if not writer.read_verify(disk.block_node, offset, length, pattern)]
+        assert not bad, f"regions that do not read back: {bad}"
+    assert qcow2_check(vg.lv_path(lv))["exit"] == 0
