@@ -254,13 +254,14 @@ class LvRow:
     type_char: str
 
 
-async def _vg_row(vg: str, columns: str, *, timeout: float = REPORT_TIMEOUT) -> dict[str, Any]:  # noqa: ASYNC109
+async def _vg_row(vg: str, columns: str, *, timeout: float = REPORT_TIMEOUT,  # noqa: ASYNC109
+                  shells: LvmShells | None = None) -> dict[str, Any]:
     """``vgs -o columns vg``'s one row; :class:`LvMissingError` if this node cannot see ``vg``."""
     check_name("VG", vg)
     argv = _argv("vgs", "--reportformat", "json", "--units", "b", "--nosuffix",
                  "-o", columns, vg)
     try:
-        done = await run_async(argv, timeout=timeout)
+        done = await _run(argv, vg, timeout=timeout, shells=shells)
     except CommandError as err:
         raise _classify(err, f"reading VG {vg}") from err
     rows = _report_rows(done.stdout, "vg")
@@ -294,11 +295,12 @@ class VgHealth:
     mda_size: int = 0
 
 
-async def vg_health(vg: str, *, timeout: float = REPORT_TIMEOUT) -> VgHealth:  # noqa: ASYNC109
+async def vg_health(vg: str, *, timeout: float = REPORT_TIMEOUT,  # noqa: ASYNC109
+                    shells: LvmShells | None = None) -> VgHealth:
     """PV counts, free space and metadata room of ``vg``; :class:`LvMissingError` if this
     node cannot see it."""
     row = await _vg_row(vg, "vg_name,vg_free,vg_extent_size,pv_count,vg_missing_pv_count,"
-                        "vg_mda_free,vg_mda_size", timeout=timeout)
+                        "vg_mda_free,vg_mda_size", timeout=timeout, shells=shells)
     try:
         return VgHealth(vg=row["vg_name"], pvs=int(row["pv_count"]),
                         missing_pvs=int(row["vg_missing_pv_count"]), free=int(row["vg_free"]),
@@ -308,13 +310,14 @@ async def vg_health(vg: str, *, timeout: float = REPORT_TIMEOUT) -> VgHealth:  #
         raise LvmError(f"reading VG {vg}: unreadable report row {row!r}") from err
 
 
-async def list_lvs(vg: str, *, timeout: float = REPORT_TIMEOUT) -> list[LvRow]:  # noqa: ASYNC109
+async def list_lvs(vg: str, *, timeout: float = REPORT_TIMEOUT,  # noqa: ASYNC109
+                   shells: LvmShells | None = None) -> list[LvRow]:
     """Every LV of ``vg``, by name."""
     check_name("VG", vg)
     argv = _argv("lvs", "--reportformat", "json", "--units", "b", "--nosuffix",
                  "-o", "vg_name,lv_name,lv_size,lv_tags,lv_active,lv_device_open,lv_attr", vg)
     try:
-        done = await run_async(argv, timeout=timeout)
+        done = await _run(argv, vg, timeout=timeout, shells=shells)
     except CommandError as err:
         raise _classify(err, f"listing LVs of {vg}") from err
     rows = []
@@ -375,7 +378,8 @@ async def reduce(vg: str, lv: str, size: int) -> None:
                   "--size", f"{size}b", done_if="matches existing size")
 
 
-async def vg_space(vg: str, *, timeout: float = REPORT_TIMEOUT) -> tuple[int, int]:  # noqa: ASYNC109
+async def vg_space(vg: str, *, timeout: float = REPORT_TIMEOUT,  # noqa: ASYNC109
+                   shells: LvmShells | None = None) -> tuple[int, int]:
     """``vg``'s size and free bytes, for its capacity account."""
-    row = await _vg_row(vg, "vg_name,vg_size,vg_free", timeout=timeout)
+    row = await _vg_row(vg, "vg_name,vg_size,vg_free", timeout=timeout, shells=shells)
     return int(row["vg_size"]), int(row["vg_free"])

@@ -14,6 +14,7 @@ import re
 from collections.abc import Mapping, Sequence
 
 from pvestord.adapters import lvm
+from pvestord.adapters.lvmshell import LvmShells
 from pvestord.policy import capacity
 
 _GUEST_VOLUME = re.compile(r"(?:vm|base)-\d+-.+")
@@ -25,10 +26,12 @@ def is_thin_lv(name: str) -> bool:
 
 async def read_account(vg: str, *, maxima: Mapping[str, int] | None = None,
                        samples: Sequence[capacity.Sample] = (), now: float = 0.0,
-                       timeout: float = lvm.REPORT_TIMEOUT) -> capacity.Account:  # noqa: ASYNC109
-    """One ``vgs`` and one ``lvs`` of ``vg``, accounted."""
-    size, free = await lvm.vg_space(vg, timeout=timeout)
-    rows = await lvm.list_lvs(vg, timeout=timeout)
+                       timeout: float = lvm.REPORT_TIMEOUT,  # noqa: ASYNC109
+                       shells: LvmShells | None = None) -> capacity.Account:
+    """One ``vgs`` and one ``lvs`` of ``vg``, accounted (in its lvm shell
+    when there are ``shells``: the daemon reads this every minute)."""
+    size, free = await lvm.vg_space(vg, timeout=timeout, shells=shells)
+    rows = await lvm.list_lvs(vg, timeout=timeout, shells=shells)
     known = maxima or {}
     lvs = [capacity.LvFigures(row.size, known.get(row.lv), is_thin_lv(row.lv)) for row in rows]
     return capacity.account(vg, size, free, lvs, samples, now)

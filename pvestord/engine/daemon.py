@@ -86,7 +86,8 @@ class Daemon:
         status_file = settings.vg_health_dir.parent / status.STATUS_FILE.name
         self.publisher = publisher.Publisher(
             settings.node, self.extender.activity, self.config.get, status_file=status_file,
-            metrics_file=metrics.METRICS_FILE if status_file == status.STATUS_FILE else None)
+            metrics_file=metrics.METRICS_FILE if status_file == status.STATUS_FILE else None,
+            shells=self.extender.lvm_shells)
 
     # -- lifecycle
 
@@ -109,7 +110,7 @@ class Daemon:
                  asyncio.create_task(self._reconcile_loop(), name="reconcile"),
                  asyncio.create_task(report_loop(
                      self.settings, self.config.get, self.extender.lvm_health, self.failures,
-                     self._stop), name="report"),
+                     self._stop, shells=self.extender.lvm_shells), name="report"),
                  asyncio.create_task(self.publisher.loop(self._status_view), name="status")]
         if service.watchdog_interval() is not None:
             loops.append(asyncio.create_task(service.watchdog_loop(self.wedged),

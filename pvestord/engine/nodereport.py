@@ -35,6 +35,7 @@ from typing import Any
 from pvestord.adapters import lvm
 from pvestord.adapters.atomicfile import write_atomically
 from pvestord.adapters.config import StorageConfig
+from pvestord.adapters.lvmshell import LvmShells
 from pvestord.adapters.service import fields
 
 log = logging.getLogger(__name__)
@@ -261,10 +262,13 @@ class MetadataWatch:
                      view.mda_free, view.mda_size, extra=extra)
 
 
-async def probe(vg: str, *, timeout: float) -> StorageView:  # noqa: ASYNC109
-    """How ``vg`` looks from this node now: one ``vgs``."""
+async def probe(vg: str, *, timeout: float,  # noqa: ASYNC109
+                shells: LvmShells | None = None) -> StorageView:
+    """How ``vg`` looks from this node now: one ``vgs``, in the VG's lvm
+    shell when there are ``shells`` (a report every interval at idle must
+    not start an LVM process each time)."""
     try:
-        seen = await lvm.vg_health(vg, timeout=timeout)
+        seen = await lvm.vg_health(vg, timeout=timeout, shells=shells)
     except lvm.LvMissingError as err:
         return StorageView(vg=vg, visible=False, lvm_ok=False, error=str(err))
     except lvm.LvmError as err:
@@ -275,14 +279,15 @@ async def probe(vg: str, *, timeout: float) -> StorageView:  # noqa: ASYNC109
 
 
 async def make_report(node: str, config: StorageConfig, health: LvmHealth, *,
-                      interval: float, lvm_timeout: float) -> NodeReport:
+                      interval: float, lvm_timeout: float,
+                      shells: LvmShells | None = None) -> NodeReport:
     """This node's report: one probe per VG of the thin storages it may use."""
     thin = {storeid: storage for storeid, storage in config.lvm_storages.items()
             if storage.thin is not None and not storage.disabled and storage.available_on(node)}
     probes: dict[str, StorageView] = {}
     for storage in thin.values():
         if storage.vgname not in probes:
-            view = await probe(storage.vgname, timeout=lvm_timeout)
+            view = await probe(storage.vgname, timeout=lvm_timeout, shells=shells)
             health.metadata.check(view)
             failed = health.take(storage.vgname)
             if view.lvm_ok and failed is not None:

@@ -2,9 +2,10 @@
 
 The drive states and counters are written every :data:`status.STATUS_INTERVAL`
 (no LVM, no QMP: a JSON dump and a rename). The VG accounts cost one ``vgs``
-and one ``lvs`` per thin VG, so they are read every :data:`ACCOUNT_INTERVAL`
-only; each reading is a growth sample, and a VG crossing below its
-``thin-warn-free`` or ``thin-critical-free`` is warned about once per crossing.
+and one ``lvs`` per thin VG (in the VG's lvm shell, where one runs), so they
+are read every :data:`ACCOUNT_INTERVAL` only; each reading is a growth
+sample, and a VG crossing below its ``thin-warn-free`` or
+``thin-critical-free`` is warned about once per crossing.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 from pvestord.adapters import vgspace
 from pvestord.adapters.config import StorageConfig
+from pvestord.adapters.lvmshell import LvmShells
 from pvestord.adapters.service import fields
 from pvestord.engine import metrics, status
 from pvestord.errors import PvestordError
@@ -46,8 +48,11 @@ class Publisher:
     def __init__(self, node: str, activity: status.Activity,
                  storage_config: Callable[[], StorageConfig], *,
                  status_file: Path = status.STATUS_FILE,
-                 metrics_file: Path | None = metrics.METRICS_FILE) -> None:
+                 metrics_file: Path | None = metrics.METRICS_FILE,
+                 shells: LvmShells | None = None) -> None:
         self.node = node
+        #: The accounts' ``vgs`` and ``lvs`` run in the VGs' lvm shells.
+        self.shells = shells
         self.activity = activity
         self._storage_config = storage_config
         self.status_file = status_file
@@ -64,7 +69,7 @@ class Publisher:
             try:
                 account = await vgspace.read_account(
                     vg, maxima=self.activity.maxima(vg), samples=self._samples.get(vg, []),
-                    now=now)
+                    now=now, shells=self.shells)
             except PvestordError as err:
                 log.debug("VG %s: no capacity account: %s", vg, err)
                 self._accounts.pop(vg, None)

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 
 from pvestord.adapters.config import StorageConfig
+from pvestord.adapters.lvmshell import LvmShells
 from pvestord.adapters.settings import DaemonSettings
 from pvestord.engine import nodereport
 from pvestord.engine.failures import Failures
@@ -21,13 +22,15 @@ log = logging.getLogger("pvestord.engine.daemon")
 
 
 async def report_loop(settings: DaemonSettings, config: Callable[[], StorageConfig],
-                      health: LvmHealth, failures: Failures, stop: asyncio.Event) -> None:
-    """Publish this node's report until ``stop``; problems said once per change."""
+                      health: LvmHealth, failures: Failures, stop: asyncio.Event, *,
+                      shells: LvmShells | None = None) -> None:
+    """Publish this node's report until ``stop``; problems said once per change.
+    Its ``vgs`` run in the VGs' lvm ``shells`` when there are any."""
     while not stop.is_set():
         try:
             report = await nodereport.make_report(
                 settings.node, config(), health, interval=settings.report_interval,
-                lvm_timeout=settings.lvm_timeout)
+                lvm_timeout=settings.lvm_timeout, shells=shells)
             nodereport.publish(settings.reports_dir, report)
         except (OSError, PvestordError) as err:
             failures.note_error((0, "report"), f"cannot publish this node's report in "

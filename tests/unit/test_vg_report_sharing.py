@@ -12,11 +12,16 @@ import asyncio
 import json
 import stat
 from pathlib import Path
+from typing import cast
 
 import pytest
 
+from pvestord.adapters import vgspace
+from pvestord.adapters.command import Completed
 from pvestord.adapters.lvm import LvInfo
+from pvestord.adapters.lvmshell import LvmShells
 from pvestord.adapters.settings import DaemonSettings
+from pvestord.engine import nodereport
 from pvestord.engine.lvfigures import LvFigures
 
 MiB = 1024 * 1024
@@ -75,3 +80,44 @@ async def test_our_own_change_is_never_answered_from_an_older_report(fake_lvm: P
     assert await figures.sizes_of("vg1", "vm-1-disk-0", fresh=True, shared=True) == (
         128 * MiB, 4 * MiB)
     assert calls(fake_lvm) == ["lvs", "lvs"]
+
+
+class FakeShells:
+    """Stands in for :class:`~pvestord.adapters.lvmshell.LvmShells` (a fake:
+    no lvm shell runs on this machine): records each command and answers
+    like LVM's JSON report."""
+
+    def __init__(self) -> None:
+        self.commands: list[tuple[str, str]] = []
+
+    async def run(self, vg: str, argv: list[str], *, timeout: float,  # noqa: ASYNC109 - LvmShells.run
+                  check: bool = True) -> Completed:
+        self.commands.append((vg, argv[1]))
+        if argv[1] == "vgs":
+            row = {"vg_name": vg, "vg_size": str(1024 * MiB), "vg_free": str(512 * MiB),
+                   "vg_extent_size": str(4 * MiB), "pv_count": "1",
+                   "vg_missing_pv_count": "0", "vg_mda_free": "500000",
+                   "vg_mda_size": "1000000"}
+            return Completed(argv, json.dumps({"report": [{"vg": [row]}]}), "", 0)
+        row = {"vg_name": vg, "lv_name": "vm-1-disk-0.qcow2", "lv_size": str(64 * MiB),
+               "lv_tags": "", "lv_active": "active", "lv_device_open": "open",
+               "lv_attr": "-wi-ao----"}
+        return Completed(argv, json.dumps({"report": [{"lv": [row]}]}), "", 0)
+
+
+async def test_periodic_reports_run_in_the_vgs_lvm_shell(fake_lvm: Path) -> None:
+    """Issue 18.5: at idle the daemon starts no LVM process. The node report's
+    ``vgs``, the capacity account's ``vgs`` and ``lvs`` and a sweep's shared
+    ``lvs`` all go to the VG's shell when there is one."""
+    shells = FakeShells()
+    typed = cast(LvmShells, shells)
+    view = await nodereport.probe("vg1", timeout=10, shells=typed)
+    account = await vgspace.read_account("vg1", shells=typed)
+    figures = LvFigures(DaemonSettings(node="n1"), shells=typed)
+    figures.remember(LvInfo("vg1", "earlier", 4 * MiB, 4 * MiB, 0, active=True, open=False))
+    size, _ = await figures.sizes_of("vg1", "vm-1-disk-0.qcow2", fresh=True, shared=True)
+    assert (view.visible, view.lvm_ok, view.free) == (True, True, 512 * MiB)
+    assert (account.size, account.free) == (1024 * MiB, 512 * MiB)
+    assert size == 64 * MiB
+    assert shells.commands == [("vg1", "vgs"), ("vg1", "vgs"), ("vg1", "lvs"), ("vg1", "lvs")]
+    assert calls(fake_lvm) == []  # not one process
