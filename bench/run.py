@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import fleet, latency, lvm_shell, pausefree, placement
+from bench import fleet, latency, lvm_shell, pausefree, placement, qmp_sessions
 from bench.report import Figure, build_report, ratio, table
 
 
@@ -40,14 +40,19 @@ class Sizes:
     pause_free_percentages: tuple[float, ...]
     #: Timed runs of each ``pvestord placement`` case.
     placement_runs: int
+    #: Extensions under the QMP proxy (scenario 8).
+    qmp_extensions: int
 
 
 MiB = 1024 * 1024
-FULL = Sizes(extensions=30, shell_rounds=30, idle_seconds=60, pause_free_total=2048 * MiB,
-             pause_free_percentages=(0.9, 0.7, 0.5, 0.3), placement_runs=3)
+#: The idle window holds at least two reconciles (every 30 s) and one
+#: reading of the VG accounts (every 60 s): its counts are per minute.
+FULL = Sizes(extensions=30, shell_rounds=30, idle_seconds=120, pause_free_total=2048 * MiB,
+             pause_free_percentages=(0.9, 0.7, 0.5, 0.3), placement_runs=3,
+             qmp_extensions=50)
 #: Each pause-free setting costs ~50 s in the node guest: two in quick mode.
-QUICK = Sizes(extensions=10, shell_rounds=10, idle_seconds=20, pause_free_total=512 * MiB,
-              pause_free_percentages=(0.9, 0.5), placement_runs=1)
+QUICK = Sizes(extensions=10, shell_rounds=10, idle_seconds=65, pause_free_total=512 * MiB,
+              pause_free_percentages=(0.9, 0.5), placement_runs=1, qmp_extensions=20)
 
 
 def _p50(result: dict[str, Any] | None, part: str = "total") -> float | None:
@@ -95,6 +100,7 @@ def figures_for(results: dict[str, Any]) -> list[Figure]:
     rows += _pause_free_figures(results.get("pause_free"), ours)
     rows += _fleet_figures(results.get("fleet"))
     rows += placement.figures(results.get("placement"))
+    rows += qmp_sessions.figures(results.get("qmp_sessions"))
     return rows
 
 
@@ -179,6 +185,7 @@ def scenarios(out: Path, sizes: Sizes) -> list[tuple[str, Scenario]]:
             out, sizes.pause_free_total, sizes.pause_free_percentages)}),
         ("fleet", lambda: {"fleet": fleet.run(out, sizes.idle_seconds)}),
         ("placement", lambda: {"placement": placement.run(sizes.placement_runs)}),
+        ("qmp_sessions", lambda: {"qmp_sessions": qmp_sessions.run(out, sizes.qmp_extensions)}),
     ]
 
 
@@ -192,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer samples (< 10 minutes)")
     parser.add_argument("--only", action="append", default=None, metavar="SCENARIO",
                         help="run only this scenario (repeatable): latency (with floor, "
-                        "naive floor and original), lvm_shell, pause_free, fleet, placement")
+                        "naive floor and original), lvm_shell, pause_free, fleet, placement, "
+                        "qmp_sessions")
     args = parser.parse_args(argv)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)

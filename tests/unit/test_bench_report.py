@@ -340,3 +340,20 @@ def test_idle_counts_are_rates_between_two_published_views() -> None:
     assert idle_counts(before, after, qemus=20) == {
         "minutes": 2.0, "lvm_processes_per_minute": 0.0, "processes_per_minute": 1.0,
         "qmp_sessions_per_vm_per_minute": 2.0, "pmxcfs_writes_per_minute": 6.0}
+
+
+def test_qmp_session_rows_judge_the_longest_session() -> None:
+    """Scenario 8 (issue 16.1): the longest session against 200 ms; absent, not measured."""
+    assert "qmp_sessions" in [name for name, _ in run.scenarios(Path("/tmp"), run.QUICK)]
+    assert by_name(run.figures_for({}))["longest pvestord QMP session"].status == \
+        "not measured"
+    result = {"extensions": 2, "sessions": summary([0.02, 0.05, 0.04, 0.03, 0.25, 0.02]),
+              "sessions_per_extension": 3.0}
+    rows = by_name(run.figures_for({"qmp_sessions": result}))
+    longest = rows["longest pvestord QMP session"]
+    assert (longest.value, longest.status) == (0.25, "missed")
+    assert longest.note == "6 sessions over 2 extensions"
+    assert rows["QMP sessions per extension"].value == 3.0
+    result["sessions"] = summary([0.02, 0.05])
+    assert by_name(run.figures_for({"qmp_sessions": result}))[
+        "longest pvestord QMP session"].status == "met"

@@ -1,0 +1,51 @@
+"""Scenario 8: how long pvestord holds a VM's QMP socket (issue 16.1).
+
+QEMU serves one QMP client at a time on ``<vmid>.qmp``, and qemu-server
+gives each of its calls 5 s, connect included: every moment pvestord holds
+the socket, ``qm`` commands, pvestatd and a migration's own calls wait. A
+pass therefore observes, leaves the socket, asks LVM, and comes back to arm
+(pvestord/engine/extender.py).
+
+A proxy on the VM's socket path (tests/harness/qmpproxy.py) times each of
+pvestord's sessions, from QEMU's greeting (QEMU serves it now) to the close,
+over ``extensions`` extensions of one drive under the daemons (a threshold
+crossed, ``lvextend``, the re-arm), with the reconciles between them. The
+figure is the longest session; its target is 200 ms in the node guest.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from bench import latency
+from bench.report import Figure, summary
+from tests.harness.qmpproxy import CountingQmpProxy
+
+#: The longest session's target in the node guest, seconds.
+LONGEST_TARGET = 0.2
+
+
+def run(out: Path, extensions: int) -> dict[str, Any]:
+    """Every pvestord session on one VM's socket over ``extensions`` extensions."""
+    with latency.daemon_side(out, "qmp_sessions", extensions) as side:
+        proxy = CountingQmpProxy(side.vm.qmp_path)
+        try:
+            for _ in range(extensions):
+                side.sample()
+        finally:
+            proxy.close()
+    return {"extensions": extensions, "sessions": summary(proxy.sessions),
+            "sessions_per_extension": len(proxy.sessions) / extensions}
+
+
+def figures(result: dict[str, Any] | None) -> list[Figure]:
+    sessions = result["sessions"] if result else {}
+    return [
+        Figure("8 QMP", "longest pvestord QMP session", sessions.get("max"), "s",
+               target=("<", LONGEST_TARGET),
+               note="" if result is None else f"{sessions['n']} sessions over "
+               f"{result['extensions']} extensions"),
+        Figure("8 QMP", "pvestord QMP session p50", sessions.get("p50"), "s"),
+        Figure("8 QMP", "QMP sessions per extension",
+               None if result is None else result["sessions_per_extension"])]
