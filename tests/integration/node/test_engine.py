@@ -1,10 +1,14 @@
 """The extension engine end to end: real qmeventd-py and pvestord processes,
 real QEMU, real LVM on loop devices, inside the node guest.
 
-The writer goes through QEMU's own block layer (HMP ``qemu-io`` on the qcow2
-node). Its writes are 4 MiB: an HMP ``qemu-io`` runs in QEMU's main loop and
-holds every monitor meanwhile, pvestord's QMP session included, which a guest's
-own writes never do.
+Every VM's disk has Proxmox VE 9's block graph (tests/harness/qemu.py
+``Pve9Disk``): a throttle node ``drive-scsi0`` over the qcow2 node
+``f<hash>`` over the host_device node ``e<hash>``, with qemu-server's node
+names, ``cache.direct`` and ``aio=native``. The writer goes through QEMU's
+own block layer (HMP ``qemu-io`` on the qcow2 node). Its writes are 4 MiB:
+an HMP ``qemu-io`` runs in QEMU's main loop and holds every monitor
+meanwhile, pvestord's QMP session included, which a guest's own writes
+never do.
 
 How fast a writer may go without ever meeting the end of the LV is the
 benchmark's question (bench/), not these tests'. An extension takes about 3 s
@@ -44,7 +48,7 @@ from tests.harness.lvmbed import (
     qcow2_create,
 )
 from tests.harness.polling import wait_until
-from tests.harness.qemu import Disk, QemuVM
+from tests.harness.qemu import Pve9Disk, QemuVM
 
 WRITE = 4 * MiB
 #: Bytes per second the paced writer aims at (see the module docstring).
@@ -65,12 +69,31 @@ def bed(vg: VG, tmp_path: Path, out_dir: Path) -> NodeBed:
 
 def thin_vm(bed: NodeBed, vg: VG, vmid: int, *, lv_size: int = 256 * MiB,
             virtual: int = 8 * GiB, index: int = 0, **kwargs: object) -> QemuVM:
+    """A VM whose disk has Proxmox VE 9's block graph (``scsi<index>``:
+    throttle over qcow2 ``f<hash>`` over host_device ``e<hash>``)."""
     lv = f"vm-{vmid}-disk-{index}.qcow2"
     path = vg.create_lv(lv, lv_size)
     qcow2_create(path, virtual)
-    disk = Disk(path, f"fmt{index}", f"file{index}")
+    storeid = next(s.storeid for s in bed.storages if s.vgname == vg.name)
+    disk = Pve9Disk.for_volume(path, f"{storeid}:{lv}", f"scsi{index}")
     return QemuVM(vmid, bed.run_dir, disks=[disk], event_socket=bed.event_socket,
                   log_path=bed.logs / f"qemu-{vmid}.log", **kwargs)  # type: ignore[arg-type]
+
+
+def pve9_disk(vm: QemuVM) -> Pve9Disk:
+    disk = vm.disks[0]
+    assert isinstance(disk, Pve9Disk)
+    return disk
+
+
+def file_node(vm: QemuVM) -> str:
+    """The host_device node of the VM's disk: where the threshold lives."""
+    return pve9_disk(vm).file_block_node
+
+
+def fmt_node(vm: QemuVM) -> str:
+    """The qcow2 node of the VM's disk: where the writer writes."""
+    return pve9_disk(vm).block_node
 
 
 @dataclass
@@ -124,25 +147,25 @@ def test_thin_disk_grows_chunk_by_chunk_to_its_maximum(bed: NodeBed, vg: VG) -> 
     maximum = measured_maximum(virtual, vg.extent_size())
     with daemons(bed) as (_, pvestord), thin_vm(bed, vg, 101, virtual=virtual) as vm:
         # The start reconcile arms the threshold: LV 256 MiB - half a chunk.
-        wait_until(lambda: vm.named_node("file0")["write_threshold"] == 128 * MiB, 30,
+        wait_until(lambda: vm.named_node(file_node(vm))["write_threshold"] == 128 * MiB, 30,
                    "threshold armed by reconcile")
-        outcome = paced_write(vm, "fmt0", 0, half, 0x5A)
+        outcome = paced_write(vm, fmt_node(vm), 0, half, 0x5A)
         assert outcome.errors == []
         wait_until(lambda: bed.entries() == [], EXTEND_TIMEOUT, "queue drained")
         # Half-way: whole chunks, re-armed half a chunk below the end.
         size = vg.lv_size(lv)
         assert size % (256 * MiB) == 0
         assert half < size < maximum
-        assert vm.named_node("file0")["write_threshold"] == size - 128 * MiB
+        assert vm.named_node(file_node(vm))["write_threshold"] == size - 128 * MiB
 
-        outcome = paced_write(vm, "fmt0", half, virtual - half, 0x5A)
+        outcome = paced_write(vm, fmt_node(vm), half, virtual - half, 0x5A)
         assert outcome.errors == []
         wait_until(lambda: vg.lv_size(lv) == maximum, EXTEND_TIMEOUT, "LV at its maximum")
         # At the maximum nothing is left to arm for.
-        wait_until(lambda: vm.named_node("file0")["write_threshold"] == 0, 30,
+        wait_until(lambda: vm.named_node(file_node(vm))["write_threshold"] == 0, 30,
                    "no threshold at the maximum")
         for offset in range(0, virtual, 128 * MiB):
-            assert vm.read_verify("fmt0", offset, 128 * MiB, 0x5A), offset
+            assert vm.read_verify(fmt_node(vm), offset, 128 * MiB, 0x5A), offset
         # One extension per crossing, never two.
         assert len(extensions(pvestord.log_text())) == 4
         time.sleep(3)
@@ -164,13 +187,14 @@ def test_two_vgs_extend_concurrently(bed: NodeBed, vg: VG, second_vg: VG) -> Non
     with daemons(bed) as (_, pvestord), thin_vm(bed, vg, 201) as a, \
             thin_vm(bed, second_vg, 202) as b:
         for vm in (a, b):
-            wait_until(lambda vm=vm: vm.named_node("file0")["write_threshold"] > 0, 30, "armed")
+            wait_until(lambda vm=vm: vm.named_node(file_node(vm))["write_threshold"] > 0, 30,
+                       "armed")
         # Fill both to just below their 128 MiB thresholds, then cross both at
         # the same moment (each VM is its own QEMU: one thread each).
-        a.write_pattern("fmt0", 0, 112 * MiB, 0x01, timeout=120)
-        b.write_pattern("fmt0", 0, 112 * MiB, 0x02, timeout=120)
+        a.write_pattern(fmt_node(a), 0, 112 * MiB, 0x01, timeout=120)
+        b.write_pattern(fmt_node(b), 0, 112 * MiB, 0x02, timeout=120)
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            crossings = [pool.submit(vm.write_pattern, "fmt0", 112 * MiB, 32 * MiB, pattern)
+            crossings = [pool.submit(vm.write_pattern, fmt_node(vm), 112 * MiB, 32 * MiB, pattern)
                          for vm, pattern in ((a, 0x01), (b, 0x02))]
             assert all(f.result(timeout=120).ok for f in crossings)
         wait_until(lambda: vg.lv_size("vm-201-disk-0.qcow2") > 256 * MiB
@@ -201,20 +225,20 @@ def test_full_vg_keeps_the_entry_then_extends_when_space_is_added(
     with loop_vg(320 * MiB) as small:
         bed = NodeBed(tmp_path, [ThinStorageSpec("thin1", small.name)], logs_dir=out_dir)
         with daemons(bed) as (_, pvestord), thin_vm(bed, small, 301) as vm:
-            wait_until(lambda: vm.named_node("file0")["write_threshold"] > 0, 30, "armed")
-            vm.write_pattern("fmt0", 0, 144 * MiB, 0x07)
+            wait_until(lambda: vm.named_node(file_node(vm))["write_threshold"] > 0, 30, "armed")
+            vm.write_pattern(fmt_node(vm), 0, 144 * MiB, 0x07)
             wait_until(lambda: records(pvestord.log_text(), "ERROR", VMID="301"),
                        EXTEND_TIMEOUT, "VG full logged")
-            assert [e.block_node for e in bed.entries()] == ["file0"]
+            assert [e.block_node for e in bed.entries()] == [file_node(vm)]
             time.sleep(5)  # retries happen meanwhile...
             # ...logged once at ERROR (with -v, DEBUG lines note each retry).
-            errors = records(pvestord.log_text(), "ERROR", VMID="301", BLOCK_NODE="file0")
+            errors = records(pvestord.log_text(), "ERROR", VMID="301", BLOCK_NODE=file_node(vm))
             assert len(errors) == 1, errors
             small.add_pv(1 * GiB)
             wait_until(lambda: small.lv_size("vm-301-disk-0.qcow2") > 256 * MiB, 120,
                        "extended after vgextend")
             wait_until(lambda: bed.entries() == [], 30, "entry done")
-            assert vm.write_pattern("fmt0", 144 * MiB, 200 * MiB, 0x08).ok
+            assert vm.write_pattern(fmt_node(vm), 144 * MiB, 200 * MiB, 0x08).ok
             assert "extensions work again" in pvestord.log_text()
 
 
@@ -222,35 +246,37 @@ def test_reconcile_catches_missed_events(bed: NodeBed, vg: VG) -> None:
     lv = "vm-401-disk-0.qcow2"
     with thin_vm(bed, vg, 401) as vm:
         # No daemon: the write crosses where a threshold should be, unseen.
-        vm.write_pattern("fmt0", 0, 200 * MiB, 0x09)
+        vm.write_pattern(fmt_node(vm), 0, 200 * MiB, 0x09)
         with daemons(bed):
             wait_until(lambda: vg.lv_size(lv) >= 512 * MiB, EXTEND_TIMEOUT, "reconciled")
-            wait_until(lambda: vm.named_node("file0")["write_threshold"] > 200 * MiB, 30,
+            wait_until(lambda: vm.named_node(file_node(vm))["write_threshold"] > 200 * MiB, 30,
                        "re-armed above the allocation")
-        assert vm.read_verify("fmt0", 0, 200 * MiB, 0x09)
+        assert vm.read_verify(fmt_node(vm), 0, 200 * MiB, 0x09)
 
 
 def test_duplicate_and_stale_entries(bed: NodeBed, vg: VG) -> None:
     lv = "vm-501-disk-0.qcow2"
     with daemons(bed) as (_, pvestord), thin_vm(bed, vg, 501) as vm:
-        wait_until(lambda: vm.named_node("file0")["write_threshold"] > 0, 30, "armed")
+        wait_until(lambda: vm.named_node(file_node(vm))["write_threshold"] > 0, 30, "armed")
         bed.queue.append([
-            Entry(501, "file0", Reason.THRESHOLD, origin=bed.node),   # duplicate: has headroom
+            Entry(501, file_node(vm), Reason.THRESHOLD, origin=bed.node),  # duplicate: has headroom
             Entry(501, "nosuchnode", Reason.THRESHOLD, origin=bed.node),
-            Entry(999, "file0", Reason.THRESHOLD, origin=bed.node),   # VM gone
+            Entry(999, file_node(vm), Reason.THRESHOLD, origin=bed.node),  # VM gone
         ])
         wait_until(lambda: bed.entries() == [], 30, "all three handled")
         assert vg.lv_size(lv) == 256 * MiB  # the duplicate did nothing
         log = pvestord.log_text()
         assert records(log, "WARNING", VMID="501", BLOCK_NODE="nosuchnode"), log[-3000:]
-        assert records(log, "INFO", VMID="999", BLOCK_NODE="file0"), log[-3000:]
+        assert records(log, "INFO", VMID="999", BLOCK_NODE=file_node(vm)), log[-3000:]
 
 
 def test_vm_paused_by_the_user_is_never_resumed(bed: NodeBed, vg: VG) -> None:
     with daemons(bed), thin_vm(bed, vg, 601) as vm:
-        wait_until(lambda: vm.named_node("file0")["write_threshold"] > 0, 30, "armed")
+        wait_until(lambda: vm.named_node(file_node(vm))["write_threshold"] > 0, 30, "armed")
         vm.qmp("stop")
-        bed.queue.append([Entry(601, "file0", Reason.NOSPACE, origin=bed.node)])
+        # BLOCK_IO_ERROR names the device's root node: the throttle node.
+        bed.queue.append([Entry(601, pve9_disk(vm).top_node, Reason.NOSPACE,
+                                origin=bed.node)])
         wait_until(lambda: bed.entries() == [], 30, "entry handled")
         time.sleep(2)
         assert vm.qmp("query-status")["status"] == "paused"
@@ -260,9 +286,10 @@ def test_manual_extend_and_drives_commands(bed: NodeBed, vg: VG) -> None:
     lv = "vm-701-disk-0.qcow2"
     common = ["--storage-config", str(bed.storage_cfg), "--run-dir", str(bed.run_dir)]
     with thin_vm(bed, vg, 701) as vm:
-        vm.write_pattern("fmt0", 0, 32 * MiB, 0x0A)
+        vm.write_pattern(fmt_node(vm), 0, 32 * MiB, 0x0A)
         out = subprocess.run(  # noqa: S603 - argument list
-            ["pvestord", "--queue", str(bed.queue_path), "extend", "701", "file0", *common],
+            ["pvestord", "--queue", str(bed.queue_path), "extend", "701", file_node(vm),
+             *common],
             capture_output=True, text=True, timeout=120, check=True).stdout
         assert "extended" in out
         assert vg.lv_size(lv) == 512 * MiB
@@ -273,7 +300,7 @@ def test_manual_extend_and_drives_commands(bed: NodeBed, vg: VG) -> None:
         row = report[0]
         assert (row["vmid"], row["block_node"], row["lv_size"], row["threshold"],
                 row["storage"], row["state"]) == (
-                    701, "file0", 512 * MiB, 384 * MiB, "thin1", "armed")
+                    701, file_node(vm), 512 * MiB, 384 * MiB, "thin1", "armed")
         assert row["allocation"] >= 32 * MiB
         assert row["maximum"] == measured_maximum(8 * GiB, vg.extent_size())
         bad = subprocess.run(  # noqa: S603
@@ -286,8 +313,8 @@ def test_manual_extend_and_drives_commands(bed: NodeBed, vg: VG) -> None:
 def test_restarted_daemon_finishes_queued_work(bed: NodeBed, vg: VG) -> None:
     lv = "vm-801-disk-0.qcow2"
     with thin_vm(bed, vg, 801) as vm:
-        vm.write_pattern("fmt0", 0, 160 * MiB, 0x0B)
-        bed.queue.append([Entry(801, "file0", Reason.THRESHOLD, origin=bed.node)])
+        vm.write_pattern(fmt_node(vm), 0, 160 * MiB, 0x0B)
+        bed.queue.append([Entry(801, file_node(vm), Reason.THRESHOLD, origin=bed.node)])
         pvestord = start_pvestord(bed)
         try:
             wait_until(lambda: bed.entries() == [], EXTEND_TIMEOUT, "entry done")
