@@ -37,8 +37,9 @@ def register(sub: options.SubCommands) -> None:
                      help="budget of a QMP greeting and of each QMP command, for a QEMU that "
                      "accepts and never answers (default: %(default)s)")
     run.add_argument("--report-interval", type=float, default=10.0, metavar="SECONDS",
-                     help="publish this node's view of its thin storages (for rank-nodes) "
-                     "this often (default: %(default)s)")
+                     help="look at this node's thin storages this often, and publish the "
+                     "view (for rank-nodes) when it changed or is two intervals old "
+                     "(default: %(default)s)")
     run.add_argument("--pass-deadline", type=float, default=180.0, metavar="SECONDS",
                      help="abandon a pass over one VM that takes longer than this, mark the "
                      "VG it was changing unhealthy and serve the other VMs (default: "

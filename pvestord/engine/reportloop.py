@@ -24,14 +24,19 @@ log = logging.getLogger("pvestord.engine.daemon")
 async def report_loop(settings: DaemonSettings, config: Callable[[], StorageConfig],
                       health: LvmHealth, failures: Failures, stop: asyncio.Event, *,
                       shells: LvmShells | None = None) -> None:
-    """Publish this node's report until ``stop``; problems said once per change.
-    Its ``vgs`` run in the VGs' lvm ``shells`` when there are any."""
+    """Probe every ``report_interval`` and publish this node's report when it
+    changed or its heartbeat is due (:func:`nodereport.publish_due`) until
+    ``stop``; problems said once per change. Its ``vgs`` run in the VGs' lvm
+    ``shells`` when there are any."""
+    published: nodereport.NodeReport | None = None
     while not stop.is_set():
         try:
             report = await nodereport.make_report(
                 settings.node, config(), health, interval=settings.report_interval,
                 lvm_timeout=settings.lvm_timeout, shells=shells)
-            nodereport.publish(settings.reports_dir, report)
+            if nodereport.publish_due(published, report):
+                nodereport.publish(settings.reports_dir, report)
+                published = report
         except (OSError, PvestordError) as err:
             failures.note_error((0, "report"), f"cannot publish this node's report in "
                                 f"{settings.reports_dir}: {err}", logging.WARNING)

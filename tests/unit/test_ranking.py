@@ -217,3 +217,24 @@ def test_cli_refuses_what_is_not_a_thin_storage(tmp_path: Path) -> None:
     assert "not a thin storage" in done.stderr and "thick, nosuch" in done.stderr
     bad = rank_cli(tmp_path, "0", "--storages", "san")
     assert bad.returncode == 1 and "VMID" in bad.stderr.upper()
+
+
+@given(free=st.integers(min_value=0, max_value=2**50), other_free=st.integers(0, 2**50),
+       interval=st.floats(min_value=0.5, max_value=600),
+       age=st.floats(min_value=-1000, max_value=10_000), stopped=st.booleans())
+def test_a_report_is_written_when_it_changed_or_its_heartbeat_is_due(
+        free: int, other_free: int, interval: float, age: float, stopped: bool) -> None:
+    """Issue 18.5: an idle node writes to /etc/pve at most 3 times a minute
+    for its report; what changed is written at once."""
+    def report(when: float, vg_free: int, stop: bool = False) -> NodeReport:
+        view = StorageView(vg="vg1", visible=True, free=vg_free)
+        return NodeReport("n1", when, interval, {"san": view}, stopped=stop)
+    previous = report(1000.0, free)
+    assert nodereport.publish_due(None, previous)
+    same = report(1000.0 + age, free)
+    heartbeat = nodereport.HEARTBEAT_INTERVALS * interval
+    seen = same.time - previous.time  # the age as floats make it
+    assert nodereport.publish_due(previous, same) == (not 0 <= seen < heartbeat)
+    changed = report(1000.0 + age, other_free, stopped)
+    if other_free != free or stopped:
+        assert nodereport.publish_due(previous, changed)
