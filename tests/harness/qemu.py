@@ -230,11 +230,11 @@ def parse_qemu_io(node: str, command: str, lines: Sequence[str]) -> QemuIoResult
     return QemuIoResult(node, command, tuple(lines), error is None, error)
 
 
-#: Events tolerated before a QMP greeting (see :meth:`_Qmp._read_greeting`).
+#: Events tolerated before a QMP greeting (see :meth:`QmpConnection._read_greeting`).
 EVENTS_BEFORE_GREETING = 64
 
 
-class _Qmp:
+class QmpConnection:
     """A minimal synchronous QMP client on a unix socket (test code only)."""
 
     def __init__(self, path: Path, timeout: float) -> None:
@@ -244,6 +244,8 @@ class _Qmp:
         self._buf = b""
         self.events: list[dict[str, Any]] = []
         self.greeting = self._read_greeting()
+        #: When QEMU greeted: it serves this client from then on.
+        self.greeted_at = time.monotonic()
         self.lock = threading.Lock()
         self.execute("qmp_capabilities", {}, timeout)
 
@@ -360,7 +362,7 @@ class QemuVM:
         self._output_cond = threading.Condition()
         self._proc: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
-        self._qmp: _Qmp | None = None
+        self._qmp: QmpConnection | None = None
         self._signals_sent: set[int] = set()
         self._io_lock = threading.Lock()
 
@@ -432,7 +434,7 @@ class QemuVM:
                     self._proc.returncode, self.output)
             if self.harness_qmp_path.exists() and self.qmp_path.exists():
                 try:
-                    self._qmp = _Qmp(self.harness_qmp_path, QMP_TIMEOUT)
+                    self._qmp = QmpConnection(self.harness_qmp_path, QMP_TIMEOUT)
                     return self
                 except (OSError, EOFError, ValueError) as err:
                     last_err = err
@@ -506,7 +508,7 @@ class QemuVM:
 
     # -- monitor ---------------------------------------------------------------
 
-    def _client(self) -> _Qmp:
+    def _client(self) -> QmpConnection:
         if self._qmp is None:
             raise QemuError("QEMU is not running")
         return self._qmp

@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import socket
 import subprocess
@@ -20,7 +19,8 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+
+from tests.harness.qemu import QemuError, QmpConnection
 
 
 class CountingQmpProxy:
@@ -122,7 +122,9 @@ class QemuServerStandIn:
     disconnect, as ``PVE::QMPClient`` makes each call, with its budget of
     :data:`BUDGET` for all of it (QMPClient.pm). Runs in a thread while used
     as a context manager; :attr:`calls` holds each call's seconds, connect
-    included, and :attr:`failures` the calls that failed or ran out of budget.
+    included, :attr:`waits` how long each waited for QEMU to serve it (from
+    the connect to QEMU's greeting: another client held the monitor), and
+    :attr:`failures` the calls that failed or ran out of budget.
     """
 
     BUDGET = 5.0
@@ -131,6 +133,7 @@ class QemuServerStandIn:
         self.path = path
         self.period = period
         self.calls: list[float] = []
+        self.waits: list[float] = []
         self.failures: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True,
@@ -150,44 +153,20 @@ class QemuServerStandIn:
             try:
                 self._call()
                 self.calls.append(time.monotonic() - began)
-            except (OSError, ValueError, EOFError) as err:
+            except (OSError, ValueError, EOFError, QemuError) as err:
                 self.failures.append(f"after {time.monotonic() - began:.3f} s: {err!r}")
             self._stop.wait(self.period)
 
     def _call(self) -> None:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(self.BUDGET)
-            deadline = time.monotonic() + self.BUDGET
-            sock.connect(str(self.path))
-            lines = _QmpLines(sock, deadline)
-            lines.until("QMP")
-            for command in ("qmp_capabilities", "query-status"):
-                sock.sendall(json.dumps({"execute": command}).encode() + b"\n")
-                reply = lines.until("return", "error")
-                if "error" in reply:
-                    raise ValueError(f"{command}: {reply['error']}")
-
-
-class _QmpLines:
-    """QMP messages off a socket, skipping events, within one deadline."""
-
-    def __init__(self, sock: socket.socket, deadline: float) -> None:
-        self.sock = sock
-        self.deadline = deadline
-        self.buffer = b""
-
-    def until(self, *keys: str) -> dict[str, Any]:
-        while True:
-            while b"\n" not in self.buffer:
-                left = self.deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError("the call's budget ran out")
-                self.sock.settimeout(left)
-                chunk = self.sock.recv(65536)
-                if not chunk:
-                    raise EOFError("QMP socket closed")
-                self.buffer += chunk
-            line, self.buffer = self.buffer.split(b"\n", 1)
-            message: dict[str, Any] = json.loads(line)
-            if any(key in message for key in keys):
-                return message
+        began = time.monotonic()
+        connection = QmpConnection(self.path, self.BUDGET)  # greeting and capabilities
+        self.waits.append(connection.greeted_at - began)
+        try:
+            left = self.BUDGET - (time.monotonic() - began)
+            if left <= 0:
+                raise TimeoutError("the call's budget ran out")
+            connection.execute("query-status", {}, left)
+        finally:
+            connection.close()
+        if time.monotonic() - began > self.BUDGET:
+            raise TimeoutError("the call's budget ran out")

@@ -1,7 +1,8 @@
 """``pvestord rank-nodes`` on the two-node bed: real reports from both nodes' daemons.
 
-Each node's pvestord publishes ``<pve>/nodes/<node>/pvestord.json`` every
-10 s (the default), every 2 s once the test restarts B's. B is made to lose
+Each node's pvestord probes its VGs every 10 s (the default), every 2 s once
+the test restarts B's, and publishes ``<pve>/nodes/<node>/pvestord.json``
+when the view changes and at least every two intervals. B is made to lose
 sight of the SAN by an LVM device filter that rejects every device
 (``LVM_SYSTEM_DIR`` pointing at an lvm.conf of its own, for B's pvestord
 only: the guest's root is the host's, read-only as far as we are
