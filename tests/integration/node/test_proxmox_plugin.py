@@ -3,7 +3,8 @@
 Real LVM on a loop device, real ``qemu-img``/``qemu-io``, Proxmox's own
 ``vdisk_alloc``, ``volume_snapshot``, ``volume_resize``,
 ``volume_snapshot_rollback``, ``volume_snapshot_delete`` (offline),
-``vdisk_list`` and ``vdisk_free`` from ``../shared/upstream`` with the test
+``rename_volume``, ``vdisk_list`` and ``vdisk_free`` (plain and
+``saferemove``) from ``../shared/upstream`` with the test
 stand-ins of ``tests/proxmox``; the plugin asks the venv's ``pvestord plugin``.
 Every step asserts the LV sizes LVM reports and the image qemu-img reads.
 """
@@ -177,3 +178,49 @@ def test_copy_flows_get_a_thick_volume(proxmox: tuple[upstream.PerlSession, VG])
              f' "qcow2", undef, {DISK // 1024})];')
     assert lv_sizes(vg) == {VOLNAME: measured_maximum(DISK, EXTENT)}
     assert image(vg, VOLNAME)["virtual-size"] == DISK
+
+
+def lv_tags(vg: VG) -> dict[str, set[str]]:
+    out = sh("lvs", "--reportformat", "json", "-o", "lv_name,lv_tags", vg.name)
+    return {row["lv_name"]: {t for t in row["lv_tags"].split(",") if t}
+            for row in json.loads(out)["report"][0]["lv"]}
+
+
+def test_rename_and_saferemove_of_small_lvs(proxmox: tuple[upstream.PerlSession, VG]) -> None:
+    """Proxmox's own rename (reassign a disk to another VM) and ``saferemove``
+    free, through the real ``PVE::Storage``, on thin volumes: a rename keeps
+    the LV as small as it was and moves its tags, and is refused while
+    snapshots exist; a safe removal renames every LV of the chain to
+    ``del-...``, zeroes each (small, so quick) and removes it."""
+    pve, vg = proxmox
+    pve.call(f'return [PVE::Storage::vdisk_alloc($cfg, "{STORE}", {VMID}, "qcow2", undef,'
+             f' {DISK // 1024})];')
+    qemu_io(vg, VOLNAME, f"write -P 0x55 0 {WRITE}")
+    renamed = pve.call(f'return PVE::Storage::rename_volume($cfg, "{VOLID}", 101);')
+    assert renamed == f"{STORE}:vm-101-disk-0.qcow2"
+    assert lv_sizes(vg) == {"vm-101-disk-0.qcow2": INITIAL}
+    assert {"pve-vm-101", "pve-vm-101-disk-0.qcow2"} <= lv_tags(vg)["vm-101-disk-0.qcow2"]
+    assert not {"pve-vm-100", f"pve-{VOLNAME}"} & lv_tags(vg)["vm-101-disk-0.qcow2"]
+    qemu_io(vg, "vm-101-disk-0.qcow2", f"read -P 0x55 0 {WRITE}")
+
+    pve.call(f'PVE::Storage::volume_snapshot($cfg, "{renamed}", "snap1");')
+    with pytest.raises(AssertionError, match="external snapshot exists"):
+        pve.call(f'return PVE::Storage::rename_volume($cfg, "{renamed}", 102);')
+    assert set(lv_sizes(vg)) == {"snap_vm-101-disk-0_snap1.qcow2", "vm-101-disk-0.qcow2"}
+
+    # saferemove: Proxmox renames under the storage lock, then zeroes and
+    # removes in a worker; the worker runs inline here, after a look at the
+    # LVs it is handed.
+    handed = pve.call(
+        f'my $scfg = PVE::Storage::storage_config($cfg, "{STORE}");'
+        ' $scfg->{saferemove} = 1; my $seen;'
+        ' PVE::RPCEnvironment::get()->set_user(q{root@pam});'
+        ' no warnings "redefine";'
+        ' local *PVE::RPCEnvironment::fork_worker = sub {'
+        '   my ($self, $type, $id, $user, $worker) = @_;'
+        f'   $seen = [sort keys %{{PVE::Storage::LVMPlugin::lvm_list_volumes("{vg.name}")'
+        f'->{{"{vg.name}"}}}}];'
+        '   $worker->(); return "UPID:test"; };'
+        f' PVE::Storage::vdisk_free($cfg, "{renamed}"); return $seen;')
+    assert handed == ["del-snap_vm-101-disk-0_snap1.qcow2", "del-vm-101-disk-0.qcow2"]
+    assert lv_sizes(vg) == {}
