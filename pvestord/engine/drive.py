@@ -58,6 +58,12 @@ def candidates(views: Iterable[ThinDriveView], config: StorageConfig,
     return found
 
 
+def thin_block_nodes(found: Iterable[DriveCandidate]) -> set[str]:
+    """The file and qcow2 node-names of the thin drives among ``found``."""
+    return {name for c in found if c.storage is not None
+            for name in (c.view.file_node, c.view.format_node)}
+
+
 @dataclass(frozen=True)
 class Drive(DriveCandidate):
     """A thin-drive candidate joined with its LV's figures and its image's maximum."""
@@ -78,6 +84,7 @@ class Drive(DriveCandidate):
             chunksize=storage.chunksize if storage else 1,
             chunk_percentage=storage.chunk_percentage if storage else 0.5,
             paused_nospace=paused_nospace, reason=reason, thin=storage is not None)
+
 
 @dataclass(frozen=True)
 class DriveReport:

@@ -61,6 +61,7 @@ from pvestord.engine.drive import (
     VmOutcome,
     candidates,
     ms_since,
+    thin_block_nodes,
 )
 from pvestord.engine.gates import VgGates
 from pvestord.engine.incoming import catch_up_incoming
@@ -149,9 +150,7 @@ class Extender:
         this before any LVM command."""
         async with self.monitor(vm) as monitor:
             views, names = await monitor.thin_drives()
-        thin = {name for c in self.found(views) if c.storage is not None
-                for name in (c.view.file_node, c.view.format_node)}
-        return names, thin
+        return names, thin_block_nodes(self.found(views))
 
     # -- the pass
 
@@ -204,8 +203,7 @@ class Extender:
         migration.refuse_while_renaming(self.settings, vm.vmid)
         fresh = requests is None
         drives = await self.figures.drives(look.found, fresh=fresh, shared=shared)
-        thin_nodes = {name for d in drives if d.storage is not None
-                      for name in (d.view.file_node, d.view.format_node)}
+        thin_nodes = thin_block_nodes(drives)
         if requests:
             _note_requests_for_no_thin_drive(vm, requests, thin_nodes, outcome)
         if not run.paused_for_room:
