@@ -16,12 +16,11 @@ Should a shell fail, its VG's remaining drives are made with one
 from __future__ import annotations
 
 import concurrent.futures
-import os
 from collections.abc import Callable, Sequence
 
 from bench.lvm_shell import LvmShell, LvmShellError, quoted_config
 from bench.together import map_together
-from tests.harness.lvmbed import VG, qcow2_create, sh
+from tests.harness.lvmbed import VG, block_device_size, qcow2_create, sh
 
 #: ``qemu-img create`` runs at once: the guest has two CPUs, and the shells use them too.
 FORMAT_PARALLEL = 2
@@ -29,11 +28,6 @@ FORMAT_PARALLEL = 2
 
 def lv_name(vmid: int) -> str:
     return f"vm-{vmid}-disk-0.qcow2"
-
-
-def block_device_size(path: str) -> int:
-    with open(path, "rb") as device:
-        return device.seek(0, os.SEEK_END)
 
 
 def shell_lvcreate(shell: LvmShell, vg: VG, lv: str, size: int) -> str:
