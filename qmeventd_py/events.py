@@ -19,6 +19,10 @@ from pvestord.policy.queueformat import Entry, InvalidEntryError, check_block_no
 #: Proxmox VMIDs are 100..999999999; we accept any positive id that fits.
 _VMID = re.compile(r"[1-9][0-9]{0,9}")
 
+#: QEMU's rule for ids (``id_wellformed``), which a job id follows; the
+#: length cap only keeps a hostile peer's string out of the journal.
+_JOB_ID = re.compile(r"[A-Za-z][A-Za-z0-9._-]{0,127}")
+
 
 @dataclass(frozen=True)
 class Extend:
@@ -43,7 +47,23 @@ class Rejected:
     why: str
 
 
-Action = Extend | Shutdown | Rejected
+@dataclass(frozen=True)
+class JobWriteFailed:
+    """A block job's write failed (``BLOCK_JOB_ERROR``, operation ``write``).
+
+    QEMU does not say why, and the job's target is not in the event, so this
+    is no queue entry: pvestord cannot grow a job's target after the fact
+    (qemu-server's jobs run with ``on-error`` ``report``, so the job has
+    already failed). It is logged, so that a failed snapshot delete on a
+    thin storage has its cause in the journal.
+    """
+
+    job: str
+    #: The job's on-error action: ``report`` ends it, ``stop`` pauses it.
+    action: str
+
+
+Action = Extend | Shutdown | JobWriteFailed | Rejected
 
 
 def classify(message: object) -> Action | None:
@@ -75,6 +95,16 @@ def classify(message: object) -> Action | None:
                 assert isinstance(value, str)
                 return Extend(value, Reason.NOSPACE)
         return Rejected(name, f"no usable node-name or device in {dict(data)!r}")
+    if name == "BLOCK_JOB_ERROR":
+        if data.get("operation") != "write":
+            return None  # a read error is the source's, never room to make
+        job, action = data.get("device"), data.get("action")
+        if not (isinstance(job, str) and _JOB_ID.fullmatch(job)):
+            return Rejected(name, f"bad job id {job!r}")
+        if action not in ("ignore", "report", "stop"):
+            return Rejected(name, f"bad action {action!r}")
+        assert isinstance(action, str)
+        return JobWriteFailed(job, action)
     if name == "SHUTDOWN":
         # qmeventd: a missing or non-boolean `guest` counts as "not the guest".
         return Shutdown(data.get("guest") is True)

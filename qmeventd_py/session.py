@@ -98,6 +98,12 @@ class VmSession:
                             action.block_node, action.reason.value, entry.why, extra=self.extra)
             else:
                 self._submit(entry)
+        elif isinstance(action, events.JobWriteFailed):
+            log.warning("VM %d: block job %s failed a write (on-error: %s); if it writes "
+                        "into a thin LV, it may have run out of room: pvestord does not "
+                        "grow a job's target ahead of it yet (docs/proxmox.md)",
+                        self.vmid, action.job, action.action,
+                        extra=fields(VMID=self.vmid, JOB=action.job, JOB_ACTION=action.action))
         elif isinstance(action, events.Shutdown):
             if self.terminating:
                 # QEMU sometimes sends a second SHUTDOWN after SIGTERM (qmeventd).

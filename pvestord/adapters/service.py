@@ -30,7 +30,9 @@ FIELDS = ("VMID", "BLOCK_NODE", "LV", "VG", "OLD_SIZE", "NEW_SIZE", "DURATION_MS
           # the metadata watch (nodereport.py)
           "MDA_FREE", "MDA_SIZE",
           # a thin VG crossing its capacity guards (publisher.py)
-          "CAPACITY_LEVEL", "VG_FREE")
+          "CAPACITY_LEVEL", "VG_FREE",
+          # a block job whose write failed (qmeventd_py/session.py)
+          "JOB", "JOB_ACTION")
 
 
 class _FieldsFormatter(logging.Formatter):

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from qemu.qmp import QMPClient
 
 from pvestord.adapters.queue import Entry
 from pvestord.policy import Reason
 from qmeventd_py import events
-from qmeventd_py.peer import vmid_from_argv
+from qmeventd_py.peer import Peer, vmid_from_argv
+from qmeventd_py.session import VmSession
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=40),
@@ -18,8 +22,8 @@ json_values = st.recursive(
                                                                 max_size=4),
     max_leaves=12,
 )
-event_names = st.sampled_from(["BLOCK_WRITE_THRESHOLD", "BLOCK_IO_ERROR", "SHUTDOWN", "STOP",
-                               "RESUME", ""]) | st.text(max_size=20)
+event_names = st.sampled_from(["BLOCK_WRITE_THRESHOLD", "BLOCK_IO_ERROR", "BLOCK_JOB_ERROR",
+                               "SHUTDOWN", "STOP", "RESUME", ""]) | st.text(max_size=20)
 
 
 def _event(name: str, data: Any) -> dict[str, Any]:
@@ -63,6 +67,33 @@ def test_shutdown_guest_flag() -> None:
     assert events.classify(_event("SHUTDOWN", {"guest": "yes"})) == events.Shutdown(False)
 
 
+def test_a_block_job_write_error_is_reported_never_queued() -> None:
+    # qemu-server's snapshot delete: block-commit with job-id commit-drive-scsi0.
+    data = {"device": "commit-drive-scsi0", "operation": "write", "action": "report"}
+    assert events.classify(_event("BLOCK_JOB_ERROR", data)) == \
+        events.JobWriteFailed("commit-drive-scsi0", "report")
+    assert events.classify(_event("BLOCK_JOB_ERROR", {**data, "operation": "read"})) is None
+    for bad in [{**data, "device": "job\nforged"}, {**data, "device": 5},
+                {**data, "device": "x" * 200}, {**data, "action": "explode"}]:
+        assert isinstance(events.classify(_event("BLOCK_JOB_ERROR", bad)), events.Rejected)
+
+
+def test_a_block_job_write_error_lands_in_the_journal_with_its_fields(
+        caplog: pytest.LogCaptureFixture) -> None:
+    queued: list[Entry] = []
+    session = VmSession(100, Peer(pid=1, uid=0, gid=0, pidfd=None), QMPClient("test"),
+                        origin="pve1", kill_timeout=1.0, submit=queued.append,
+                        spawn=lambda coro: pytest.fail("nothing to spawn"))
+    with caplog.at_level(logging.WARNING, logger="qmeventd_py"):
+        session.handle(_event("BLOCK_JOB_ERROR", {"device": "stream-drive-scsi0",
+                                                  "operation": "write", "action": "report"}))
+    [record] = caplog.records
+    assert record.levelno == logging.WARNING
+    assert {key: record.__dict__[key] for key in ("VMID", "JOB", "JOB_ACTION")} == \
+        {"VMID": "100", "JOB": "stream-drive-scsi0", "JOB_ACTION": "report"}
+    assert queued == []
+
+
 def test_bad_node_names_are_rejected_not_queued() -> None:
     for name in ["", "1abc", "a b", "a:b", "x" * 32, "drive\nscsi0", None, 5, ["a"]]:
         action = events.classify(_event("BLOCK_WRITE_THRESHOLD", {"node-name": name}))
@@ -78,7 +109,7 @@ def test_vmid_outside_proxmox_range_is_rejected() -> None:
 def test_classify_never_raises(message: object) -> None:
     action = events.classify(message)
     assert action is None or isinstance(action, events.Extend | events.Shutdown |
-                                        events.Rejected)
+                                        events.JobWriteFailed | events.Rejected)
     if isinstance(action, events.Extend):
         # Whatever passed classification is a valid queue entry.
         entry = events.to_entry(100, action, origin="pve1", ts=0)
