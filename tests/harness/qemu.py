@@ -137,7 +137,10 @@ class Pve9Disk(Disk):
     throttle node ``drive-<id>`` in its own throttle group, over the qcow2
     node ``f<hash>``, over the ``host_device`` node ``e<hash>``, one nested
     ``-blockdev`` JSON, with ``cache.direct``, ``aio=native``,
-    ``detect-zeroes=on`` and ``discard=ignore`` on every node. The hash is
+    ``detect-zeroes=on`` and ``discard=ignore`` on every node, and no image
+    locks (pve-qemu's patch "block/file: change locking default to off", so
+    Proxmox's own ``qemu-img info`` of a running VM's chain works; stock QEMU
+    needs ``locking=off`` said on the file node). The hash is
     qemu-server's: the first 30 hex digits of the SHA-256 of
     ``drive=<id>,volid=<storeid>:<volname>``. ``discard-no-unref`` (QEMU 8.1
     and later) is set when the QEMU here knows it.
@@ -161,8 +164,8 @@ class Pve9Disk(Disk):
         common: dict[str, Any] = {"detect-zeroes": "on", "discard": "ignore"}
         cache = {"direct": True, "no-flush": False}
         file_node = {"aio": "native", "cache": cache, **common, "driver": self.file_driver(),
-                     "filename": str(self.path), "node-name": self.file_block_node,
-                     "read-only": False}
+                     "filename": str(self.path), "locking": "off",
+                     "node-name": self.file_block_node, "read-only": False}
         fmt_node: dict[str, Any] = {"cache": cache, **common, "driver": "qcow2",
                                     "file": file_node, "node-name": self.block_node,
                                     "read-only": False}
