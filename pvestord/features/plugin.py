@@ -22,12 +22,18 @@ Requests (sizes in bytes; ``storage`` is ``{"storeid", "vgname", "shared",
 ``resize``: ``{"lv": name, "virtual_size": new}`` -> ``{"lv_size", "extend": bool}``.
     The qcow2 grows; the LV keeps its size (it is never made thick), except
     that it is never left below the initial size the storage gives new disks.
-``commit``: ``{"target_lv", "source_lv", "virtual_size"}`` -> ``{"lv_size",
-    "extend": bool}``. An offline snapshot delete writes ``source_lv``'s data
-    into ``target_lv`` (``qemu-img commit`` into the first snapshot, or
-    ``qemu-img rebase`` of the child). The target is grown first by what the
-    source holds (its image end) plus one chunk, capped at the target's
-    maximum for ``virtual_size``: the job never runs out of room.
+``commit``: ``{"target_lv", "source_lv", "virtual_size", "running": bool}`` ->
+    ``{"lv_size", "extend": bool}``. A snapshot delete writes ``source_lv``'s
+    data into ``target_lv``: offline ``qemu-img commit`` into the first
+    snapshot or ``qemu-img rebase`` of the child; for a ``running`` VM,
+    qemu-server's ``block-commit`` or ``block-stream``, which fail on the
+    first ENOSPC (they pass no ``on-error``) and so cannot wait for the
+    daemon. The target is grown first by what the source holds plus one
+    chunk, capped at the target's maximum for ``virtual_size``: the job never
+    runs out of room. What the source holds is its image end, read by
+    ``qemu-img check``; while the VM runs, the source may be the image the
+    guest writes (an active commit), whose check would read tables in
+    motion, so its LV size stands for it: the image never ends past its LV.
 """
 
 from __future__ import annotations
@@ -187,15 +193,25 @@ async def answer(request: Request) -> dict[str, Any]:
         return {"lv_size": target, "extend": target > info.size, "maximum": maximum}
     target_lv, source_lv = request.name("target_lv"), request.name("source_lv")
     virtual_size = request.integer("virtual_size")
+    running = bool(request.body.get("running"))
     info = await lvm.lv_info(vg, target_lv)
-    image = await qemu_img.info(f"/dev/{vg}/{target_lv}")
+    # A running QEMU holds the chain's image locks; the header is read all the same.
+    image = await qemu_img.info(f"/dev/{vg}/{target_lv}", force_share=running)
     maximum = await _maximum(image, virtual_size, info.extent_size)
-    source = await qemu_img.check(f"/dev/{vg}/{source_lv}")
-    if source.image_end_offset is None:
-        raise PvestordError(f"qemu-img check of {vg}/{source_lv} did not report the image end")
-    target = commit_lv_size(info.size, source.image_end_offset, maximum, storage.chunksize,
-                            info.extent_size)
+    source_end = await _source_end(vg, source_lv, running=running)
+    target = commit_lv_size(info.size, source_end, maximum, storage.chunksize, info.extent_size)
     return {"lv_size": target, "extend": target > info.size, "maximum": maximum}
+
+
+async def _source_end(vg: str, lv: str, *, running: bool) -> int:
+    """Where the image on ``vg/lv`` ends, or, while its VM runs, the LV's size
+    (an image in use may be growing; it never ends past its LV)."""
+    if running:
+        return (await lvm.lv_info(vg, lv)).size
+    source = await qemu_img.check(f"/dev/{vg}/{lv}")
+    if source.image_end_offset is None:
+        raise PvestordError(f"qemu-img check of {vg}/{lv} did not report the image end")
+    return source.image_end_offset
 
 
 async def _maximum(image: qemu_img.ImageInfo, virtual_size: int, extent_size: int) -> int:

@@ -12,6 +12,9 @@ package PVE::Storage::Custom::PvestordPlugin;
 #
 # Every method not overridden here is LVMPlugin's: activation, listing, size
 # information, free (with saferemove), rename, export and import.
+# volume_snapshot_info is LVMPlugin's too, with one addition: called by
+# qemu-server's online snapshot delete, it grows the LV the block job will
+# write into before the job starts.
 
 use strict;
 use warnings;
@@ -286,42 +289,83 @@ sub volume_resize {
     return 1;
 }
 
+# Before a snapshot delete writes one LV of the chain into another, grow the LV
+# written to by what pvestord answers (the source's data plus a chunk, capped at
+# the image's maximum): nobody grows it while the copy runs. Deleting the first
+# snapshot writes its child into it; a later one is written into its child.
+my sub make_room_for_delete {
+    my ($class, $scfg, $storeid, $snapshots, $snap, $running) = @_;
+
+    my $deleted = $snapshots->{$snap};
+    my $child = $deleted && $deleted->{child} ? $snapshots->{ $deleted->{child} } : undef;
+    return if !$child;
+    my ($target, $source) = $deleted->{parent} ? ($child, $deleted) : ($deleted, $child);
+    my $virtual_size = max(map { $_->{'virtual-size'} // 0 } $deleted, $child);
+    $class->cluster_lock_storage(
+        $storeid,
+        $scfg->{shared},
+        undef,
+        sub {
+            my $plan = ask(
+                $scfg,
+                $storeid,
+                {
+                    op => 'commit',
+                    target_lv => basename($target->{file}),
+                    source_lv => basename($source->{file}),
+                    virtual_size => int($virtual_size),
+                    running => $running ? JSON::true : JSON::false,
+                },
+            );
+            lvextend($target->{file}, $plan->{lv_size}) if $plan->{extend};
+        },
+    );
+}
+
+# The snapshot qemu-server is deleting from the running VM's $volid, when
+# PVE::Storage::volume_snapshot_info was called by qemu-server's
+# qemu_volume_snapshot_delete; undef otherwise. That call is the last thing
+# before its block-commit or block-stream, which pass no 'on-error' and so fail
+# on the first ENOSPC instead of pausing for the daemon: this is the one place
+# to make room ahead of the job. qemu-server calls it without the storage lock.
+# An offline delete goes through volume_snapshot_delete below instead.
+my sub snapshot_deleted_online {
+    my ($volid) = @_;
+
+    # caller() fills @DB::args with a frame's arguments only when called from package DB.
+    package DB;
+    # Frames: 0 this sub, 1 volume_snapshot_info below, 2 PVE::Storage's, 3 its caller.
+    my $storage_api = (caller(2))[3] // '';
+    my $qemu_server = (caller(3))[3] // '';
+    return undef
+        if $storage_api ne 'PVE::Storage::volume_snapshot_info'
+        || $qemu_server ne 'PVE::QemuServer::qemu_volume_snapshot_delete';
+    # qemu_volume_snapshot_delete($vmid, $storecfg, $drive, $snap)
+    my ($drive, $snap) = @DB::args[2, 3];
+    return undef if ref($drive) ne 'HASH' || ($drive->{file} // '') ne $volid;
+    return $snap;
+}
+
+sub volume_snapshot_info {
+    my ($class, $scfg, $storeid, $volname) = @_;
+
+    my $snapshots = $class->SUPER::volume_snapshot_info($scfg, $storeid, $volname);
+    my $snap = snapshot_deleted_online("$storeid:$volname");
+    make_room_for_delete($class, $scfg, $storeid, $snapshots, $snap, 1) if defined($snap);
+    return $snapshots;
+}
+
 sub volume_snapshot_delete {
     my ($class, $scfg, $storeid, $volname, $snap, $running) = @_;
 
     assert_qcow2($class, $volname);
     # Offline, LVMPlugin writes one LV into another with qemu-img (commit into the
-    # first snapshot, rebase of the child onto the parent); nobody grows a thin LV
-    # while that runs, so the target gets its room first. A running VM's block job
-    # is qemu-server's and pvestord's daemon's business.
+    # first snapshot, rebase of the child onto the parent). A running VM's delete
+    # is qemu-server's block job, prepared in volume_snapshot_info above.
     if (!$running) {
         $class->activate_volume($storeid, $scfg, $volname);
         my $snapshots = $class->volume_snapshot_info($scfg, $storeid, $volname);
-        my $deleted = $snapshots->{$snap};
-        my $child = $deleted && $deleted->{child} ? $snapshots->{ $deleted->{child} } : undef;
-        if ($child) {
-            my ($target, $source) = $deleted->{parent} ? ($child, $deleted) : ($deleted, $child);
-            my $virtual_size =
-                max(map { $_->{'virtual-size'} // 0 } $deleted, $child);
-            $class->cluster_lock_storage(
-                $storeid,
-                $scfg->{shared},
-                undef,
-                sub {
-                    my $plan = ask(
-                        $scfg,
-                        $storeid,
-                        {
-                            op => 'commit',
-                            target_lv => basename($target->{file}),
-                            source_lv => basename($source->{file}),
-                            virtual_size => int($virtual_size),
-                        },
-                    );
-                    lvextend($target->{file}, $plan->{lv_size}) if $plan->{extend};
-                },
-            );
-        }
+        make_room_for_delete($class, $scfg, $storeid, $snapshots, $snap, 0);
     }
     return $class->SUPER::volume_snapshot_delete($scfg, $storeid, $volname, $snap, $running);
 }
