@@ -145,11 +145,23 @@ my sub ask {
     return decode_json($output);
 }
 
-my sub lvextend {
-    my ($path, $bytes) = @_;
-    run_command(
-        ['/sbin/lvextend', '--size', "${bytes}b", $path],
-        errmsg => "error growing volume '$path'",
+# Under the storage lock, ask pvestord how large the LV at $path must be and
+# grow it that far if it is smaller.
+my sub grow_as_asked {
+    my ($class, $scfg, $storeid, $path, $request) = @_;
+
+    $class->cluster_lock_storage(
+        $storeid,
+        $scfg->{shared},
+        undef,
+        sub {
+            my $plan = ask($scfg, $storeid, $request);
+            return if !$plan->{extend};
+            run_command(
+                ['/sbin/lvextend', '--size', "$plan->{lv_size}b", $path],
+                errmsg => "error growing volume '$path'",
+            );
+        },
     );
 }
 
@@ -272,17 +284,9 @@ sub volume_resize {
 
     assert_qcow2($class, $volname);
     my $path = $class->path($scfg, $volname, $storeid, $snapname);
-    $class->cluster_lock_storage(
-        $storeid,
-        $scfg->{shared},
-        undef,
-        sub {
-            my $plan = ask(
-                $scfg, $storeid,
-                { op => 'resize', lv => basename($path), virtual_size => int($size) },
-            );
-            lvextend($path, $plan->{lv_size}) if $plan->{extend};
-        },
+    grow_as_asked(
+        $class, $scfg, $storeid, $path,
+        { op => 'resize', lv => basename($path), virtual_size => int($size) },
     );
     # A running VM's image is grown by QEMU (block_resize), like LVMPlugin.
     PVE::Storage::Common::qemu_img_resize($path, 'qcow2', $size, 'off', 10) if !$running;
@@ -301,23 +305,14 @@ my sub make_room_for_delete {
     return if !$child;
     my ($target, $source) = $deleted->{parent} ? ($child, $deleted) : ($deleted, $child);
     my $virtual_size = max(map { $_->{'virtual-size'} // 0 } $deleted, $child);
-    $class->cluster_lock_storage(
-        $storeid,
-        $scfg->{shared},
-        undef,
-        sub {
-            my $plan = ask(
-                $scfg,
-                $storeid,
-                {
-                    op => 'commit',
-                    target_lv => basename($target->{file}),
-                    source_lv => basename($source->{file}),
-                    virtual_size => int($virtual_size),
-                    running => $running ? JSON::true : JSON::false,
-                },
-            );
-            lvextend($target->{file}, $plan->{lv_size}) if $plan->{extend};
+    grow_as_asked(
+        $class, $scfg, $storeid, $target->{file},
+        {
+            op => 'commit',
+            target_lv => basename($target->{file}),
+            source_lv => basename($source->{file}),
+            virtual_size => int($virtual_size),
+            running => $running ? JSON::true : JSON::false,
         },
     );
 }
