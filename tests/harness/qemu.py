@@ -152,15 +152,22 @@ class Pve9Disk(Disk):
     drive_id: str = "scsi0"
 
     @classmethod
-    def for_volume(cls, path: str | Path, volid: str, drive_id: str = "scsi0") -> Pve9Disk:
-        digest = pve9_node_hash(drive_id, volid)
+    def for_volume(cls, path: str | Path, volid: str, drive_id: str = "scsi0", *,
+                   snapshot: str | None = None) -> Pve9Disk:
+        """The disk of ``volid``, or the nodes qemu-server gives its ``snapshot``."""
+        digest = pve9_node_hash(drive_id, volid, snapshot)
         return cls(path, f"f{digest}", f"e{digest}", drive_id=drive_id)
 
     @property
     def top_node(self) -> str:
         return f"drive-{self.drive_id}"
 
-    def args(self) -> list[str]:
+    @property
+    def throttle_group(self) -> str:
+        return f"throttle-{self.top_node}"
+
+    def format_blockdev(self) -> dict[str, Any]:
+        """The qcow2 node over its file node, as ``-blockdev`` and ``blockdev-add`` take it."""
         common: dict[str, Any] = {"detect-zeroes": "on", "discard": "ignore"}
         cache = {"direct": True, "no-flush": False}
         file_node = {"aio": "native", "cache": cache, **common, "driver": self.file_driver(),
@@ -171,16 +178,24 @@ class Pve9Disk(Disk):
                                     "read-only": False}
         if qemu_version() >= (8, 1):
             fmt_node["discard-no-unref"] = True
-        group = f"throttle-{self.top_node}"
-        top = {**common, "driver": "throttle", "file": fmt_node, "node-name": self.top_node,
-               "read-only": False, "throttle-group": group}
-        return ["-object", json.dumps({"id": group, "limits": {}, "qom-type": "throttle-group"}),
-                "-blockdev", json.dumps(top)]
+        return fmt_node
+
+    def throttle_blockdev(self, child: str | dict[str, Any]) -> dict[str, Any]:
+        """The top throttle node over ``child`` (a node or its name)."""
+        return {"detect-zeroes": "on", "discard": "ignore", "driver": "throttle",
+                "file": child, "node-name": self.top_node, "read-only": False,
+                "throttle-group": self.throttle_group}
+
+    def args(self) -> list[str]:
+        group = {"id": self.throttle_group, "limits": {}, "qom-type": "throttle-group"}
+        return ["-object", json.dumps(group),
+                "-blockdev", json.dumps(self.throttle_blockdev(self.format_blockdev()))]
 
 
-def pve9_node_hash(drive_id: str, volid: str) -> str:
+def pve9_node_hash(drive_id: str, volid: str, snapshot: str | None = None) -> str:
     """qemu-server's node-name hash (Blockdev.pm ``get_node_name``)."""
-    return hashlib.sha256(f"drive={drive_id},volid={volid}".encode()).hexdigest()[:30]
+    snap = "" if snapshot is None else f"snap={snapshot},"
+    return hashlib.sha256(f"drive={drive_id},{snap}volid={volid}".encode()).hexdigest()[:30]
 
 
 @functools.cache
@@ -554,6 +569,38 @@ class QemuVM:
             if node.get("node-name") == block_node:
                 return dict(node)
         raise QemuError(f"no block node {block_node!r}")
+
+    def format_node_on(self, path: str) -> str:
+        """The qcow2 node open on ``path``: also one QEMU opened by itself
+        from an image's backing file, under a name of its own choosing."""
+        for node in self.qmp("query-named-block-nodes", flat=True):
+            if node.get("drv") == "qcow2" and node.get("file") == path:
+                return str(node["node-name"])
+        raise QemuError(f"no qcow2 node on {path}")
+
+    # -- block jobs ------------------------------------------------------------
+
+    def wait_job(self, job: str, *, timeout: float) -> str:
+        """Wait until ``job`` is ``ready`` (a mirror or an active commit waiting
+        to be completed) or ``concluded`` (done, or failed); return which."""
+        event = self.wait_event("JOB_STATUS_CHANGE", timeout=timeout, match=lambda e: (
+            e["data"]["id"] == job and e["data"]["status"] in ("ready", "concluded")))
+        return str(event["data"]["status"])
+
+    def job_completed_cleanly(self, *, timeout: float) -> bool:
+        """Wait for ``BLOCK_JOB_COMPLETED``: False when it carries an error or a
+        ``BLOCK_JOB_ERROR`` came first (a job on ``on-error=report`` fails at once)."""
+        completed = self.wait_event("BLOCK_JOB_COMPLETED", timeout=timeout)
+        return "error" not in completed["data"] and not any(
+            e["event"] == "BLOCK_JOB_ERROR" for e in self.events())
+
+    def run_job_to_completion(self, job: str, *, timeout: float) -> bool:
+        """Complete a job that becomes ``ready`` (as qemu-server's ``complete``
+        mode does) and say whether it ended cleanly."""
+        if self.wait_job(job, timeout=timeout) != "ready":
+            return False
+        self.qmp("job-complete", id=job)
+        return self.job_completed_cleanly(timeout=timeout)
 
     # -- qemu-io ---------------------------------------------------------------
 
