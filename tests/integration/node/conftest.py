@@ -15,6 +15,7 @@ import pytest
 
 from tests.harness.faults import LvmFaults
 from tests.harness.lvmbed import VG, loop_vg
+from tests.proxmox import upstream
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -82,3 +83,12 @@ def out_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
     path: Path = base / "tests" / request.node.name
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory: pytest.TempPathFactory) -> upstream.Upstream:
+    """Proxmox's storage code unpacked (skips, naming what is missing, without it)."""
+    reason = upstream.skip_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    return upstream.unpack(tmp_path_factory.mktemp("upstream"))

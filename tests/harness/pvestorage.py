@@ -1,0 +1,89 @@
+"""A pvestord storage driven through Proxmox's real ``PVE::Storage``, in the node guest.
+
+Real LVM on a loop device, Proxmox's own storage code from ``../shared/upstream``
+with the stand-ins of ``tests/proxmox``, and the plugin asking the venv's
+``pvestord plugin``; the helpers read what LVM and qemu-img say, never the
+plugin's own view. Used by the node tests of the plugin's offline flows
+(test_proxmox_plugin.py) and of a running VM's (test_proxmox_live.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from tests.harness.daemons import VENV_BIN
+from tests.harness.lvmbed import VG, GiB, MiB, loop_vg, qcow2_check, sh
+from tests.proxmox import upstream
+
+EXTENT = 4 * MiB
+DISK = 4 * GiB
+STORE = "thin1"
+VMID = 100
+VOLNAME = "vm-100-disk-0.qcow2"
+VOLID = f"{STORE}:{VOLNAME}"
+SNAP1 = "snap_vm-100-disk-0_snap1.qcow2"
+SNAP2 = "snap_vm-100-disk-0_snap2.qcow2"
+QEMU_IO_TIMEOUT = 300.0
+
+
+@contextlib.contextmanager
+def thin_storage(sources: upstream.Upstream, out_dir: Path, *, chunksize: int,
+                 initial_size: int) -> Iterator[tuple[upstream.PerlSession, VG]]:
+    """A fresh VG, a pvestord: storage on it, and Proxmox's PVE::Storage to drive.
+
+    The session's Perl code sees ``$cfg``, Proxmox's parse of that storage.cfg.
+    """
+    with loop_vg(6 * GiB) as vg:
+        sources.write_storage_cfg(
+            f"pvestord: {STORE}\n\tvgname {vg.name}\n\tcontent images\n\tshared 1\n"
+            f"\tsnapshot-as-volume-chain 1\n\tchunksize {chunksize // MiB}M\n"
+            f"\tchunk-percentage 0.5\n\tinitial-size {initial_size // MiB}M\n")
+        session = sources.session(out_dir / "perl.log",
+                                  PVESTORD_COMMAND=str(VENV_BIN / "pvestord"))
+        try:
+            yield session, vg
+        finally:
+            session.close()
+
+
+def alloc_disk(pve: upstream.PerlSession) -> str:
+    """``vdisk_alloc`` of the test disk, as ``qm set --scsi0 STORE:4`` does."""
+    volid: str = pve.call(f'return [PVE::Storage::vdisk_alloc($cfg, "{STORE}", {VMID},'
+                          f' "qcow2", undef, {DISK // 1024})];')[0]
+    return volid
+
+
+def snapshot(pve: upstream.PerlSession, snap: str) -> None:
+    pve.call(f'PVE::Storage::volume_snapshot($cfg, "{VOLID}", "{snap}");')
+
+
+def lv_sizes(vg: VG) -> dict[str, int]:
+    out = sh("lvs", "--reportformat", "json", "--units", "b", "--nosuffix", "-o",
+             "lv_name,lv_size", vg.name)
+    return {row["lv_name"]: int(row["lv_size"]) for row in json.loads(out)["report"][0]["lv"]}
+
+
+def image(vg: VG, lv: str) -> dict[str, Any]:
+    info: dict[str, Any] = json.loads(sh("qemu-img", "info", "--output=json", "-f", "qcow2",
+                                         vg.lv_path(lv)))
+    return info
+
+
+def image_end(vg: VG, lv: str) -> int:
+    return int(str(qcow2_check(vg.lv_path(lv))["image-end-offset"]))
+
+
+def qemu_io(vg: VG, lv: str, command: str) -> None:
+    out = sh("qemu-io", "-f", "qcow2", "-c", command, vg.lv_path(lv), timeout=QEMU_IO_TIMEOUT)
+    assert "failed" not in out and "mismatch" not in out, out
+
+
+def overlay_maximum() -> int:
+    """The maximum LV of a snapshot overlay of the test disk (Proxmox's layout)."""
+    out = sh("qemu-img", "measure", "--output=json", "-O", "qcow2", "-o",
+             "cluster_size=128k,extended_l2=on", "--size", str(DISK))
+    return -(-int(json.loads(out)["fully-allocated"]) // EXTENT) * EXTENT
