@@ -1,4 +1,4 @@
-"""``make bench``: every benchmark scenario of issue 7 and of ``pvestord placement``, one report.
+"""``make bench``: the benchmark scenarios of issues 7 and 15 and of ``pvestord placement``.
 
 Run by ``python -m tests.harness.nodeguest --out out/bench --bench [--quick]``,
 which starts ``python -m bench.run --out DIR [--quick]`` inside the guest (real
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import fleet, latency, lvm_shell, pausefree, placement, qmp_sessions
+from bench import blockjobs, fleet, latency, lvm_shell, pausefree, placement, qmp_sessions
 from bench.report import Figure, build_report, ratio, table
 
 
@@ -42,6 +42,9 @@ class Sizes:
     placement_runs: int
     #: Extensions under the QMP proxy (scenario 8).
     qmp_extensions: int
+    #: Rounds of scenario 9 (both jobs on both sides each) and the data each job copies.
+    blockjob_rounds: int
+    blockjob_data: int
 
 
 MiB = 1024 * 1024
@@ -49,10 +52,11 @@ MiB = 1024 * 1024
 #: reading of the VG accounts (every 60 s): its counts are per minute.
 FULL = Sizes(extensions=30, shell_rounds=30, idle_seconds=120, pause_free_total=2048 * MiB,
              pause_free_percentages=(0.9, 0.7, 0.5, 0.3), placement_runs=3,
-             qmp_extensions=50)
+             qmp_extensions=50, blockjob_rounds=4, blockjob_data=1024 * MiB)
 #: Each pause-free setting costs ~50 s in the node guest: two in quick mode.
 QUICK = Sizes(extensions=10, shell_rounds=10, idle_seconds=65, pause_free_total=512 * MiB,
-              pause_free_percentages=(0.9, 0.5), placement_runs=1, qmp_extensions=20)
+              pause_free_percentages=(0.9, 0.5), placement_runs=1, qmp_extensions=20,
+              blockjob_rounds=2, blockjob_data=256 * MiB)
 
 
 def _p50(result: dict[str, Any] | None, part: str = "total") -> float | None:
@@ -101,6 +105,7 @@ def figures_for(results: dict[str, Any]) -> list[Figure]:
     rows += _fleet_figures(results.get("fleet"))
     rows += placement.figures(results.get("placement"))
     rows += qmp_sessions.figures(results.get("qmp_sessions"))
+    rows += blockjobs.figures(results.get("blockjobs"))
     return rows
 
 
@@ -186,6 +191,8 @@ def scenarios(out: Path, sizes: Sizes) -> list[tuple[str, Scenario]]:
         ("fleet", lambda: {"fleet": fleet.run(out, sizes.idle_seconds)}),
         ("placement", lambda: {"placement": placement.run(sizes.placement_runs)}),
         ("qmp_sessions", lambda: {"qmp_sessions": qmp_sessions.run(out, sizes.qmp_extensions)}),
+        ("blockjobs", lambda: {"blockjobs": blockjobs.run(
+            sizes.blockjob_rounds, sizes.blockjob_data)}),
     ]
 
 
@@ -200,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", default=None, metavar="SCENARIO",
                         help="run only this scenario (repeatable): latency (with floor, "
                         "naive floor and original), lvm_shell, pause_free, fleet, placement, "
-                        "qmp_sessions")
+                        "qmp_sessions, blockjobs")
     args = parser.parse_args(argv)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import drives, run, together
+from bench import blockjobs, drives, run, together
 from bench.fleet import idle_counts
 from bench.latency import Sample, split_summary
 from bench.lvm_shell import LvmShellError
@@ -357,3 +357,22 @@ def test_qmp_session_rows_judge_the_longest_session() -> None:
     result["sessions"] = summary([0.02, 0.05])
     assert by_name(run.figures_for({"qmp_sessions": result}))[
         "longest pvestord QMP session"].status == "met"
+
+
+def test_block_job_figures_are_thick_time_over_pvestords_and_count_failures() -> None:
+    def side(p50: float, failed: int) -> dict[str, object]:
+        return {"job_seconds": summary([p50]), "prepare_seconds": summary([0.5]),
+                "failed": failed}
+
+    result = {"rounds": 2, "data_bytes": 256 * MiB, "interleaved": True,
+              "commit": {"pvestord": side(2.0, 0), "thick": side(1.9, 0)},
+              "mirror": {"pvestord": side(2.0, 1), "thick": side(1.6, 0)}}
+    figures = by_name(blockjobs.figures(result))
+    assert figures["commit speed pvestord/thick"].value == pytest.approx(0.95)
+    assert figures["commit speed pvestord/thick"].status == "met"
+    assert figures["mirror speed pvestord/thick"].value == pytest.approx(0.8)
+    assert figures["mirror speed pvestord/thick"].status == "missed"
+    assert figures["commit failed jobs"].status == "met"
+    assert figures["mirror failed jobs"].status == "missed"
+    assert figures["commit plugin preparation p50"].value == pytest.approx(0.5)
+    assert {f.status for f in blockjobs.figures(None) if f.target} == {"not measured"}
