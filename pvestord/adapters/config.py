@@ -170,8 +170,9 @@ class StorageConfig:
         return sorted(users.items())
 
 
-#: Storage types whose volumes live in an LVM VG named by ``vgname``.
-LVM_TYPES = ("lvm", "lvmthin")
+#: Storage types whose volumes live in an LVM VG named by ``vgname``: each
+#: one's storage lock guards that VG's metadata.
+LVM_TYPES = ("lvm", "lvmthin", PLUGIN_TYPE)
 
 
 

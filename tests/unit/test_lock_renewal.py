@@ -60,6 +60,10 @@ lvmthin: pool1
 
 lvm: elsewhere
 \tvgname other
+
+pvestord: plugin1
+\tvgname san
+\tshared 1
 """
 
 
@@ -149,7 +153,7 @@ def test_the_settings_refuse_an_lvm_timeout_the_lock_cannot_cover() -> None:
 
 def test_every_enabled_storage_of_a_vg_is_locked_in_order() -> None:
     config = parse_storage_config(STORAGE_CFG, "storage.cfg")
-    assert config.vg_users("san") == [("thick1", True), ("thin1", True)]
+    assert config.vg_users("san") == [("plugin1", True), ("thick1", True), ("thin1", True)]
     assert config.vg_users("other") == [("elsewhere", False), ("pool1", False)]
     assert config.vg_users("none") == []
 
@@ -177,7 +181,8 @@ async def test_a_thick_storage_lock_on_the_vg_blocks_the_thin_extension(
     release.touch()
     assert await events_of(proxmox) == ["released"]
     async with extender.gates.storage_lock(thin).acquire_async(PATIENCE):
-        assert sorted(p.name for p in locks.iterdir()) == ["storage-thick1", "storage-thin1"]
+        assert sorted(p.name for p in locks.iterdir()) == [
+            "storage-plugin1", "storage-thick1", "storage-thin1"]
     assert list(locks.iterdir()) == []
 
 
