@@ -32,6 +32,7 @@ from qemu.qmp.qmp_client import GreetingError
 from pvestord.adapters import tally
 from pvestord.errors import PvestordError
 from pvestord.policy import BlockDevice, DriveIdentity, device_filenames, device_on, qom_path
+from pvestord.policy.devices import own_filename
 
 log = logging.getLogger(__name__)
 
@@ -275,8 +276,8 @@ def thin_drives_from(nodes: object, stats: object) -> list[ThinDriveView]:
             formats.append(node)
     drives: list[ThinDriveView] = []
     for fmt in formats:
-        path = fmt.get("file")
-        child = files.get(path) if isinstance(path, str) else None
+        path = own_filename(fmt.get("file"))
+        child = files.get(path) if path is not None else None
         if child is None or child.get("ro") is not False:
             continue
         virtual_size = _get_size(fmt.get("image"), "virtual-size")

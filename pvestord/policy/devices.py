@@ -38,6 +38,29 @@ def device_filenames(file: object) -> frozenset[str]:
     return frozenset(_filenames_in(tree))
 
 
+def own_filename(file: object) -> str | None:
+    """The path a node's own ``file`` child sits on, from the node's ``file``.
+
+    A plain filename is itself. A qcow2 node whose backing was set at run
+    time (qemu-server's live snapshot adds the new top with ``backing: null``
+    and then ``blockdev-snapshot``s it over the old one) gets a
+    ``json:{"backing": {...}, "driver": "qcow2", "file": {"driver":
+    "host_device", "filename": ...}}`` pseudo-filename: its own data is the
+    top-level ``file`` member's ``filename``, never the backing's.
+    """
+    if not isinstance(file, str) or not file:
+        return None
+    if not file.startswith("json:"):
+        return file
+    try:
+        tree = json.loads(file[len("json:"):])
+    except ValueError:
+        return None
+    child = tree.get("file") if isinstance(tree, dict) else None
+    filename = child.get("filename") if isinstance(child, dict) else None
+    return filename if isinstance(filename, str) and filename else None
+
+
 def _filenames_in(tree: object) -> Iterator[str]:
     if isinstance(tree, dict):
         for key, value in tree.items():

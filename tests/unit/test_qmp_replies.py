@@ -32,6 +32,22 @@ def test_pairs_host_device_file_node_with_writable_qcow2_above() -> None:
     assert (drive.allocation, drive.threshold) == (42 * MiB, 128 * MiB)
 
 
+def test_a_top_given_its_backing_at_run_time_is_paired_by_its_own_file() -> None:
+    """qemu-server's live snapshot adds the new top with ``backing: null`` and
+    then ``blockdev-snapshot``s it: QEMU names the top's qcow2 node with a
+    ``json:`` pseudo-filename (seen with QEMU 7.2, the node tier's
+    test_lv_identity.py). Its data is its own ``file``, not the backing's."""
+    snap = "/dev/san/snap_vm-101-disk-0_s1.qcow2"
+    top_file = ('json:{"backing": {"driver": "qcow2", "file": {"driver": "host_device",'
+                f' "filename": "{snap}"}}}}, "driver": "qcow2", "file": {{"driver":'
+                f' "host_device", "filename": "{LV}"}}}}')
+    nodes = [node("t0", "throttle", "json:{}"), node("f0", "qcow2", top_file),
+             node("e0", "host_device", LV), node("fs", "qcow2", snap, ro=True),
+             node("es", "host_device", snap)]
+    (drive,) = thin_drives_from(nodes, [])
+    assert (drive.file_node, drive.format_node, drive.path) == ("e0", "f0", LV)
+
+
 def test_read_only_backing_images_and_plain_files_are_not_thin() -> None:
     backing = "/dev/san/base-100-disk-0.qcow2"
     nodes = [node("f1", "qcow2", backing, ro=True), node("e1", "host_device", backing, ro=True),
