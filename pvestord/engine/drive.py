@@ -36,8 +36,17 @@ class DriveCandidate:
 
     view: ThinDriveView
     vg: str
+    #: The LV QEMU writes: the path's, or the one its device is now called
+    #: after a rename under the running VM (:mod:`pvestord.engine.binding`).
     lv: str
     storage: ThinStorage | None
+    #: The device number the drive is bound to; None where nothing bound it.
+    device: int | None = field(default=None, kw_only=True)
+
+    @property
+    def lv_path(self) -> str:
+        """The LV QEMU writes, as a path: its node's path but during a rename."""
+        return f"/dev/{self.vg}/{self.lv}"
 
     @property
     def identity(self) -> DriveIdentity:

@@ -54,6 +54,7 @@ from pvestord.adapters.service import fields
 from pvestord.adapters.settings import DaemonSettings
 from pvestord.adapters.vms import LocalVm
 from pvestord.engine import migration
+from pvestord.engine.binding import DeviceBindings
 from pvestord.engine.drive import (
     Drive,
     DriveCandidate,
@@ -95,6 +96,7 @@ class Extender:
         #: What ``pvestord status`` and the metrics show (engine/status.py).
         self.activity = Activity()
         self.tables = Tables(settings, self.figures, self.gates, self._said, self.lvm_shells)
+        self.bindings = DeviceBindings(self._said)
         self.growth = LvGrowth(settings, figures=self.figures, gates=self.gates,
                                tables=self.tables, shells=self.lvm_shells,
                                migrating_away=self._migrating_away,
@@ -120,6 +122,7 @@ class Extender:
         for key in [k for k in self._answered if k[0] == vmid]:
             del self._answered[key]
         self._said.forget(vmid)
+        self.bindings.forget(vmid)
         self.werror.forget(vmid)
         self.activity.forget(vmid)
 
@@ -136,13 +139,16 @@ class Extender:
         """QEMU's views joined with their storage (no I/O)."""
         return candidates(views, self._storage_config(), self.settings.node)
 
-    async def look(self, monitor: VmMonitor, *, migration_check: bool = True) -> Look:
-        """One observation in ``monitor``'s session: QMP commands only."""
+    async def look(self, vm: LocalVm, monitor: VmMonitor, *,
+                   migration_check: bool = True) -> Look:
+        """One observation in ``monitor``'s session: QMP commands, then each
+        drive bound to the LV QEMU writes (reads of ``/proc`` and ``/sys``,
+        no LVM)."""
         run = await monitor.run_state()
         in_flight = (migration_check and run.status not in MIGRATION_STATES
                      and await migration.migrating_away(monitor))
         views, names = await monitor.thin_drives()
-        return Look(run, in_flight, self.found(views), names)
+        return Look(run, in_flight, self.bindings.bind(vm, self.found(views)), names)
 
     async def thin_block_nodes(self, vm: LocalVm) -> tuple[set[str], set[str]]:
         """(every node-name of ``vm``, the node-names of its thin drives), from
@@ -185,7 +191,7 @@ class Extender:
         """Observe, decide, act once. True when another round is needed."""
         timings = RoundTimings()
         async with self.monitor(vm) as monitor:
-            look = await self.look(monitor)
+            look = await self.look(vm, monitor)
         outcome.known_nodes |= look.names
         run = look.run
         if run.status == "inmigrate":
@@ -200,7 +206,8 @@ class Extender:
         if migration.extensions_defer(self.settings, vm.vmid, in_flight=look.in_flight,
                                       said=self._said):
             raise migration.ExtensionsDeferred(vm.vmid, paused=run.paused_for_room)
-        migration.refuse_while_renaming(self.settings, vm.vmid)
+        renaming = migration.renaming(self.settings, vm.vmid,
+                                      paused_for_room=run.paused_for_room)
         fresh = requests is None
         drives = await self.figures.drives(look.found, fresh=fresh, shared=shared)
         thin_nodes = thin_block_nodes(drives)
@@ -224,6 +231,8 @@ class Extender:
             if reason is None:
                 continue
             paused = run.nospace_on(drive.view.path, drive.identity.block_nodes)
+            if renaming and not paused:
+                continue  # only a paused guest is answered while LVs are renamed
             state = drive.state(paused_nospace=paused and self._enospc_is_new(vm, drive),
                                 reason=reason)
             planned.append((drive, policy.decide(state), state))
@@ -275,7 +284,7 @@ class Extender:
         filled: list[Drive] | None = None
         while True:
             async with self.monitor(vm) as monitor:
-                look = await self.look(monitor, migration_check=False)
+                look = await self.look(vm, monitor, migration_check=False)
                 drives = self.figures.remembered(look.found)
                 if drives is None and filled is not None:
                     drives = filled  # the image changed again: what was just read

@@ -130,7 +130,7 @@ class LvFigures:
     @staticmethod
     def _join(candidate: DriveCandidate, maximum: int, extent: int, size: int) -> Drive:
         return Drive(candidate.view, candidate.vg, candidate.lv, candidate.storage,
-                     maximum, extent, size)
+                     maximum, extent, size, device=candidate.device)
 
 
 def _geometry(view: ThinDriveView) -> tuple[object, ...]:

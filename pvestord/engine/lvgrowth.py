@@ -3,6 +3,7 @@ the LV as LVM says it is under the lock (another node may have grown it)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -16,6 +17,7 @@ from pvestord.adapters.service import fields
 from pvestord.adapters.settings import DaemonSettings
 from pvestord.adapters.vms import LocalVm
 from pvestord.engine import migration
+from pvestord.engine.binding import DeviceBindings
 from pvestord.engine.drive import Drive, RoundTimings, ms_since
 from pvestord.engine.gates import STORAGE_LOCK_TIMEOUT, VgGates
 from pvestord.engine.lvfigures import LvFigures
@@ -80,7 +82,8 @@ class LvGrowth:
     async def _extend_locked(self, vm: LocalVm, drive: Drive, decision: Growing,
                              state: DriveState, timings: RoundTimings, started: float) -> bool:
         """:meth:`extend`'s work, under the VG gate and the storage lock."""
-        assert drive.storage is not None
+        storage = drive.storage
+        assert storage is not None
         node = drive.view.file_node
         # QMP before the lock, never under it: a slow QEMU must not hold the
         # cluster-wide lock (REVIEW 1.1).
@@ -89,17 +92,24 @@ class LvGrowth:
                               f"{node} deferred")
         observed = time.monotonic()
         budget = PAUSED_STORAGE_LOCK_TIMEOUT if state.paused_nospace else STORAGE_LOCK_TIMEOUT
-        async with self.gates.locked(drive.vg, drive.storage, budget) as held:
+        async with self.gates.locked(drive.vg, storage, budget) as held:
             locked = time.monotonic()
             # Under the lock only files, no QMP: a migration's begin marks the
             # VM and then takes this lock, and qemu-server writes lock: migrate
             # before the target activates the LVs (itself under no lock, but
             # the target's catch-up takes this one): both are barriers for us.
+            # A rename stops all but the answer to a paused guest; that one
+            # grows the LV QEMU has open, by its name as of now: Proxmox
+            # renames under this very lock.
+            lock_rule = migration.config_lock(self.settings, vm.vmid, in_flight=False)
             if migration.outgoing_marked(self.settings.run_dir, vm.vmid) or \
-                    migration.config_lock(self.settings, vm.vmid, in_flight=False) in (
-                        ConfigLockRule.MIGRATING, ConfigLockRule.RENAMING):
+                    lock_rule is ConfigLockRule.MIGRATING or (
+                        lock_rule is ConfigLockRule.RENAMING and not state.paused_nospace):
                 raise VmBusyError(f"VM {vm.vmid} started migrating away or its LVs are "
                                   f"being renamed: extension of {node} deferred")
+            lv = DeviceBindings.current_lv(drive)
+            if lv != drive.lv:
+                drive = dataclasses.replace(drive, lv=lv)
             checked = time.monotonic()
             info, table, verdict = await self.tables.catch_up(drive, held)
             if verdict is TableState.AHEAD:
@@ -120,7 +130,7 @@ class LvGrowth:
             # moment it pauses.
             held_back = extension_refusal(
                 vg_free=info.vg_free, grow_by=decision.target - info.size,
-                reserve=drive.storage.guards.reserve_bytes(drive.storage.chunksize),
+                reserve=storage.guards.reserve_bytes(storage.chunksize),
                 paused_nospace=state.paused_nospace)
             if held_back is not None:
                 self.activity.hold(vm.vmid, node, held_back)
@@ -133,7 +143,7 @@ class LvGrowth:
                     "VM %d %s: paused on ENOSPC although LV %s already holds the measured"
                     " maximum %s (a fragmented image can outgrow qemu-img measure, Proxmox"
                     " bug 6543): growing one more chunk so the VM can run",
-                    vm.vmid, node, drive.view.path, format_size(drive.maximum),
+                    vm.vmid, node, drive.lv_path, format_size(drive.maximum),
                     extra=fields(VMID=vm.vmid, BLOCK_NODE=node, LV=drive.lv))
             held.require(self.settings.lvm_timeout + KILL_WAIT)
             await lvm.extend(drive.vg, drive.lv, decision.target,
@@ -143,7 +153,7 @@ class LvGrowth:
             self.lvm_health.record(drive.vg, None)
         elapsed_ms = ms_since(started)
         log.info("VM %d %s: LV %s extended %s -> %s in %d ms", vm.vmid, node,
-                 drive.view.path, format_size(info.size), format_size(decision.target),
+                 drive.lv_path, format_size(info.size), format_size(decision.target),
                  elapsed_ms, extra=fields(
                      VMID=vm.vmid, BLOCK_NODE=node, LV=drive.lv, VG=drive.vg,
                      OLD_SIZE=info.size, NEW_SIZE=decision.target, DURATION_MS=elapsed_ms,

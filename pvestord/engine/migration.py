@@ -234,13 +234,22 @@ def extensions_defer(settings: DaemonSettings, vmid: int, *, in_flight: bool,
     return marked or locked is ConfigLockRule.MIGRATING
 
 
-def refuse_while_renaming(settings: DaemonSettings, vmid: int) -> None:
-    """Raise :class:`VmBusyError` while qemu-server renames ``vmid``'s LVs
-    under its running QEMU (snapshot, its deletion, rollback): a name read now
-    may not be the device QEMU writes. The pass comes back once the lock is gone."""
-    if config_lock(settings, vmid, in_flight=False) is ConfigLockRule.RENAMING:
+def renaming(settings: DaemonSettings, vmid: int, *, paused_for_room: bool) -> bool:
+    """Whether qemu-server is renaming ``vmid``'s LVs under its running QEMU
+    (snapshot, its deletion, rollback: its config's lock says so).
+
+    pvestord then stands back from the VM's LVs, except to unpause a guest
+    paused on ENOSPC: its drives are bound to the devices QEMU has open
+    (:mod:`pvestord.engine.binding`), and a guest must not wait out a whole
+    snapshot task. Raises :class:`VmBusyError` for a VM that is not paused;
+    the pass comes back once the lock is gone.
+    """
+    if config_lock(settings, vmid, in_flight=False) is not ConfigLockRule.RENAMING:
+        return False
+    if not paused_for_room:
         raise VmBusyError(f"VM {vmid}: its config is locked for a snapshot "
                           "operation that renames its LVs: later")
+    return True
 
 
 @dataclass(frozen=True)

@@ -94,7 +94,7 @@ class Tables:
         node = drive.view.file_node
         self.said.over((vm.vmid, node, "table"))
         log.info("VM %d %s: LV %s was grown elsewhere to %s (this node's table had %s):"
-                 " refreshed", vm.vmid, node, drive.view.path, format_size(size),
+                 " refreshed", vm.vmid, node, drive.lv_path, format_size(size),
                  format_size(table), extra=fields(
                      VMID=vm.vmid, BLOCK_NODE=node, LV=drive.lv, TABLE="refreshed",
                      OLD_SIZE=table, NEW_SIZE=size))
@@ -108,11 +108,11 @@ class Tables:
                       " shrunk elsewhere; the extents past the metadata's end are free in the"
                       " VG and may hold guest data. Not extended, not resumed: an operator"
                       " must look",
-                      vm.vmid, node, drive.view.path, format_size(table), format_size(size),
+                      vm.vmid, node, drive.lv_path, format_size(table), format_size(size),
                       extra=fields(VMID=vm.vmid, BLOCK_NODE=node, LV=drive.lv,
                                    TABLE="ahead", TABLE_SIZE=table, LV_SIZE=size))
         return StaleTableError(
-            f"VM {vm.vmid} {node}: device-mapper table of {drive.view.path} "
+            f"VM {vm.vmid} {node}: device-mapper table of {drive.lv_path} "
             f"({format_size(table)}) is larger than the LV ({format_size(size)}): "
             "not extended, not resumed")
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from tests.harness.daemons import VENV_BIN
 from tests.harness.lvmbed import VG, GiB, MiB, loop_vg, qcow2_check, sh
+from tests.harness.qemu import Pve9Disk, QemuVM
 from tests.proxmox import upstream
 
 EXTENT = 4 * MiB
@@ -59,6 +60,23 @@ def alloc_disk(pve: upstream.PerlSession) -> str:
 
 def snapshot(pve: upstream.PerlSession, snap: str) -> None:
     pve.call(f'PVE::Storage::volume_snapshot($cfg, "{VOLID}", "{snap}");')
+
+
+def reopen_onto_snapshot(vm: QemuVM, vg: VG, disk: Pve9Disk,
+                         snap: str) -> tuple[Pve9Disk, Pve9Disk]:
+    """qemu-server's steps after the rename of a live snapshot
+    (``blockdev_external_snapshot``): the snapshot's nodes, the throttle node
+    reopened onto them (the old nodes go with their last parent), the new
+    top under the disk's own node names, then the overlay. Returns (the
+    snapshot's nodes, the new top's)."""
+    snap_disk = Pve9Disk.for_volume(vg.lv_path(f"snap_vm-{VMID}-disk-0_{snap}.qcow2"), VOLID,
+                                    snapshot=snap)
+    vm.qmp("blockdev-add", snap_disk.format_blockdev())
+    vm.qmp("blockdev-reopen", {"options": [disk.throttle_blockdev(snap_disk.block_node)]})
+    top = Pve9Disk.for_volume(vg.lv_path(VOLNAME), VOLID)
+    vm.qmp("blockdev-add", {**top.format_blockdev(), "backing": None})
+    vm.qmp("blockdev-snapshot", node=snap_disk.block_node, overlay=top.block_node)
+    return snap_disk, top
 
 
 def lv_sizes(vg: VG) -> dict[str, int]:

@@ -38,6 +38,7 @@ from tests.harness.pvestorage import (
     lv_sizes,
     overlay_maximum,
     qemu_io,
+    reopen_onto_snapshot,
     snapshot,
     thin_storage,
 )
@@ -120,16 +121,8 @@ def test_live_snapshot_then_live_delete_as_qemu_server_makes_them(
             assert lv_sizes(vg) == {SNAP1: INITIAL, VOLNAME: INITIAL}
             # QEMU writes its open device on, now named snap1.
             guest.write(16 * MiB, WRITE, 0x22, node=disk.block_node)
-            # 2, blockdev_replace(current -> snap1): the snapshot's nodes, the throttle
-            # node reopened onto them (the old nodes go with their last parent).
-            snap_disk = Pve9Disk.for_volume(vg.lv_path(SNAP1), VOLID, snapshot="snap1")
-            vm.qmp("blockdev-add", snap_disk.format_blockdev())
-            vm.qmp("blockdev-reopen",
-                   {"options": [disk.throttle_blockdev(snap_disk.block_node)]})
-            # 3 and 4: the new top under the disk's own node names, then the overlay.
-            top = Pve9Disk.for_volume(vg.lv_path(VOLNAME), VOLID)
-            vm.qmp("blockdev-add", {**top.format_blockdev(), "backing": None})
-            vm.qmp("blockdev-snapshot", node=snap_disk.block_node, overlay=top.block_node)
+            # 2 to 4: QEMU reopened onto the renamed LV, the new top over it.
+            snap_disk, top = reopen_onto_snapshot(vm, vg, disk, "snap1")
             assert vm.named_node(top.block_node)["backing_file"] == vg.lv_path(SNAP1)
             assert not writer.output().endswith("S"), "the guest finished before the snapshot"
             # A limit absent from qom-set's value keeps its old one: zero lifts it.
