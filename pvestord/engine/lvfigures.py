@@ -34,12 +34,16 @@ class LvFigures:
         self.shells = shells
         self._extent_sizes: dict[str, int] = {}
         self._lv_sizes: dict[tuple[str, str], int] = {}
+        #: The device each remembered size was read from, where a binding
+        #: named it: a rename gives a name another LV, whose size is not the
+        #: one remembered under that name.
+        self._lv_devices: dict[tuple[str, str], int] = {}
         self._maximum_cache: dict[tuple[object, ...], int] = {}
         #: The latest whole-VG ``lvs`` per VG: (when started, its task).
         self._vg_reports: dict[str, tuple[float, asyncio.Future[list[lvm.LvRow]]]] = {}
 
-    async def sizes_of(self, vg: str, lv: str, *, fresh: bool,
-                       shared: bool = False) -> tuple[int, int]:
+    async def sizes_of(self, vg: str, lv: str, *, fresh: bool, shared: bool = False,
+                       device: int | None = None) -> tuple[int, int]:
         """(LV size, extent size); from LVM when ``fresh`` or not known yet.
 
         ``shared``: a report of the whole VG at most :data:`VG_REPORT_SHARE`
@@ -47,17 +51,19 @@ class LvFigures:
         one ``lvs`` of the VG then serves all of them, where one per drive
         made LVM most of the daemon's idle cost (bench/fleet.py).
         """
-        size = self._lv_sizes.get((vg, lv))
+        size = self._lv_sizes.get((vg, lv)) if self._same_lv(vg, lv, device) else None
         extent = self._extent_sizes.get(vg)
         if fresh and shared and extent is not None:
             rows = await self._vg_report(vg)
             if lv in rows:
-                self._lv_sizes[(vg, lv)] = rows[lv]
-                return rows[lv], extent
+                size = self._lv_sizes[(vg, lv)] = rows[lv]
+                fresh = False
         if fresh or size is None or extent is None:
             info = await lvm.lv_info(vg, lv, timeout=self.settings.lvm_timeout,
                                      shells=self.shells)
             size, extent = self.remember(info)
+        if device is not None:
+            self._lv_devices[(vg, lv)] = device
         return size, extent
 
     async def _vg_report(self, vg: str) -> dict[str, int]:
@@ -71,6 +77,11 @@ class LvFigures:
         # shield: one caller's cancellation (a shutdown) must not fail the others'.
         rows = await asyncio.shield(taken[1])
         return {row.lv: row.size for row in rows}
+
+    def _same_lv(self, vg: str, lv: str, device: int | None) -> bool:
+        """Whether what is remembered of ``vg/lv`` belongs to ``device``."""
+        known = self._lv_devices.get((vg, lv))
+        return device is None or known is None or known == device
 
     def changed(self, vg: str) -> None:
         """We changed an LV of ``vg``: a shared report from before must not serve."""
@@ -107,7 +118,7 @@ class LvFigures:
         drives: list[Drive] = []
         for candidate in found:
             size, extent = await self.sizes_of(candidate.vg, candidate.lv, fresh=fresh,
-                                               shared=shared)
+                                               shared=shared, device=candidate.device)
             drives.append(self._join(candidate, await self.maximum(candidate.view, extent),
                                      extent, size))
         return drives
@@ -119,6 +130,8 @@ class LvFigures:
         drives: list[Drive] = []
         for candidate in found:
             size = self._lv_sizes.get((candidate.vg, candidate.lv))
+            if not self._same_lv(candidate.vg, candidate.lv, candidate.device):
+                size = None
             extent = self._extent_sizes.get(candidate.vg)
             measured = self._maximum_cache.get(_geometry(candidate.view))
             if size is None or extent is None or measured is None:

@@ -34,6 +34,7 @@ with open(here / "calls", "a") as calls:
 time.sleep(0.2)  # long enough for concurrent callers to overlap
 sizes = json.loads((here / "sizes.json").read_text())
 rows = [{"vg_name": "vg1", "lv_name": lv, "lv_size": str(size), "lv_tags": "",
+         "vg_extent_size": str(4 << 20), "vg_free": "0",
          "lv_active": "active", "lv_device_open": "open", "lv_attr": "-wi-ao----"}
         for lv, size in sizes.items()]
 print(json.dumps({"report": [{"lv": rows}]}))
@@ -121,3 +122,21 @@ async def test_periodic_reports_run_in_the_vgs_lvm_shell(fake_lvm: Path) -> None
     assert size == 64 * MiB
     assert shells.commands == [("vg1", "vgs"), ("vg1", "vgs"), ("vg1", "lvs"), ("vg1", "lvs")]
     assert calls(fake_lvm) == []  # not one process
+
+
+async def test_a_name_that_now_names_another_device_is_read_again(fake_lvm: Path) -> None:
+    """A live snapshot renames the disk's LV away and gives its name to a new,
+    smaller LV: the size remembered under the name was the old LV's."""
+    figures = lv_figures()
+    old_device, new_device = 0xFD01, 0xFD02
+    assert await figures.sizes_of("vg1", "vm-1-disk-0", fresh=True,
+                                  device=old_device) == (64 * MiB, 4 * MiB)
+    (fake_lvm / "sizes.json").write_text(json.dumps({"vm-1-disk-0": 32 * MiB}))
+    # The event path reads no LVM for the device it knows ...
+    assert await figures.sizes_of("vg1", "vm-1-disk-0", fresh=False,
+                                  device=old_device) == (64 * MiB, 4 * MiB)
+    assert calls(fake_lvm) == ["lvs"]
+    # ... but the name's new device is another LV: read, not remembered.
+    assert await figures.sizes_of("vg1", "vm-1-disk-0", fresh=False,
+                                  device=new_device) == (32 * MiB, 4 * MiB)
+    assert calls(fake_lvm) == ["lvs", "lvs"]
