@@ -38,7 +38,10 @@ class ThinStorageSpec:
     shared: bool = False
 
     def section(self) -> str:
-        return (f"lvm: {self.storeid}\n\tvgname {self.vgname}\n\tcontent images\n"
+        """A section of pvestord's storage plugin type, as an admin defines it
+        (docs/proxmox.md): every test then runs against what users run."""
+        return (f"pvestord: {self.storeid}\n\tvgname {self.vgname}\n\tcontent images\n"
+                "\tsnapshot-as-volume-chain 1\n"
                 f"\tshared {int(self.shared)}\n\tchunksize {self.chunksize}\n"
                 f"\tchunk-percentage {self.chunk_percentage}\n"
                 f"\tinitial-size {self.initial_size}\n")

@@ -388,7 +388,8 @@ GiB = 1024**3
 
 def storage_section(cluster: Cluster, *, storeid: str = "san", chunksize: str = "32M",
                     initial: str = "64M") -> str:
-    return (f"lvm: {storeid}\n\tvgname {cluster.vg}\n\tcontent images\n\tshared 1\n"
+    return (f"pvestord: {storeid}\n\tvgname {cluster.vg}\n\tcontent images\n\tshared 1\n"
+            "\tsnapshot-as-volume-chain 1\n"
             f"\tchunksize {chunksize}\n\tchunk-percentage 0.5\n\tinitial-size {initial}\n")
 
 
