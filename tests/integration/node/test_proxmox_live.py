@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from pvestord.features import plugin
 from tests.harness.lvmbed import GiB, MiB, measured_maximum, qcow2_check, sh
 from tests.harness.polling import wait_until
@@ -168,6 +170,9 @@ def test_live_snapshot_then_live_delete_as_qemu_server_makes_them(
         assert lv_sizes(vg) == {SNAP1: expected, VOLNAME: before[VOLNAME]}
 
 
+# The quick set has the plugin's rule for this delete offline
+# (test_proxmox_plugin.py) and the running path through the commit above.
+@pytest.mark.node_full
 def test_live_delete_of_a_later_snapshot_has_room_before_the_stream(
         sources: upstream.Upstream, out_dir: Path, tmp_path: Path) -> None:
     """A running VM's later snapshot is deleted by ``block-stream``: its data
