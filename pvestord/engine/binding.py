@@ -80,17 +80,18 @@ class DeviceBindings:
                 self._said.over((vm.vmid, node, "binding"))
                 bound.append(dataclasses.replace(candidate, device=binding.device))
                 continue
-            assert binding.device is not None
-            lv = devices.lv_of_device(binding.device)
-            if lv is None or lv[0] != candidate.vg:
+            rebound = dataclasses.replace(candidate, device=binding.device)
+            try:
+                lv = self.current_lv(rebound)
+            except DriveLostError:
                 raise DriveLostError(f"VM {vm.vmid} {node}: the LV QEMU had open under"
-                                     f" {candidate.view.path} is gone: later")
+                                     f" {candidate.view.path} is gone: later") from None
             self._said.say((vm.vmid, node, "binding"), logging.INFO,
                            "VM %d %s: %s now names another LV; QEMU writes LV %s/%s,"
                            " which is the one grown", vm.vmid, node, candidate.view.path,
-                           lv[0], lv[1], extra=fields(VMID=vm.vmid, BLOCK_NODE=node,
-                                                      LV=lv[1], VG=lv[0]))
-            bound.append(dataclasses.replace(candidate, lv=lv[1], device=binding.device))
+                           candidate.vg, lv, extra=fields(VMID=vm.vmid, BLOCK_NODE=node,
+                                                          LV=lv, VG=candidate.vg))
+            bound.append(dataclasses.replace(rebound, lv=lv))
         return bound
 
     @staticmethod

@@ -51,7 +51,7 @@ class LvFigures:
         one ``lvs`` of the VG then serves all of them, where one per drive
         made LVM most of the daemon's idle cost (bench/fleet.py).
         """
-        size = self._lv_sizes.get((vg, lv)) if self._same_lv(vg, lv, device) else None
+        size = self._remembered_size(vg, lv, device)
         extent = self._extent_sizes.get(vg)
         if fresh and shared and extent is not None:
             rows = await self._vg_report(vg)
@@ -78,10 +78,13 @@ class LvFigures:
         rows = await asyncio.shield(taken[1])
         return {row.lv: row.size for row in rows}
 
-    def _same_lv(self, vg: str, lv: str, device: int | None) -> bool:
-        """Whether what is remembered of ``vg/lv`` belongs to ``device``."""
+    def _remembered_size(self, vg: str, lv: str, device: int | None) -> int | None:
+        """The size remembered of ``vg/lv``, if it was remembered of ``device``
+        (a live snapshot gives the name to a new, smaller LV)."""
         known = self._lv_devices.get((vg, lv))
-        return device is None or known is None or known == device
+        if device is not None and known is not None and known != device:
+            return None
+        return self._lv_sizes.get((vg, lv))
 
     def changed(self, vg: str) -> None:
         """We changed an LV of ``vg``: a shared report from before must not serve."""
@@ -129,9 +132,7 @@ class LvFigures:
         in its QMP session only when it needs no LVM and no ``qemu-img``."""
         drives: list[Drive] = []
         for candidate in found:
-            size = self._lv_sizes.get((candidate.vg, candidate.lv))
-            if not self._same_lv(candidate.vg, candidate.lv, candidate.device):
-                size = None
+            size = self._remembered_size(candidate.vg, candidate.lv, candidate.device)
             extent = self._extent_sizes.get(candidate.vg)
             measured = self._maximum_cache.get(_geometry(candidate.view))
             if size is None or extent is None or measured is None:

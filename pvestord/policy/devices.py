@@ -31,11 +31,7 @@ def device_filenames(file: object) -> frozenset[str]:
         return frozenset()
     if not file.startswith("json:"):
         return frozenset({file})
-    try:
-        tree = json.loads(file[len("json:"):])
-    except ValueError:
-        return frozenset()
-    return frozenset(_filenames_in(tree))
+    return frozenset(_filenames_in(_json_options(file)))
 
 
 def own_filename(file: object) -> str | None:
@@ -52,13 +48,19 @@ def own_filename(file: object) -> str | None:
         return None
     if not file.startswith("json:"):
         return file
-    try:
-        tree = json.loads(file[len("json:"):])
-    except ValueError:
-        return None
+    tree = _json_options(file)
     child = tree.get("file") if isinstance(tree, dict) else None
     filename = child.get("filename") if isinstance(child, dict) else None
     return filename if isinstance(filename, str) and filename else None
+
+
+def _json_options(file: str) -> object:
+    """The options of a ``json:{...}`` pseudo-filename; None when they do not
+    parse (a peer's junk must not stop a look)."""
+    try:
+        return json.loads(file[len("json:"):])
+    except ValueError:
+        return None
 
 
 def _filenames_in(tree: object) -> Iterator[str]:
