@@ -49,13 +49,15 @@ class Rejected:
 
 @dataclass(frozen=True)
 class JobWriteFailed:
-    """A block job's write failed (``BLOCK_JOB_ERROR``, operation ``write``).
+    """A block job's write failed (``BLOCK_JOB_ERROR``, operation ``write``)
+    and the job is not waiting for room.
 
-    QEMU does not say why, and the job's target is not in the event, so this
-    is no queue entry: pvestord cannot grow a job's target after the fact
-    (qemu-server's jobs run with ``on-error`` ``report``, so the job has
-    already failed). It is logged, so that a failed snapshot delete on a
-    thin storage has its cause in the journal.
+    Under ``report`` (qemu-server's jobs pass no ``on-error``) the job has
+    already failed, and under ``ignore`` it goes on: there is nothing to
+    resume, so this is no queue entry. It is logged, so that a failed
+    snapshot delete on a thin storage has its cause in the journal. A job
+    whose action is ``stop`` is queued instead (:func:`classify`): pvestord gives
+    its thin drives room and resumes it if it paused on ENOSPC.
     """
 
     job: str
@@ -104,6 +106,11 @@ def classify(message: object) -> Action | None:
         if action not in ("ignore", "report", "stop"):
             return Rejected(name, f"bad action {action!r}")
         assert isinstance(action, str)
+        if action == "stop" and _is_name(job):
+            # Paused, perhaps on ENOSPC (the pass reads io-status): the
+            # entry names the job, and a nospace entry that names no thin
+            # drive looks at every thin drive of the VM.
+            return Extend(job, Reason.NOSPACE)
         return JobWriteFailed(job, action)
     if name == "SHUTDOWN":
         # qmeventd: a missing or non-boolean `guest` counts as "not the guest".

@@ -31,7 +31,14 @@ from qemu.qmp.qmp_client import GreetingError
 
 from pvestord.adapters import tally
 from pvestord.errors import PvestordError
-from pvestord.policy import BlockDevice, DriveIdentity, device_filenames, device_on, qom_path
+from pvestord.policy import (
+    BlockDevice,
+    BlockJob,
+    DriveIdentity,
+    device_filenames,
+    device_on,
+    qom_path,
+)
 from pvestord.policy.devices import own_filename
 
 log = logging.getLogger(__name__)
@@ -92,6 +99,9 @@ class RunState:
     nospace_devices: tuple[BlockDevice, ...]
     #: Devices whose io-status is ``failed``: a real I/O error, never resumed by us.
     failed_devices: tuple[BlockDevice, ...]
+    #: The VM's block jobs (``query-block-jobs``): one paused on ENOSPC is
+    #: resumed once its thin drives have room (:func:`pvestord.policy.jobs_to_resume`).
+    jobs: tuple[BlockJob, ...] = ()
 
     def nospace_on(self, path: str, block_nodes: Collection[str] = ()) -> bool:
         """Whether the VM is paused on ENOSPC on a device that sits on the
@@ -130,6 +140,11 @@ class RunState:
     def paused_for_room(self) -> bool:
         """Paused in a way that more room on our thin drives may resolve."""
         return self.paused_on_nospace or self.paused_on_unowned_error
+
+    @property
+    def jobs_paused_for_room(self) -> bool:
+        """A block job of the VM is paused on ENOSPC (the guest may run on)."""
+        return any(job.paused_for_room for job in self.jobs)
 
 
 class VmMonitor:
@@ -223,10 +238,15 @@ class VmMonitor:
     async def run_state(self) -> RunState:
         status = await self.execute("query-status")
         block = await self.execute("query-block")
-        return run_state_from(status, block)
+        jobs = await self.execute("query-block-jobs")
+        return run_state_from(status, block, jobs)
 
     async def cont(self) -> None:
         await self.execute("cont")
+
+    async def resume_job(self, job: str) -> None:
+        """Resume a block job paused on an error (``block-job-resume``)."""
+        await self.execute("block-job-resume", {"device": job})
 
     async def block_devices(self) -> list[BlockDevice]:
         """Every device of ``query-block`` with a medium."""
@@ -295,7 +315,7 @@ def thin_drives_from(nodes: object, stats: object) -> list[ThinDriveView]:
     return drives
 
 
-def run_state_from(status: object, block: object) -> RunState:
+def run_state_from(status: object, block: object, jobs: object = ()) -> RunState:
     running = isinstance(status, dict) and status.get("running") is True
     state = status.get("status") if isinstance(status, dict) else None
     nospace: list[BlockDevice] = []
@@ -310,7 +330,24 @@ def run_state_from(status: object, block: object) -> RunState:
             elif io_status == "failed":
                 failed.append(block_device_from(device))
     return RunState(running, state if isinstance(state, str) else "unknown",
-                    tuple(nospace), tuple(failed))
+                    tuple(nospace), tuple(failed), block_jobs_from(jobs))
+
+
+def block_jobs_from(reply: object) -> tuple[BlockJob, ...]:
+    """The jobs of a ``query-block-jobs`` reply; an entry with a field of the
+    wrong type is skipped (a QEMU of another version must not stop a pass)."""
+    if not isinstance(reply, list):
+        return ()
+    jobs = []
+    for job in reply:
+        if not isinstance(job, dict):
+            continue
+        fields_ = (job.get("device"), job.get("type"), job.get("status"), job.get("io-status"))
+        paused = job.get("paused")
+        if all(isinstance(f, str) for f in fields_) and isinstance(paused, bool):
+            job_id, kind, status, io_status = (str(f) for f in fields_)
+            jobs.append(BlockJob(job_id, kind, status, paused, io_status))
+    return tuple(jobs)
 
 
 def block_device_from(device: Mapping[str, Any]) -> BlockDevice:

@@ -70,7 +70,12 @@ from pvestord.engine.lvfigures import LvFigures
 from pvestord.engine.lvgrowth import LvGrowth
 from pvestord.engine.nodereport import LvmHealth
 from pvestord.engine.oncelog import OncePerChange
-from pvestord.engine.settle import arm_or_disarm, changes_threshold, rearm_and_resume
+from pvestord.engine.settle import (
+    PausedJobs,
+    arm_or_disarm,
+    changes_threshold,
+    rearm_and_resume,
+)
 from pvestord.engine.status import Activity
 from pvestord.engine.tables import Tables
 from pvestord.engine.werror import WerrorWatch
@@ -106,6 +111,7 @@ class Extender:
         #: blocked, sticky io-status) is answered once (policy.enospc_is_new).
         self._answered: dict[tuple[int, int, str], int] = {}
         self.werror = WerrorWatch()
+        self.jobs = PausedJobs(self._said)
 
     @property
     def extending(self) -> set[tuple[int, str]]:
@@ -124,6 +130,7 @@ class Extender:
         self._said.forget(vmid)
         self.bindings.forget(vmid)
         self.werror.forget(vmid)
+        self.jobs.forget(vmid)
         self.activity.forget(vmid)
 
     async def close(self) -> None:
@@ -192,7 +199,8 @@ class Extender:
         timings = RoundTimings()
         async with self.monitor(vm) as monitor:
             look = await self.look(vm, monitor)
-        outcome.known_nodes |= look.names
+        # A job's id names its queue entry (a job paused on ENOSPC).
+        outcome.known_nodes |= look.names | {job.id for job in look.run.jobs}
         run = look.run
         if run.status == "inmigrate":
             # The destination of a live migration: its QEMU takes the
@@ -269,7 +277,7 @@ class Extender:
             outcome.extensions += 1
         # Re-arm and resume on a fresh observation: sizes changed, and a fast
         # writer may already be past the new threshold.
-        if extended or refreshed or run.paused_for_room:
+        if extended or refreshed or run.paused_for_room or run.jobs_paused_for_room:
             return await self._rearm(vm, outcome, extended=extended)
         return False
 
@@ -290,7 +298,8 @@ class Extender:
                     drives = filled  # the image changed again: what was just read
                 if drives is not None:
                     return await rearm_and_resume(monitor, vm, drives, look.run, outcome,
-                                                  extended=extended, said=self._said)
+                                                  extended=extended, said=self._said,
+                                                  jobs=self.jobs)
             filled = await self.figures.drives(look.found)
 
     def _enospc_is_new(self, vm: LocalVm, drive: Drive) -> bool:

@@ -1,5 +1,6 @@
 """After a round: re-arm every drive, and resume a VM paused for room that
-has room again (:func:`pvestord.policy.may_resume`)."""
+has room again (:func:`pvestord.policy.may_resume`), and its block jobs
+paused on ENOSPC (:func:`pvestord.policy.jobs_to_resume`)."""
 
 from __future__ import annotations
 
@@ -41,9 +42,45 @@ async def arm_or_disarm(monitor: VmMonitor, vm: LocalVm, drive: Drive,
                  extra=fields(VMID=vm.vmid, BLOCK_NODE=node, LV=drive.lv))
 
 
+class PausedJobs:
+    """What each block job paused on ENOSPC was last given: the VM's thin LVs'
+    total size when it was resumed, per (vmid, QEMU pid, job id)."""
+
+    def __init__(self, said: OncePerChange) -> None:
+        self._said = said
+        self._resumed_at: dict[tuple[int, int, str], int] = {}
+
+    def forget(self, vmid: int) -> None:
+        for key in [k for k in self._resumed_at if k[0] == vmid]:
+            del self._resumed_at[key]
+
+    async def resume(self, monitor: VmMonitor, vm: LocalVm, run: RunState,
+                     drives: list[Drive], *, need_more: bool, failed: bool) -> None:
+        """Resume ``vm``'s jobs paused on ENOSPC that may run again."""
+        if not run.jobs_paused_for_room:
+            return
+        room = sum(d.lv_size for d in drives if d.storage is not None)
+        resumed_at = {job: size for (vmid, pid, job), size in self._resumed_at.items()
+                      if (vmid, pid) == (vm.vmid, vm.pid)}
+        for job_id in policy.jobs_to_resume(run.jobs, need_more=need_more, failed=failed,
+                                            resumed_at=resumed_at, room=room):
+            await monitor.resume_job(job_id)
+            self._resumed_at[(vm.vmid, vm.pid, job_id)] = room
+            self._said.over((vm.vmid, job_id, "job"))
+            log.warning("VM %d: block job %s resumed after it paused on ENOSPC", vm.vmid,
+                        job_id, extra=fields(VMID=vm.vmid, JOB=job_id))
+        for job in run.jobs:
+            if job.paused_for_room and job.id in resumed_at and room <= resumed_at[job.id]:
+                self._said.say((vm.vmid, job.id, "job"), logging.WARNING,
+                               "VM %d: block job %s stays paused on ENOSPC: no thin drive"
+                               " grew since it was last resumed, so its target is not"
+                               " one pvestord grows; give it room and resume it by hand",
+                               vm.vmid, job.id, extra=fields(VMID=vm.vmid, JOB=job.id))
+
+
 async def rearm_and_resume(monitor: VmMonitor, vm: LocalVm, drives: list[Drive],
                            run: RunState, outcome: VmOutcome, *, extended: bool,
-                           said: OncePerChange) -> bool:
+                           said: OncePerChange, jobs: PausedJobs) -> bool:
     """Re-arm ``drives`` (a fresh look) and resume ``vm`` if it may run again.
     True when the pass must go round again."""
     need_more = False
@@ -63,6 +100,8 @@ async def rearm_and_resume(monitor: VmMonitor, vm: LocalVm, drives: list[Drive],
         unowned_pause=run.paused_on_unowned_error)
     if verdict.blocker is not None:
         _say_blocked(vm, verdict.blocker, outcome, said)
+    await jobs.resume(monitor, vm, run, thin, need_more=need_more,
+                      failed=bool(outcome.errors))
     if verdict.resume:
         await monitor.cont()
         outcome.resumed = True

@@ -100,18 +100,9 @@ def resize_lv_size(lv_size: int, new_maximum: int, initial_size: int, extent_siz
     return max(lv_size, initial_lv_size(initial_size, new_maximum, extent_size))
 
 
-def commit_lv_size(target_lv_size: int, source_end: int, target_maximum: int, chunksize: int,
-                   extent_size: int) -> int:
-    """The size a commit/rebase target must have before the job writes into it.
-
-    Everything the job copies comes out of the source image, which ends at
-    ``source_end``; the target's new clusters and tables cannot take more
-    than that, and a chunk on top covers differing table layouts. Capped at
-    the target's maximum (the image cannot outgrow it) and never below the
-    LV as it is.
-    """
-    wanted = align_up(target_lv_size + source_end + chunksize, extent_size)
-    return max(target_lv_size, min(wanted, align_up(target_maximum, extent_size)))
+#: A commit/rebase target's size: the rule a block job's target gets, one
+#: place for the plugin and the daemon (:func:`pvestord.policy.job_target_size`).
+commit_lv_size = policy.job_target_size
 
 
 # --- the protocol --------------------------------------------------------------------

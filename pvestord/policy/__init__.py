@@ -12,6 +12,8 @@ needs from here; the submodules group them by question:
   device is which drive, and when a paused VM may run again;
 - :mod:`~pvestord.policy.volumes`, :mod:`~pvestord.policy.cluster`: thin
   volumes' names and sizes, and when pmxcfs's files prove a VM stopped;
+- :mod:`~pvestord.policy.blockjobs`: the room a block job's target gets,
+  and when a job paused on ENOSPC may run again;
 - :mod:`~pvestord.policy.requests`: which drives a queue entry asks a pass
   to look at, and when the entry leaves the queue;
 - :mod:`~pvestord.policy.storageoptions`: the values of our storage options;
@@ -19,6 +21,7 @@ needs from here; the submodules group them by question:
   vocabulary (why a drive was queued, byte sizes).
 """
 
+from pvestord.policy.blockjobs import BlockJob, job_target_size, jobs_to_resume
 from pvestord.policy.devices import (
     BlockDevice,
     DriveIdentity,
@@ -65,6 +68,7 @@ __all__ = [
     "Arm",
     "AtMaximum",
     "BlockDevice",
+    "BlockJob",
     "BlockedBecause",
     "Decision",
     "DriveIdentity",
@@ -89,6 +93,8 @@ __all__ = [
     "exceeded",
     "extend_target",
     "hands_enospc_to_guest",
+    "job_target_size",
+    "jobs_to_resume",
     "maximum_size",
     "may_pass_maximum",
     "may_resume",

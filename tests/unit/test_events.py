@@ -67,7 +67,19 @@ def test_shutdown_guest_flag() -> None:
     assert events.classify(_event("SHUTDOWN", {"guest": "yes"})) == events.Shutdown(False)
 
 
-def test_a_block_job_write_error_is_reported_never_queued() -> None:
+def test_a_block_job_paused_on_a_write_error_is_queued_to_be_given_room() -> None:
+    # on-error stop/enospc: the job waits; its id names the entry, which as a
+    # nospace entry naming no thin drive looks at every thin drive of the VM.
+    data = {"device": "mirror0", "operation": "write", "action": "stop"}
+    action = events.classify(_event("BLOCK_JOB_ERROR", data))
+    assert action == events.Extend("mirror0", Reason.NOSPACE)
+    # An id too long for a queue entry is logged; the next reconcile finds the job.
+    long_id = {**data, "device": "m" * 40}
+    assert events.classify(_event("BLOCK_JOB_ERROR", long_id)) == \
+        events.JobWriteFailed("m" * 40, "stop")
+
+
+def test_a_block_job_that_failed_its_write_is_reported_never_queued() -> None:
     # qemu-server's snapshot delete: block-commit with job-id commit-drive-scsi0.
     data = {"device": "commit-drive-scsi0", "operation": "write", "action": "report"}
     assert events.classify(_event("BLOCK_JOB_ERROR", data)) == \

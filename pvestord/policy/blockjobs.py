@@ -1,0 +1,79 @@
+"""Block jobs that write into thin drives: the room they get, and when a job
+paused on ENOSPC may run again. Pure, no I/O.
+
+A ``block-commit``, ``block-stream`` or ``blockdev-mirror`` writes at disk
+speed into its target, far faster than a guest. Two rules, one for each side:
+
+- :func:`job_target_size` is what a target must hold before a job copies a
+  source into it. The storage plugin applies it before the jobs qemu-server
+  announces (a snapshot delete), and offline to ``qemu-img commit``/``rebase``.
+- A job started with ``on-error``/``on-target-error`` ``enospc`` or ``stop``
+  pauses on ENOSPC instead of failing (``BLOCK_JOB_ERROR``, action ``stop``;
+  ``query-block-jobs`` shows it ``paused`` with io-status ``nospace``).
+  pvestord gives its thin drives room as for a paused guest (the target's
+  failed write counts in its ``wr_highest_offset``, so it is past its
+  threshold) and then resumes the job (:func:`jobs_to_resume`). A job on
+  ``report`` (qemu-server's default) has already failed when the event
+  comes: nothing can be resumed, which is why the plugin grows first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from pvestord.policy.sizes import align_up
+
+
+@dataclass(frozen=True)
+class BlockJob:
+    """One entry of ``query-block-jobs``, as far as pausing goes."""
+
+    #: The job id (``device`` in ``query-block-jobs`` and the job events).
+    id: str
+    #: ``commit``, ``stream``, ``mirror``, ``backup``...
+    type: str
+    #: QEMU's JobStatus (``running``, ``paused``, ``ready``, ...).
+    status: str
+    paused: bool
+    #: ``ok``, ``failed`` or ``nospace``: why the job stopped on an error.
+    io_status: str
+
+    @property
+    def paused_for_room(self) -> bool:
+        """Paused by QEMU on ENOSPC, not by an admin's ``block-job-pause``
+        (whose job keeps io-status ``ok``), nor on a real I/O error."""
+        return self.paused and self.io_status == "nospace"
+
+
+def job_target_size(target_lv_size: int, source_end: int, target_maximum: int,
+                    chunksize: int, extent_size: int) -> int:
+    """The size a job's target must have before the job copies a source into it.
+
+    Everything the job copies comes out of the source image, which ends at
+    ``source_end``; the target's new clusters and tables cannot take more
+    than that, and a chunk on top covers differing table layouts. Capped at
+    the target's maximum (the image cannot outgrow it) and never below the
+    LV as it is.
+    """
+    wanted = align_up(target_lv_size + source_end + chunksize, extent_size)
+    return max(target_lv_size, min(wanted, align_up(target_maximum, extent_size)))
+
+
+def jobs_to_resume(jobs: Iterable[BlockJob], *, need_more: bool, failed: bool,
+                   resumed_at: Mapping[str, int], room: int) -> list[str]:
+    """The ids of the jobs paused on ENOSPC that may run again now.
+
+    ``need_more``: a thin drive is still past its threshold after the round;
+    ``failed``: a thin drive's extension failed: then the target may be the
+    one without room, and a resumed job would only fail its write again.
+    ``room`` is the VM's thin LVs' total size now, ``resumed_at`` that total
+    when each job was last resumed: a job is resumed again only once room was
+    made since. A job whose ENOSPC is on a device pvestord does not grow (a
+    file, a thick LV at its end) is resumed once, pauses again, and stays
+    paused for its owner, instead of pausing and resuming in a loop.
+    """
+    if need_more or failed:
+        return []
+    return [job.id for job in jobs
+            if job.paused_for_room and (job.id not in resumed_at or room > resumed_at[job.id])]

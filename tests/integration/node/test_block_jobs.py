@@ -1,0 +1,103 @@
+"""A block job paused on ENOSPC in a thin target is given room and resumed
+(issue 16.4; node guest).
+
+An admin's ``block-commit`` (or a mirror, a stream) started with
+``on-error=enospc`` pauses when its thin target is full, with
+``BLOCK_JOB_ERROR`` (action ``stop``) and io-status ``nospace`` in
+``query-block-jobs``. qmeventd-py queues it; pvestord grows the target as
+for a paused guest and resumes the job, as often as it pauses again, and no
+write is lost. The job starts before pvestord does, so that it is certain to
+pause at least once (no threshold on the target is armed yet): what is
+tested is that a paused job is never left paused when room can be made.
+
+Real parts: Proxmox's own ``PVE::Storage`` for the volume and its snapshot
+on a loop VG (tests/harness/pvestorage.py), QEMU with Proxmox VE 9's block
+graph, both daemons, ``qemu-io`` and ``qemu-img check`` on the LV after.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.harness.daemons import NodeBed, start_pvestord, start_qmeventd
+from tests.harness.lvmbed import GiB, MiB, qcow2_check, sh
+from tests.harness.polling import wait_until
+from tests.harness.pvestorage import (
+    SNAP1,
+    VMID,
+    VOLID,
+    VOLNAME,
+    alloc_disk,
+    lv_sizes,
+    overlay_maximum,
+    qemu_io,
+    snapshot,
+    thin_storage,
+)
+from tests.harness.qemu import Pve9Disk, QemuVM
+from tests.proxmox import upstream
+
+CHUNK = 16 * MiB
+INITIAL = 32 * MiB
+BASE_DATA = 4 * MiB
+#: What the top holds: twice what the base LV can still take, so the commit
+#: fills the base at least once before pvestord runs.
+TOP_DATA = 64 * MiB
+START_TIMEOUT = 300.0
+JOB_TIMEOUT = 600.0
+
+
+def _paused_on_enospc(vm: QemuVM, job: str) -> bool:
+    return any(j["device"] == job and j["paused"] and j["io-status"] == "nospace"
+               for j in vm.qmp("query-block-jobs"))
+
+
+def test_an_active_commit_paused_on_enospc_is_given_room_and_resumed(
+        sources: upstream.Upstream, out_dir: Path, tmp_path: Path) -> None:
+    with thin_storage(sources, out_dir, chunksize=CHUNK, initial_size=INITIAL) as (pve, vg):
+        alloc_disk(pve)
+        qemu_io(vg, VOLNAME, f"write -P 0x11 0 {BASE_DATA}")
+        snapshot(pve, "snap1")
+        sh("lvextend", "-q", "--size", f"{3 * INITIAL}b", vg.lv_path(VOLNAME))
+        qemu_io(vg, VOLNAME, f"write -P 0x22 {GiB} {TOP_DATA}")
+        assert lv_sizes(vg) == {SNAP1: INITIAL, VOLNAME: 3 * INITIAL}
+
+        bed = NodeBed(tmp_path / "bed", logs_dir=out_dir)
+        bed.storage_cfg.write_text((sources.pve_dir / "storage.cfg").read_text())
+        disk = Pve9Disk.for_volume(vg.lv_path(VOLNAME), VOLID)
+        qmeventd = start_qmeventd(bed, timeout=START_TIMEOUT)
+        pvestord = None
+        try:
+            with QemuVM(VMID, bed.run_dir, disks=[disk], machine="pc",
+                        event_socket=bed.event_socket, log_path=out_dir / "qemu.log") as vm:
+                job = "commit0"
+                vm.qmp("block-commit", {"job-id": job, "device": disk.top_node,
+                                        "top-node": disk.block_node,
+                                        "base-node": vm.format_node_on(vg.lv_path(SNAP1)),
+                                        "on-error": "enospc"})
+                wait_until(lambda: _paused_on_enospc(vm, job), JOB_TIMEOUT,
+                           "the commit paused on ENOSPC in the base")
+                # qmeventd-py queued it, under the job's name.
+                wait_until(lambda: any(e.block_node == job for e in bed.entries()),
+                           START_TIMEOUT, "the paused job queued")
+
+                pvestord = start_pvestord(bed, timeout=START_TIMEOUT)
+                assert vm.wait_job(job, timeout=JOB_TIMEOUT) == "ready", \
+                    vm.qmp("query-block-jobs")
+                vm.qmp("job-complete", id=job)
+                completed = vm.wait_event("BLOCK_JOB_COMPLETED", timeout=JOB_TIMEOUT)
+                assert "error" not in completed["data"], completed
+                assert vm.qmp("query-status")["status"] == "running"
+            assert pvestord.stop() == 0, pvestord.log_text()[-4000:]
+            pvestord = None
+        finally:
+            if pvestord is not None:
+                pvestord.stop()
+            assert qmeventd.stop() == 0, qmeventd.log_text()[-4000:]
+
+        # The base alone holds every byte, in an LV grown no further than its image can use.
+        assert qcow2_check(vg.lv_path(SNAP1))["exit"] == 0
+        qemu_io(vg, SNAP1, f"read -P 0x11 0 {BASE_DATA}")
+        qemu_io(vg, SNAP1, f"read -P 0x22 {GiB} {TOP_DATA}")
+        grown = lv_sizes(vg)[SNAP1]
+        assert BASE_DATA + TOP_DATA < grown <= overlay_maximum()
