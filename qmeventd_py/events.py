@@ -108,10 +108,19 @@ def classify(message: object) -> Action | None:
         assert isinstance(action, str)
         if action == "stop" and _is_name(job):
             # Paused, perhaps on ENOSPC (the pass reads io-status): the
-            # entry names the job, and a nospace entry that names no thin
-            # drive looks at every thin drive of the VM.
-            return Extend(job, Reason.NOSPACE)
+            # entry names the job, and looks at every thin drive of the VM.
+            return Extend(job, Reason.JOB)
         return JobWriteFailed(job, action)
+    if name == "JOB_STATUS_CHANGE":
+        # A job that starts (or runs again) makes its target writable: a
+        # thin drive the pass arms now, not at the next reconcile.
+        if data.get("status") != "running":
+            return None
+        job = data.get("id")
+        if not isinstance(job, str) or not _JOB_ID.fullmatch(job):
+            return Rejected(name, f"bad job id {job!r}")
+        # An id too long for a queue entry waits for the next reconcile.
+        return Extend(job, Reason.JOB) if _is_name(job) else None
     if name == "SHUTDOWN":
         # qmeventd: a missing or non-boolean `guest` counts as "not the guest".
         return Shutdown(data.get("guest") is True)

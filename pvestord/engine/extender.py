@@ -337,7 +337,7 @@ def _note_requests_for_no_thin_drive(vm: LocalVm, requests: dict[str, Reason],
     (only ``nospace``, which names a device's root node, means every thin
     drive); say so. One naming no node at all is the daemon's to drop."""
     for name, reason in requests.items():
-        if (name not in thin_nodes and reason is not Reason.NOSPACE
+        if (name not in thin_nodes and not reason.reaches_every_drive
                 and name in outcome.known_nodes):
             log.warning("VM %d: entry %s (%s) names no thin drive: nothing done", vm.vmid,
                         name, reason.value,

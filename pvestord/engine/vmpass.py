@@ -69,7 +69,8 @@ async def complete_entries(queue: ExtendQueue, failures: Failures, vm: LocalVm,
         failures.clear_error((vm.vmid, node), f"VM {vm.vmid} {node}: extensions work again")
     for entry in entries:
         fate = policy.entry_fate(entry.block_node, known_nodes=outcome.known_nodes,
-                                 drives=outcome.drives, failed=outcome.errors.keys())
+                                 drives=outcome.drives, failed=outcome.errors.keys(),
+                                 reason=entry.reason)
         if fate is EntryFate.NO_SUCH_NODE:
             log.warning("VM %d has no block node %r: entry dropped", vm.vmid,
                         entry.block_node,

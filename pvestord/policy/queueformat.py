@@ -4,7 +4,7 @@ record of a line that did not parse. The file, its lock and its changes are
 
 Format (UTF-8 text, one entry a line, fields separated by blanks)::
 
-    VMID:BLOCK-NODE [reason=threshold|nospace|arm|manual] [origin=NODE] [ts=UNIX]
+    VMID:BLOCK-NODE [reason=threshold|nospace|job|arm|manual] [origin=NODE] [ts=UNIX]
                    [n=N] [id=HEX] [key=value ...]
 
 The original proposal's plain ``101:drive-scsi0`` lines are entries with the
@@ -16,7 +16,8 @@ writer's fields survive an older reader.
 
 One line per ``VMID:BLOCK-NODE``: a second event for a queued drive merges
 into its line (the strongest reason wins, ``nospace`` > ``threshold`` >
-``manual`` > ``arm``; the oldest ``ts`` wins; ``n`` adds up). A rejected line
+``job`` > ``manual`` > ``arm``; the oldest ``ts`` wins; ``n`` adds up). A
+``job`` entry names a block job by its id instead of a node. A rejected line
 longer than 4 KiB is kept truncated, with its length and SHA-256.
 """
 

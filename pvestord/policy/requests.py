@@ -33,13 +33,14 @@ def reason_for(names: Collection[str], requests: Mapping[str, Reason] | None,
     ``requests`` None is a reconcile: every drive, to (re)arm it. A
     ``nospace`` request naming no thin drive's node (``thin_nodes``; a
     device's root node, as ``BLOCK_IO_ERROR`` reports it) applies to every
-    thin drive; any other reason applies only to the drive it names (a typo
-    in ``pvestord extend`` must not grow every drive of the VM).
+    thin drive, and so does a ``job`` request (it names a block job); any
+    other reason applies only to the drive it names (a typo in ``pvestord
+    extend`` must not grow every drive of the VM).
     """
     if requests is None:
         return Reason.ARM
     relevant = [reason for name, reason in requests.items()
-                if name in names or (name not in thin_nodes and reason is Reason.NOSPACE)]
+                if name in names or (name not in thin_nodes and reason.reaches_every_drive)]
     return max(relevant, key=lambda r: r.strength) if relevant else None
 
 
@@ -55,17 +56,19 @@ class EntryFate(enum.Enum):
 
 
 def entry_fate(block_node: str, *, known_nodes: Collection[str], drives: Collection[str],
-               failed: Collection[str]) -> EntryFate:
+               failed: Collection[str], reason: Reason = Reason.THRESHOLD) -> EntryFate:
     """The fate of an entry naming ``block_node`` after a pass.
 
     ``known_nodes``: every node-name the VM has; ``drives``: the file nodes
     of its thin drives seen; ``failed``: the file nodes whose work failed.
     An entry naming a failed drive stays. So does one naming no drive by its
     file node (a device's root node, a format node) while any drive failed:
-    its work may be the failed drive's.
+    its work may be the failed drive's. A ``job`` entry whose job is gone
+    is done: a short job often ends before its pass, and the pass has
+    looked at every thin drive all the same.
     """
     if block_node not in known_nodes:
-        return EntryFate.NO_SUCH_NODE
+        return EntryFate.DONE if reason is Reason.JOB else EntryFate.NO_SUCH_NODE
     if block_node in failed or (block_node not in drives and failed):
         return EntryFate.RETRY
     return EntryFate.DONE

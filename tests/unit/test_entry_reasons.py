@@ -42,7 +42,7 @@ def test_a_drive_gets_the_strongest_reason_that_applies_to_it(asked: dict[str, R
     for drive in DRIVES:
         reason = reason_for(drive, asked, THIN_NODES)
         named = [r for n, r in asked.items() if n in drive]
-        fallback = [r for n, r in asked.items() if n not in THIN_NODES and r is Reason.NOSPACE]
+        fallback = [r for n, r in asked.items() if n not in THIN_NODES and r.reaches_every_drive]
         if not named and not fallback:
             assert reason is None  # never another drive's request
         else:
@@ -51,9 +51,10 @@ def test_a_drive_gets_the_strongest_reason_that_applies_to_it(asked: dict[str, R
 
 
 @given(requests)
-def test_only_nospace_reaches_drives_it_does_not_name(asked: dict[str, Reason]) -> None:
+def test_only_nospace_and_job_reach_drives_they_do_not_name(asked: dict[str, Reason]) -> None:
     unnamed = {n: r for n, r in asked.items() if n not in THIN_NODES}
+    reaching = {r for r in unnamed.values() if r in (Reason.NOSPACE, Reason.JOB)}
     for drive in DRIVES:
         reason = reason_for(drive, unnamed, THIN_NODES)
-        assert reason in (None, Reason.NOSPACE)
-        assert (reason is Reason.NOSPACE) == (Reason.NOSPACE in unnamed.values())
+        assert reason in (None, Reason.NOSPACE, Reason.JOB)
+        assert reason == max(reaching, key=lambda r: r.strength, default=None)

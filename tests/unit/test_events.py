@@ -23,6 +23,7 @@ json_values = st.recursive(
     max_leaves=12,
 )
 event_names = st.sampled_from(["BLOCK_WRITE_THRESHOLD", "BLOCK_IO_ERROR", "BLOCK_JOB_ERROR",
+                               "JOB_STATUS_CHANGE",
                                "SHUTDOWN", "STOP", "RESUME", ""]) | st.text(max_size=20)
 
 
@@ -72,11 +73,23 @@ def test_a_block_job_paused_on_a_write_error_is_queued_to_be_given_room() -> Non
     # nospace entry naming no thin drive looks at every thin drive of the VM.
     data = {"device": "mirror0", "operation": "write", "action": "stop"}
     action = events.classify(_event("BLOCK_JOB_ERROR", data))
-    assert action == events.Extend("mirror0", Reason.NOSPACE)
+    assert action == events.Extend("mirror0", Reason.JOB)
     # An id too long for a queue entry is logged; the next reconcile finds the job.
     long_id = {**data, "device": "m" * 40}
     assert events.classify(_event("BLOCK_JOB_ERROR", long_id)) == \
         events.JobWriteFailed("m" * 40, "stop")
+
+
+def test_a_block_job_that_starts_is_queued_so_that_its_target_is_armed() -> None:
+    change = {"id": "commit-drive-scsi0", "status": "running"}
+    assert events.classify(_event("JOB_STATUS_CHANGE", change)) == \
+        events.Extend("commit-drive-scsi0", Reason.JOB)
+    for status in ("created", "paused", "ready", "concluded", "null", None):
+        assert events.classify(_event("JOB_STATUS_CHANGE", {**change, "status": status})) is None
+    assert events.classify(_event("JOB_STATUS_CHANGE", {**change, "id": "j" * 40})) is None
+    for bad in ("job\nforged", 5, None, "x" * 200):
+        assert isinstance(events.classify(_event("JOB_STATUS_CHANGE", {**change, "id": bad})),
+                          events.Rejected)
 
 
 def test_a_block_job_that_failed_its_write_is_reported_never_queued() -> None:

@@ -148,7 +148,7 @@ def test_merge_keeps_the_strongest_reason_the_oldest_ts_and_counts(a: Entry, b: 
 
 def test_reason_strength_order() -> None:
     order = sorted(Reason, key=lambda r: r.strength)
-    assert order == [Reason.ARM, Reason.MANUAL, Reason.THRESHOLD, Reason.NOSPACE]
+    assert order == [Reason.ARM, Reason.MANUAL, Reason.JOB, Reason.THRESHOLD, Reason.NOSPACE]
 
 
 def test_append_merges_duplicates_into_one_line(queue: ExtendQueue) -> None:

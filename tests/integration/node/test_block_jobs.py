@@ -1,5 +1,10 @@
-"""A block job paused on ENOSPC in a thin target is given room and resumed
-(issue 16.4; node guest).
+"""Block jobs writing into thin drives (issue 16.4; node guest).
+
+A job that starts makes its target writable: ``JOB_STATUS_CHANGE`` to
+``running`` is queued (reason ``job``) and the pass arms the target's
+threshold then, not at the next reconcile.
+
+A block job paused on ENOSPC in a thin target is given room and resumed.
 
 An admin's ``block-commit`` (or a mirror, a stream) started with
 ``on-error=enospc`` pauses when its thin target is full, with
@@ -18,8 +23,9 @@ graph, both daemons, ``qemu-io`` and ``qemu-img check`` on the LV after.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from tests.harness.daemons import NodeBed, start_pvestord, start_qmeventd
+from tests.harness.daemons import NodeBed, daemons, start_pvestord, start_qmeventd
 from tests.harness.lvmbed import GiB, MiB, qcow2_check, sh
 from tests.harness.polling import wait_until
 from tests.harness.pvestorage import (
@@ -47,6 +53,56 @@ START_TIMEOUT = 300.0
 JOB_TIMEOUT = 600.0
 
 
+def _file_node_on(vm: QemuVM, path: str) -> dict[str, Any]:
+    """The ``host_device`` node on ``path`` (QEMU names a backing's itself)."""
+    [node] = [n for n in vm.qmp("query-named-block-nodes", flat=True)
+              if n.get("drv") == "host_device" and n.get("file") == path]
+    return dict(node)
+
+
+def _bed(sources: upstream.Upstream, out_dir: Path, tmp_path: Path) -> NodeBed:
+    bed = NodeBed(tmp_path / "bed", logs_dir=out_dir)
+    bed.storage_cfg.write_text((sources.pve_dir / "storage.cfg").read_text())
+    return bed
+
+
+def test_a_job_that_starts_has_its_thin_target_armed_at_once(
+        sources: upstream.Upstream, out_dir: Path, tmp_path: Path) -> None:
+    with thin_storage(sources, out_dir, chunksize=CHUNK, initial_size=INITIAL) as (pve, vg):
+        alloc_disk(pve)
+        qemu_io(vg, VOLNAME, f"write -P 0x11 0 {BASE_DATA}")
+        snapshot(pve, "snap1")
+        # Room for the whole commit in the base, as the plugin gives it before
+        # qemu-server's job: the job (on-error report) must never fail.
+        sh("lvextend", "-q", "--size", f"{4 * INITIAL}b", vg.lv_path(SNAP1))
+        qemu_io(vg, VOLNAME, f"write -P 0x22 {GiB} {INITIAL // 2}")
+        bed = _bed(sources, out_dir, tmp_path)
+        disk = Pve9Disk.for_volume(vg.lv_path(VOLNAME), VOLID)
+        # No reconcile after the first: only the job's entry can arm the base.
+        with daemons(bed, pvestord_args=("--reconcile-interval", "3600"),
+                     start_timeout=START_TIMEOUT), \
+                QemuVM(VMID, bed.run_dir, disks=[disk], machine="pc",
+                       event_socket=bed.event_socket, log_path=out_dir / "qemu.log") as vm:
+            wait_until(lambda: vm.named_node(disk.file_block_node)["write_threshold"] != 0,
+                       START_TIMEOUT, "the top armed by the first reconcile")
+            base = vg.lv_path(SNAP1)
+            assert _file_node_on(vm, base)["write_threshold"] == 0  # read-only: not a drive
+
+            job = "commit0"
+            vm.qmp("block-commit", {"job-id": job, "device": disk.top_node,
+                                    "top-node": disk.block_node,
+                                    "base-node": vm.format_node_on(base)})
+            assert vm.wait_job(job, timeout=JOB_TIMEOUT) == "ready", vm.qmp("query-block-jobs")
+            armed = 4 * INITIAL - CHUNK // 2
+            wait_until(lambda: _file_node_on(vm, base)["write_threshold"] == armed,
+                       START_TIMEOUT, "the job's target armed")
+            vm.qmp("job-complete", id=job)
+            assert vm.job_completed_cleanly(timeout=JOB_TIMEOUT)
+        assert qcow2_check(vg.lv_path(SNAP1))["exit"] == 0
+        qemu_io(vg, SNAP1, f"read -P 0x11 0 {BASE_DATA}")
+        qemu_io(vg, SNAP1, f"read -P 0x22 {GiB} {INITIAL // 2}")
+
+
 def _paused_on_enospc(vm: QemuVM, job: str) -> bool:
     return any(j["device"] == job and j["paused"] and j["io-status"] == "nospace"
                for j in vm.qmp("query-block-jobs"))
@@ -62,8 +118,7 @@ def test_an_active_commit_paused_on_enospc_is_given_room_and_resumed(
         qemu_io(vg, VOLNAME, f"write -P 0x22 {GiB} {TOP_DATA}")
         assert lv_sizes(vg) == {SNAP1: INITIAL, VOLNAME: 3 * INITIAL}
 
-        bed = NodeBed(tmp_path / "bed", logs_dir=out_dir)
-        bed.storage_cfg.write_text((sources.pve_dir / "storage.cfg").read_text())
+        bed = _bed(sources, out_dir, tmp_path)
         disk = Pve9Disk.for_volume(vg.lv_path(VOLNAME), VOLID)
         qmeventd = start_qmeventd(bed, timeout=START_TIMEOUT)
         pvestord = None
