@@ -199,7 +199,7 @@ class Extender:
         timings = RoundTimings()
         async with self.monitor(vm) as monitor:
             look = await self.look(vm, monitor)
-        # A job's id names its queue entry (a job paused on ENOSPC).
+        # A block job's id names its queue entry (reason job).
         outcome.known_nodes |= look.names | {job.id for job in look.run.jobs}
         run = look.run
         if run.status == "inmigrate":
@@ -334,8 +334,9 @@ class Look:
 def _note_requests_for_no_thin_drive(vm: LocalVm, requests: dict[str, Reason],
                                      thin_nodes: set[str], outcome: VmOutcome) -> None:
     """An entry naming a node of the VM that is no thin drive's does nothing
-    (only ``nospace``, which names a device's root node, means every thin
-    drive); say so. One naming no node at all is the daemon's to drop."""
+    (only ``nospace``, which names a device's root node, and ``job``, which
+    names a block job, mean every thin drive); say so. One naming no node at
+    all is the daemon's to drop."""
     for name, reason in requests.items():
         if (name not in thin_nodes and not reason.reaches_every_drive
                 and name in outcome.known_nodes):
