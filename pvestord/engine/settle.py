@@ -70,7 +70,8 @@ class PausedJobs:
             log.warning("VM %d: block job %s resumed after it paused on ENOSPC", vm.vmid,
                         job_id, extra=fields(VMID=vm.vmid, JOB=job_id))
         for job in run.jobs:
-            if job.paused_for_room and job.id in resumed_at and room <= resumed_at[job.id]:
+            if job.paused_for_room and not policy.room_made_since_resume(job.id, resumed_at,
+                                                                         room):
                 self._said.say((vm.vmid, job.id, "job"), logging.WARNING,
                                "VM %d: block job %s stays paused on ENOSPC: no thin drive"
                                " grew since it was last resumed, so its target is not"

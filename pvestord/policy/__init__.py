@@ -21,7 +21,12 @@ needs from here; the submodules group them by question:
   vocabulary (why a drive was queued, byte sizes).
 """
 
-from pvestord.policy.blockjobs import BlockJob, job_target_size, jobs_to_resume
+from pvestord.policy.blockjobs import (
+    BlockJob,
+    job_target_size,
+    jobs_to_resume,
+    room_made_since_resume,
+)
 from pvestord.policy.devices import (
     BlockDevice,
     DriveIdentity,
@@ -102,6 +107,7 @@ __all__ = [
     "reason_for",
     "requests_from",
     "resume_blocker",
+    "room_made_since_resume",
     "table_state",
     "threshold",
     "wanted_headroom",

@@ -76,4 +76,11 @@ def jobs_to_resume(jobs: Iterable[BlockJob], *, need_more: bool, failed: bool,
     if need_more or failed:
         return []
     return [job.id for job in jobs
-            if job.paused_for_room and (job.id not in resumed_at or room > resumed_at[job.id])]
+            if job.paused_for_room and room_made_since_resume(job.id, resumed_at, room)]
+
+
+def room_made_since_resume(job_id: str, resumed_at: Mapping[str, int], room: int) -> bool:
+    """Whether the VM's thin LVs (``room``, their total size) grew since job
+    ``job_id`` was last resumed, or it never was: only then can resuming it
+    again help (see :func:`jobs_to_resume`)."""
+    return job_id not in resumed_at or room > resumed_at[job_id]
