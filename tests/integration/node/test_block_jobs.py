@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from tests.harness.daemons import NodeBed, daemons, start_pvestord, start_qmeventd
-from tests.harness.lvmbed import GiB, MiB, qcow2_check, sh
+from tests.harness.lvmbed import VG, GiB, MiB, qcow2_check, sh
 from tests.harness.polling import wait_until
 from tests.harness.pvestorage import (
     SNAP1,
@@ -68,6 +68,36 @@ def _bed(sources: upstream.Upstream, out_dir: Path, tmp_path: Path) -> NodeBed:
     return bed
 
 
+def _chain(pve: upstream.PerlSession, vg: VG, *, top_data: int) -> None:
+    """The disk with BASE_DATA, snapshot ``snap1`` (the base, INITIAL), and
+    ``top_data`` written into the top, whose LV is grown to hold it."""
+    alloc_disk(pve)
+    qemu_io(vg, VOLNAME, f"write -P 0x11 0 {BASE_DATA}")
+    snapshot(pve, "snap1")
+    sh("lvextend", "-q", "--size", f"{3 * INITIAL}b", vg.lv_path(VOLNAME))
+    qemu_io(vg, VOLNAME, f"write -P 0x22 {GiB} {top_data}")
+
+
+def _vm(bed: NodeBed, disk: Pve9Disk, out_dir: Path) -> QemuVM:
+    return QemuVM(VMID, bed.run_dir, disks=[disk], machine="pc",
+                  event_socket=bed.event_socket, log_path=out_dir / "qemu.log")
+
+
+def _start_commit(vm: QemuVM, disk: Pve9Disk, base: str, **options: str) -> str:
+    """An active commit of the top into ``base`` at full speed; its job id."""
+    job = "commit0"
+    vm.qmp("block-commit", {"job-id": job, "device": disk.top_node,
+                            "top-node": disk.block_node,
+                            "base-node": vm.format_node_on(base), **options})
+    return job
+
+
+def _base_holds_every_byte(vg: VG, *, top_data: int) -> None:
+    assert qcow2_check(vg.lv_path(SNAP1))["exit"] == 0
+    qemu_io(vg, SNAP1, f"read -P 0x11 0 {BASE_DATA}")
+    qemu_io(vg, SNAP1, f"read -P 0x22 {GiB} {top_data}")
+
+
 # In the full node set (make node NODE=full): the quick set's node tier ran
 # 45 of its 48 minutes with it. The paused-job test below keeps the job
 # entries and the job's target as a drive in the quick set.
@@ -75,38 +105,28 @@ def _bed(sources: upstream.Upstream, out_dir: Path, tmp_path: Path) -> NodeBed:
 def test_a_job_that_starts_has_its_thin_target_armed_at_once(
         sources: upstream.Upstream, out_dir: Path, tmp_path: Path) -> None:
     with thin_storage(sources, out_dir, chunksize=CHUNK, initial_size=INITIAL) as (pve, vg):
-        alloc_disk(pve)
-        qemu_io(vg, VOLNAME, f"write -P 0x11 0 {BASE_DATA}")
-        snapshot(pve, "snap1")
+        _chain(pve, vg, top_data=INITIAL // 2)
         # Room for the whole commit in the base, as the plugin gives it before
         # qemu-server's job: the job (on-error report) must never fail.
         sh("lvextend", "-q", "--size", f"{4 * INITIAL}b", vg.lv_path(SNAP1))
-        qemu_io(vg, VOLNAME, f"write -P 0x22 {GiB} {INITIAL // 2}")
         bed = _bed(sources, out_dir, tmp_path)
         disk = Pve9Disk.for_volume(vg.lv_path(VOLNAME), VOLID)
         # No reconcile after the first: only the job's entry can arm the base.
         with daemons(bed, pvestord_args=("--reconcile-interval", "3600"),
-                     start_timeout=START_TIMEOUT), \
-                QemuVM(VMID, bed.run_dir, disks=[disk], machine="pc",
-                       event_socket=bed.event_socket, log_path=out_dir / "qemu.log") as vm:
+                     start_timeout=START_TIMEOUT), _vm(bed, disk, out_dir) as vm:
             wait_until(lambda: vm.named_node(disk.file_block_node)["write_threshold"] != 0,
                        START_TIMEOUT, "the top armed by the first reconcile")
             base = vg.lv_path(SNAP1)
             assert _file_node_on(vm, base)["write_threshold"] == 0  # read-only: not a drive
 
-            job = "commit0"
-            vm.qmp("block-commit", {"job-id": job, "device": disk.top_node,
-                                    "top-node": disk.block_node,
-                                    "base-node": vm.format_node_on(base)})
+            job = _start_commit(vm, disk, base)
             assert vm.wait_job(job, timeout=JOB_TIMEOUT) == "ready", vm.qmp("query-block-jobs")
             armed = 4 * INITIAL - CHUNK // 2
             wait_until(lambda: _file_node_on(vm, base)["write_threshold"] == armed,
                        START_TIMEOUT, "the job's target armed")
             vm.qmp("job-complete", id=job)
             assert vm.job_completed_cleanly(timeout=JOB_TIMEOUT)
-        assert qcow2_check(vg.lv_path(SNAP1))["exit"] == 0
-        qemu_io(vg, SNAP1, f"read -P 0x11 0 {BASE_DATA}")
-        qemu_io(vg, SNAP1, f"read -P 0x22 {GiB} {INITIAL // 2}")
+        _base_holds_every_byte(vg, top_data=INITIAL // 2)
 
 
 def _paused_on_enospc(vm: QemuVM, job: str) -> bool:
@@ -117,11 +137,7 @@ def _paused_on_enospc(vm: QemuVM, job: str) -> bool:
 def test_an_active_commit_paused_on_enospc_is_given_room_and_resumed(
         sources: upstream.Upstream, out_dir: Path, tmp_path: Path) -> None:
     with thin_storage(sources, out_dir, chunksize=CHUNK, initial_size=INITIAL) as (pve, vg):
-        alloc_disk(pve)
-        qemu_io(vg, VOLNAME, f"write -P 0x11 0 {BASE_DATA}")
-        snapshot(pve, "snap1")
-        sh("lvextend", "-q", "--size", f"{3 * INITIAL}b", vg.lv_path(VOLNAME))
-        qemu_io(vg, VOLNAME, f"write -P 0x22 {GiB} {TOP_DATA}")
+        _chain(pve, vg, top_data=TOP_DATA)
         assert lv_sizes(vg) == {SNAP1: INITIAL, VOLNAME: 3 * INITIAL}
 
         bed = _bed(sources, out_dir, tmp_path)
@@ -129,13 +145,8 @@ def test_an_active_commit_paused_on_enospc_is_given_room_and_resumed(
         qmeventd = start_qmeventd(bed, timeout=START_TIMEOUT)
         pvestord = None
         try:
-            with QemuVM(VMID, bed.run_dir, disks=[disk], machine="pc",
-                        event_socket=bed.event_socket, log_path=out_dir / "qemu.log") as vm:
-                job = "commit0"
-                vm.qmp("block-commit", {"job-id": job, "device": disk.top_node,
-                                        "top-node": disk.block_node,
-                                        "base-node": vm.format_node_on(vg.lv_path(SNAP1)),
-                                        "on-error": "enospc"})
+            with _vm(bed, disk, out_dir) as vm:
+                job = _start_commit(vm, disk, vg.lv_path(SNAP1), **{"on-error": "enospc"})
                 wait_until(lambda: _paused_on_enospc(vm, job), JOB_TIMEOUT,
                            "the commit paused on ENOSPC in the base")
                 # qmeventd-py queued it, under the job's name.
@@ -157,8 +168,6 @@ def test_an_active_commit_paused_on_enospc_is_given_room_and_resumed(
             assert qmeventd.stop() == 0, qmeventd.log_text()[-4000:]
 
         # The base alone holds every byte, in an LV grown no further than its image can use.
-        assert qcow2_check(vg.lv_path(SNAP1))["exit"] == 0
-        qemu_io(vg, SNAP1, f"read -P 0x11 0 {BASE_DATA}")
-        qemu_io(vg, SNAP1, f"read -P 0x22 {GiB} {TOP_DATA}")
+        _base_holds_every_byte(vg, top_data=TOP_DATA)
         grown = lv_sizes(vg)[SNAP1]
         assert BASE_DATA + TOP_DATA < grown <= overlay_maximum()
