@@ -25,6 +25,7 @@ from pvestord.policy.blockjobs import (
     BlockJob,
     job_target_size,
     jobs_to_resume,
+    room_for_jobs,
     room_made_since_resume,
 )
 from pvestord.policy.devices import (
@@ -107,6 +108,7 @@ __all__ = [
     "reason_for",
     "requests_from",
     "resume_blocker",
+    "room_for_jobs",
     "room_made_since_resume",
     "table_state",
     "threshold",

@@ -15,6 +15,11 @@ speed into its target, far faster than a guest. Two rules, one for each side:
   threshold) and then resumes the job (:func:`jobs_to_resume`). A job on
   ``report`` (qemu-server's default) has already failed when the event
   comes: nothing can be resumed, which is why the plugin grows first.
+
+And one rule for a job that runs: :func:`room_for_jobs`, what an active
+commit can still write into its target, which the target must have beyond
+its allocation (``DriveState.job_room``): the target is kept ahead of the
+job, not a chunk behind a threshold event.
 """
 
 from __future__ import annotations
@@ -38,6 +43,15 @@ class BlockJob:
     paused: bool
     #: ``ok``, ``failed`` or ``nospace``: why the job stopped on an error.
     io_status: str
+    #: The job's progress, ``len`` and ``offset``: work in QEMU's own
+    #: unit, bytes for these jobs (see :func:`room_for_jobs` for what they count).
+    length: int = 0
+    offset: int = 0
+
+    @property
+    def remaining(self) -> int:
+        """The work the job has still to do (``len - offset``)."""
+        return max(0, self.length - self.offset)
 
     @property
     def paused_for_room(self) -> bool:
@@ -84,3 +98,33 @@ def room_made_since_resume(job_id: str, resumed_at: Mapping[str, int], room: int
     ``job_id`` was last resumed, or it never was: only then can resuming it
     again help (see :func:`jobs_to_resume`)."""
     return job_id not in resumed_at or room > resumed_at[job_id]
+
+
+def room_for_jobs(jobs: Iterable[BlockJob], targets: Mapping[str, str]) -> dict[str, int]:
+    """What running jobs can still write into each target node, by node-name.
+
+    ``targets`` maps a job id to the node its ``target`` edge names in QEMU's
+    job graph (``x-debug-query-block-graph``): the node a mirror-based job
+    writes. Only an active commit (type ``commit`` with a ``target`` edge)
+    counts: it runs as a mirror from the top into its base whose dirty
+    bitmap starts as what the layers above the base hold, and every guest
+    write during the job adds to it, so its ``len - offset`` is exactly the
+    data still to land in the base. A full mirror's progress covers the
+    whole virtual disk (QEMU marks it all dirty when it must zero the
+    target, as with Proxmox's ``discard=ignore``), and ``block-stream`` and a
+    commit of a backing layer (edge ``base``) count every offset too:
+    growing by those would make a sparse disk thick, so their targets are
+    kept ahead by threshold events alone.
+
+    The figure is idempotent across passes: as the job copies, the target's
+    allocation grows by what the remaining work loses, so ``allocation +
+    room`` stays put unless the guest writes more. A daemon that restarts
+    mid-job computes the same, and a base the storage plugin grew before
+    qemu-server's commit (:func:`job_target_size`) already has it.
+    """
+    room: dict[str, int] = {}
+    for job in jobs:
+        node = targets.get(job.id)
+        if node is not None and job.type == "commit":
+            room[node] = room.get(node, 0) + job.remaining
+    return room

@@ -75,9 +75,14 @@ class DriveState:
     reason: Reason = Reason.ARM
     #: A ``host_device`` on a thin-enabled storage under a writable qcow2 node.
     thin: bool = True
+    #: What running block jobs can still write into this drive
+    #: (:func:`pvestord.policy.room_for_jobs`): the LV must hold it beyond
+    #: the allocation, with the usual headroom on top.
+    job_room: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("lv_size", "allocation", "threshold", "virtual_size", "maximum"):
+        for name in ("lv_size", "allocation", "threshold", "virtual_size", "maximum",
+                     "job_room"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative: {getattr(self, name)}")
         if self.extent_size <= 0:
@@ -187,9 +192,10 @@ def extend_target(lv_size: int, allocation: int, chunksize: int, maximum: int,
 
 
 def exceeded(state: DriveState) -> bool:
-    """Whether the drive is past the threshold it should have (see module doc)."""
+    """Whether the drive is past the threshold it should have (see module
+    doc), or a block job writing into it will pass it (:attr:`DriveState.job_room`)."""
     limit = threshold(state.lv_size, state.chunksize, state.chunk_percentage)
-    return limit == 0 or state.allocation > limit
+    return limit == 0 or state.allocation + state.job_room > limit
 
 
 def may_pass_maximum(state: DriveState) -> bool:
@@ -236,7 +242,9 @@ def decide(state: DriveState) -> Decision:
        succeeded, so the failed one is not in it);
     4. past the threshold: :class:`Extend` at once. Arming a threshold below
        the allocation would not fire until the next write beyond it; the
-       guest may already be close to the end;
+       guest may already be close to the end. A block job's room counts as
+       written already: a job at disk speed would outrun a chunk, so its
+       target grows by all the job can still write, in one step;
     5. the right threshold armed: :class:`Nothing`; else :class:`Arm`.
 
     A ``nospace`` entry for a VM that is no longer paused is judged by its
@@ -253,8 +261,8 @@ def decide(state: DriveState) -> Decision:
             return ExtendPastMaximum(target)
         return AtMaximum(disarm=state.threshold != 0)
     if state.paused_nospace or state.reason is Reason.MANUAL or exceeded(state):
-        target = extend_target(state.lv_size, state.allocation, state.chunksize, cap,
-                               state.extent_size)
+        target = extend_target(state.lv_size, state.allocation + state.job_room,
+                               state.chunksize, cap, state.extent_size)
         return Extend(target)
     wanted = threshold(state.lv_size, state.chunksize, state.chunk_percentage)
     if state.threshold == wanted:

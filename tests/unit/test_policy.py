@@ -251,7 +251,8 @@ def states(draw: st.DrawFn) -> DriveState:
                       virtual_size=virtual, maximum=maximum, extent_size=extent,
                       chunksize=chunksize, chunk_percentage=percentage,
                       paused_nospace=draw(st.booleans()), reason=draw(st.sampled_from(Reason)),
-                      thin=draw(st.booleans()))
+                      thin=draw(st.booleans()),
+                      job_room=draw(st.one_of(st.just(0), st.integers(0, top))))
 
 
 def carry_out(state: DriveState, decision: Decision) -> DriveState:
@@ -312,7 +313,7 @@ def test_targets_are_extent_aligned_and_smallest(state: DriveState) -> None:
     if isinstance(decision, Extend | ExtendPastMaximum):
         assert decision.target % state.extent_size == 0
     if isinstance(decision, Extend) and decision.target < cap(state):
-        wanted = max(state.lv_size, state.allocation) + state.chunksize
+        wanted = max(state.lv_size, state.allocation + state.job_room) + state.chunksize
         assert decision.target >= wanted
         assert decision.target - state.extent_size < wanted
 
