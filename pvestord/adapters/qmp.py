@@ -241,6 +241,20 @@ class VmMonitor:
         jobs = await self.execute("query-block-jobs")
         return run_state_from(status, block, jobs)
 
+    async def job_targets(self) -> dict[str, str]:
+        """The node each block job writes through its ``target`` edge
+        (:func:`job_targets_from`), by job id; empty when this QEMU has no
+        ``x-debug-query-block-graph`` (a debug command: the targets are then
+        kept ahead by threshold events alone)."""
+        try:
+            graph = await self.execute("x-debug-query-block-graph")
+        except QmpTimeout:
+            raise
+        except QmpError as err:
+            log.debug("%s: no job graph: %s", self.name, err)
+            return {}
+        return job_targets_from(graph)
+
     async def cont(self) -> None:
         await self.execute("cont")
 
@@ -346,8 +360,43 @@ def block_jobs_from(reply: object) -> tuple[BlockJob, ...]:
         paused = job.get("paused")
         if all(isinstance(f, str) for f in fields_) and isinstance(paused, bool):
             job_id, kind, status, io_status = (str(f) for f in fields_)
-            jobs.append(BlockJob(job_id, kind, status, paused, io_status))
+            # Progress is optional: a job without it has no room to give.
+            jobs.append(BlockJob(job_id, kind, status, paused, io_status,
+                                 length=_get_size(job, "len") or 0,
+                                 offset=_get_size(job, "offset") or 0))
     return tuple(jobs)
+
+
+def job_targets_from(graph: object) -> dict[str, str]:
+    """The node-name each block job's ``target`` edge names, by job id, from
+    an ``x-debug-query-block-graph`` reply. Junk is skipped: it is a debug
+    interface, and a QEMU whose graph differs must not stop a pass."""
+    if not isinstance(graph, dict):
+        return {}
+    nodes, edges = graph.get("nodes"), graph.get("edges")
+    if not isinstance(nodes, list) or not isinstance(edges, list):
+        return {}
+    jobs: dict[int, str] = {}
+    block_nodes: dict[int, str] = {}
+    for node in nodes:
+        if not (isinstance(node, dict) and isinstance(node.get("name"), str)
+                and isinstance(node.get("id"), int)):
+            continue
+        if node.get("type") == "block-job":
+            jobs[node["id"]] = node["name"]
+        elif node.get("type") == "block-driver":
+            block_nodes[node["id"]] = node["name"]
+    targets: dict[str, str] = {}
+    for edge in edges:
+        if not isinstance(edge, dict) or edge.get("name") != "target":
+            continue
+        parent, child_id = edge.get("parent"), edge.get("child")
+        if not isinstance(parent, int) or not isinstance(child_id, int):
+            continue
+        job, child = jobs.get(parent), block_nodes.get(child_id)
+        if job is not None and child is not None:
+            targets[job] = child
+    return targets
 
 
 def block_device_from(device: Mapping[str, Any]) -> BlockDevice:

@@ -83,7 +83,7 @@ class Drive(DriveCandidate):
     lv_size: int
 
     def state(self, *, lv_size: int | None = None, paused_nospace: bool = False,
-              reason: Reason = Reason.ARM) -> DriveState:
+              reason: Reason = Reason.ARM, job_room: int = 0) -> DriveState:
         storage = self.storage
         return DriveState(
             lv_size=self.lv_size if lv_size is None else lv_size,
@@ -92,7 +92,8 @@ class Drive(DriveCandidate):
             extent_size=self.extent_size,
             chunksize=storage.chunksize if storage else 1,
             chunk_percentage=storage.chunk_percentage if storage else 0.5,
-            paused_nospace=paused_nospace, reason=reason, thin=storage is not None)
+            paused_nospace=paused_nospace, reason=reason, thin=storage is not None,
+            job_room=job_room)
 
 
 @dataclass(frozen=True)

@@ -37,8 +37,8 @@ Order of work for an extension, and why:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 
 from pvestord import policy
 from pvestord.adapters.config import StorageConfig
@@ -155,7 +155,11 @@ class Extender:
         in_flight = (migration_check and run.status not in MIGRATION_STATES
                      and await migration.migrating_away(monitor))
         views, names = await monitor.thin_drives()
-        return Look(run, in_flight, self.bindings.bind(vm, self.found(views)), names)
+        # The job graph only while a commit runs: no cost to a pass without one.
+        targets = (await monitor.job_targets()
+                   if any(job.type == "commit" for job in run.jobs) else {})
+        return Look(run, in_flight, self.bindings.bind(vm, self.found(views)), names,
+                    policy.room_for_jobs(run.jobs, targets))
 
     async def thin_block_nodes(self, vm: LocalVm) -> tuple[set[str], set[str]]:
         """(every node-name of ``vm``, the node-names of its thin drives), from
@@ -242,7 +246,8 @@ class Extender:
             if renaming and not paused:
                 continue  # only a paused guest is answered while LVs are renamed
             state = drive.state(paused_nospace=paused and self._enospc_is_new(vm, drive),
-                                reason=reason)
+                                reason=reason,
+                                job_room=look.job_room.get(drive.view.format_node, 0))
             planned.append((drive, policy.decide(state), state))
             self.activity.seen(vm.vmid, drive.view.file_node, drive.lv, drive.vg,
                                policy.classify(state), paused_nospace=paused,
@@ -329,6 +334,9 @@ class Look:
     found: list[DriveCandidate]
     #: Every node-name the VM has: an entry naming none of them is stale.
     names: set[str]
+    #: What running block jobs can still write, by target node-name
+    #: (:func:`pvestord.policy.room_for_jobs`).
+    job_room: Mapping[str, int] = field(default_factory=dict)
 
 
 def _note_requests_for_no_thin_drive(vm: LocalVm, requests: dict[str, Reason],

@@ -5,9 +5,17 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pvestord.adapters.qmp import block_jobs_from, run_state_from
+from pvestord.adapters.qmp import block_jobs_from, job_targets_from, run_state_from
 from pvestord.features import plugin
-from pvestord.policy import BlockJob, job_target_size, jobs_to_resume
+from pvestord.policy import (
+    BlockJob,
+    DriveState,
+    Extend,
+    decide,
+    job_target_size,
+    jobs_to_resume,
+    room_for_jobs,
+)
 
 MiB = 1024 * 1024
 sizes = st.integers(min_value=0, max_value=1 << 44)
@@ -61,7 +69,8 @@ def test_query_block_jobs_reply_read_and_junk_skipped() -> None:
              {"device": "x", "type": "mirror", "status": "running", "paused": "no",
               "io-status": "ok"}, "junk"]
     assert block_jobs_from(reply) == (
-        BlockJob("commit-drive-scsi0", "commit", "paused", True, "nospace"),)
+        BlockJob("commit-drive-scsi0", "commit", "paused", True, "nospace", length=5, offset=1),)
+    assert block_jobs_from(reply)[0].remaining == 4
     assert block_jobs_from({"return": []}) == ()
     state = run_state_from({"running": True, "status": "running"}, [], reply)
     assert state.jobs_paused_for_room and not state.paused_for_room
@@ -70,8 +79,98 @@ def test_query_block_jobs_reply_read_and_junk_skipped() -> None:
 @given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
                     lambda inner: st.lists(inner, max_size=4)
                     | st.dictionaries(st.sampled_from(["device", "type", "status", "paused",
-                                                       "io-status"]), inner, max_size=5),
+                                                       "io-status", "len", "offset"]),
+                                      inner, max_size=7),
                     max_leaves=20))
 def test_block_jobs_from_never_raises(reply: object) -> None:
     for found in block_jobs_from(reply):
         assert isinstance(found.id, str) and isinstance(found.paused, bool)
+        assert found.remaining >= 0
+
+
+# -- an active commit's target kept ahead of the job
+
+#: x-debug-query-block-graph as QEMU 7.2 gives it for an active commit of
+#: the top "f-top" into its base "#block117", next to a mirror "m0".
+GRAPH = {
+    "nodes": [{"id": 1, "type": "block-job", "name": "commit0"},
+              {"id": 2, "type": "block-driver", "name": "#block361"},
+              {"id": 3, "type": "block-driver", "name": "f-top"},
+              {"id": 4, "type": "block-driver", "name": "#block117"},
+              {"id": 5, "type": "block-backend", "name": "drive-scsi0"},
+              {"id": 6, "type": "block-job", "name": "m0"},
+              {"id": 7, "type": "block-driver", "name": "tgt"}],
+    "edges": [{"parent": 1, "child": 2, "name": "main node", "perm": [], "shared-perm": []},
+              {"parent": 1, "child": 3, "name": "source", "perm": [], "shared-perm": []},
+              {"parent": 1, "child": 4, "name": "target", "perm": [], "shared-perm": []},
+              {"parent": 5, "child": 3, "name": "root", "perm": [], "shared-perm": []},
+              {"parent": 6, "child": 7, "name": "target", "perm": [], "shared-perm": []}],
+}
+
+
+def test_job_targets_read_from_the_graph() -> None:
+    assert job_targets_from(GRAPH) == {"commit0": "#block117", "m0": "tgt"}
+    assert job_targets_from({"nodes": "x", "edges": []}) == {}
+    assert job_targets_from([]) == {}
+
+
+@given(st.recursive(st.none() | st.booleans() | st.integers(0, 8) | st.text(max_size=8),
+                    lambda inner: st.lists(inner, max_size=4)
+                    | st.dictionaries(st.sampled_from(["nodes", "edges", "id", "type", "name",
+                                                       "parent", "child"]), inner, max_size=6),
+                    max_leaves=30))
+def test_job_targets_from_never_raises(graph: object) -> None:
+    for job, node in job_targets_from(graph).items():
+        assert isinstance(job, str) and isinstance(node, str)
+
+
+def running(job_id: str, kind: str, length: int, offset: int) -> BlockJob:
+    return BlockJob(job_id, kind, "running", False, "ok", length=length, offset=offset)
+
+
+def test_only_an_active_commit_gives_its_target_room() -> None:
+    # A full mirror's len is the whole virtual disk (measured with QEMU 7.2
+    # and Proxmox's discard=ignore): growing by it would make the disk thick.
+    jobs = [running("commit0", "commit", 64 * MiB, 16 * MiB),
+            running("m0", "mirror", 1024 * MiB, 16 * MiB),
+            running("c-base", "commit", 1024 * MiB, 0)]  # a commit of a backing layer
+    targets = {"commit0": "#block117", "m0": "tgt"}
+    assert room_for_jobs(jobs, targets) == {"#block117": 48 * MiB}
+
+
+def drive(lv: int, allocation: int, room: int, chunk: int, extent: int) -> DriveState:
+    return DriveState(lv_size=lv, allocation=allocation, threshold=0,
+                      virtual_size=1 << 40, maximum=1 << 41, extent_size=extent,
+                      chunksize=chunk, chunk_percentage=0.5, job_room=room)
+
+
+@given(st.integers(1, 1 << 16), st.integers(0, 1 << 34), st.integers(0, 1 << 34),
+       st.integers(1, 1 << 30), extents, st.lists(st.integers(0, 1 << 30), max_size=8))
+def test_a_commit_target_grows_once_for_the_job_however_far_it_has_got(
+        lv_extents: int, allocation: int, room: int, chunk: int, extent: int,
+        copies: list[int]) -> None:
+    """The target is grown once to hold what the job can still write; as the
+    job copies, the allocation gains what the remaining work loses, so no pass
+    grows it again, whenever it looks (or a restarted daemon looks)."""
+    lv = lv_extents * extent
+    first = decide(drive(lv, allocation, room, chunk, extent))
+    size = first.target if isinstance(first, Extend) else lv
+    assert size >= allocation + room + chunk // 2
+    for copied in copies:
+        copied = min(copied, room)
+        later = drive(size, allocation + copied, room - copied, chunk, extent)
+        assert not isinstance(decide(later), Extend)
+
+
+@given(st.integers(0, 1 << 34), st.integers(1, 1 << 34), st.integers(1, 1 << 30), extents)
+def test_guest_writes_during_an_active_commit_grow_its_target(
+        room: int, written: int, chunk: int, extent: int) -> None:
+    first = decide(drive(extent, 0, room, chunk, extent))
+    size = first.target if isinstance(first, Extend) else extent
+    # The guest wrote ``written`` more during the job: mirrored into the base, too.
+    decision = decide(drive(size, 0, room + written, chunk, extent))
+    if room + written + -(-chunk // 2) > size:
+        assert isinstance(decision, Extend)
+        assert decision.target >= room + written + chunk
+    else:
+        assert not isinstance(decision, Extend)
