@@ -21,6 +21,7 @@ from pvestord.adapters.service import fields
 from pvestord.adapters.vms import LocalVm
 from pvestord.engine.drive import DriveCandidate
 from pvestord.engine.oncelog import OncePerChange
+from pvestord.engine.pervm import forget_vm
 from pvestord.policy.binding import BindingKind, bind
 
 log = logging.getLogger(__name__)
@@ -40,8 +41,7 @@ class DeviceBindings:
         self._devices: dict[tuple[int, int, str], int] = {}
 
     def forget(self, vmid: int) -> None:
-        for key in [k for k in self._devices if k[0] == vmid]:
-            del self._devices[key]
+        forget_vm(self._devices, vmid)
 
     def bind(self, vm: LocalVm, found: Iterable[DriveCandidate]) -> list[DriveCandidate]:
         """``found`` with each drive's LV the one QEMU writes.

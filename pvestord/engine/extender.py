@@ -70,6 +70,7 @@ from pvestord.engine.lvfigures import LvFigures
 from pvestord.engine.lvgrowth import LvGrowth
 from pvestord.engine.nodereport import LvmHealth
 from pvestord.engine.oncelog import OncePerChange
+from pvestord.engine.pervm import forget_vm
 from pvestord.engine.settle import (
     PausedJobs,
     arm_or_disarm,
@@ -125,8 +126,7 @@ class Extender:
 
     def forget(self, vmid: int) -> None:
         """``vmid`` no longer runs here: drop what was remembered of its drives."""
-        for key in [k for k in self._answered if k[0] == vmid]:
-            del self._answered[key]
+        forget_vm(self._answered, vmid)
         self._said.forget(vmid)
         self.bindings.forget(vmid)
         self.werror.forget(vmid)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 
+from pvestord.engine.pervm import forget_vm
+
 #: The pass's messages keep the logger name they always had.
 log = logging.getLogger("pvestord.engine.extender")
 
@@ -28,5 +30,4 @@ class OncePerChange:
         self._said.pop(key, None)
 
     def forget(self, vmid: int) -> None:
-        for key in [k for k in self._said if k[0] == vmid]:
-            del self._said[key]
+        forget_vm(self._said, vmid)

@@ -12,6 +12,7 @@ from pvestord.adapters.service import fields
 from pvestord.adapters.vms import LocalVm
 from pvestord.engine.drive import Drive, VmOutcome
 from pvestord.engine.oncelog import OncePerChange
+from pvestord.engine.pervm import forget_vm
 from pvestord.policy import Decision
 from pvestord.policy.sizes import format_size
 
@@ -51,8 +52,7 @@ class PausedJobs:
         self._resumed_at: dict[tuple[int, int, str], int] = {}
 
     def forget(self, vmid: int) -> None:
-        for key in [k for k in self._resumed_at if k[0] == vmid]:
-            del self._resumed_at[key]
+        forget_vm(self._resumed_at, vmid)
 
     async def resume(self, monitor: VmMonitor, vm: LocalVm, run: RunState,
                      drives: list[Drive], *, need_more: bool, failed: bool) -> None:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pvestord.adapters import tally
+from pvestord.engine.pervm import forget_vm
 from pvestord.policy import capacity
 from pvestord.policy.extension import ExtensionState
 
@@ -109,10 +110,8 @@ class Activity:
         self.held[(vmid, block_node)] = reason
 
     def forget(self, vmid: int) -> None:
-        for key in [k for k in self.drives if k[0] == vmid]:
-            del self.drives[key]
-        for key in [k for k in self.held if k[0] == vmid]:
-            del self.held[key]
+        forget_vm(self.drives, vmid)
+        forget_vm(self.held, vmid)
 
 
 def drive_rows(activity: Activity, *, extending: Iterable[tuple[int, str]],
