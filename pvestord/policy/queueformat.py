@@ -44,8 +44,11 @@ VMID_MIN, VMID_MAX = 100, 999_999_999
 N_MAX = 2**63 - 1
 
 # QEMU's id_wellformed(): a letter, then letters, digits, '-', '.', '_';
-# BlockDriverState.block_node holds 31 characters.
-_NODE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9._-]{0,30}")
+# BlockDriverState.block_node holds 31 characters. Or a name QEMU gave a node
+# itself (id_generate(): "#block" and a counter), as it does for a backing
+# image it opened on its own: an active commit's base, a chain started
+# without names. A '#' is safe in a line (fields are split on whitespace).
+_NODE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9._-]{0,30}|#block[0-9]{1,25}")
 # A Proxmox node name is a DNS label (PVE::JSONSchema pve-node).
 _ORIGIN = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 _ID = re.compile(r"[0-9a-f]{1,32}")
@@ -79,7 +82,7 @@ def check_block_node(name: str) -> str:
         shown = name if isinstance(name, str) and len(name) <= 40 else f"{str(name)[:40]!r}..."
         raise InvalidEntryError(
             f"invalid node-name {shown!r}: QEMU node names are at most 31 letters, digits, "
-            "'-', '.', '_', starting with a letter")
+            "'-', '.', '_', starting with a letter, or one QEMU gave itself (#block123)")
     return name
 
 

@@ -40,6 +40,17 @@ def test_threshold_names_the_file_node() -> None:
     assert entry == Entry(4242, "file-scsi0", Reason.THRESHOLD, origin="pve1", ts=1700000000)
 
 
+def test_a_threshold_on_a_node_qemu_named_itself_is_queued() -> None:
+    # An active commit's base that QEMU opened as a backing image is
+    # "#block<n>": its threshold events must reach the queue like any other.
+    action = events.classify(_event("BLOCK_WRITE_THRESHOLD", {
+        "node-name": "#block029", "write-threshold": 1 << 24, "amount-exceeded": 4096}))
+    assert action == events.Extend("#block029", Reason.THRESHOLD)
+    hostile = events.classify(_event("BLOCK_WRITE_THRESHOLD", {
+        "node-name": "#block029 reason=manual", "write-threshold": 1, "amount-exceeded": 1}))
+    assert isinstance(hostile, events.Rejected)
+
+
 def test_nospace_prefers_node_name_then_device() -> None:
     base = {"operation": "write", "action": "stop", "reason": "No space left on device",
             "nospace": True}

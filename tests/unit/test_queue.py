@@ -100,7 +100,10 @@ def test_vmid_range_is_proxmoxs(vmid: int, ok: bool) -> None:
 
 @pytest.mark.parametrize("name, ok", [
     ("a", True), ("drive-scsi0", True), ("f" + "0" * 30, True), ("f" + "0" * 31, False),
-    ("0drive", False), ("#block123", False), ("drive scsi0", False), ("drive/x", False),
+    ("0drive", False), ("drive scsi0", False), ("drive/x", False),
+    # QEMU's own names for nodes it opened itself (a backing image): a commit's base.
+    ("#block123", True), ("#block", False), ("#blockx", False), ("#evil", False),
+    ("#block1 x", False),
     ("", False), ("d" * 200, False), ("drïve", False),
 ])
 def test_node_names_follow_qemus_rules(name: str, ok: bool) -> None:
