@@ -4,6 +4,10 @@ A job that starts makes its target writable: ``JOB_STATUS_CHANGE`` to
 ``running`` is queued (reason ``job``) and the pass arms the target's
 threshold then, not at the next reconcile.
 
+An active commit's base is grown by all the job can still write when the
+job runs (``len - offset`` of ``query-block-jobs``, the target from
+``x-debug-query-block-graph``), so a job at disk speed never outruns it.
+
 A block job paused on ENOSPC in a thin target is given room and resumed.
 
 An admin's ``block-commit`` (or a mirror, a stream) started with
@@ -74,7 +78,8 @@ def _chain(pve: upstream.PerlSession, vg: VG, *, top_data: int) -> None:
     alloc_disk(pve)
     qemu_io(vg, VOLNAME, f"write -P 0x11 0 {BASE_DATA}")
     snapshot(pve, "snap1")
-    sh("lvextend", "-q", "--size", f"{3 * INITIAL}b", vg.lv_path(VOLNAME))
+    top_lv = max(3 * INITIAL, top_data + INITIAL)
+    sh("lvextend", "-q", "--size", f"{top_lv}b", vg.lv_path(VOLNAME))
     qemu_io(vg, VOLNAME, f"write -P 0x22 {GiB} {top_data}")
 
 
@@ -83,7 +88,7 @@ def _vm(bed: NodeBed, disk: Pve9Disk, out_dir: Path) -> QemuVM:
                   event_socket=bed.event_socket, log_path=out_dir / "qemu.log")
 
 
-def _start_commit(vm: QemuVM, disk: Pve9Disk, base: str, **options: str) -> str:
+def _start_commit(vm: QemuVM, disk: Pve9Disk, base: str, **options: str | int) -> str:
     """An active commit of the top into ``base`` at full speed; its job id."""
     job = "commit0"
     vm.qmp("block-commit", {"job-id": job, "device": disk.top_node,
@@ -127,6 +132,48 @@ def test_a_job_that_starts_has_its_thin_target_armed_at_once(
             vm.qmp("job-complete", id=job)
             assert vm.job_completed_cleanly(timeout=JOB_TIMEOUT)
         _base_holds_every_byte(vg, top_data=INITIAL // 2)
+
+
+#: What the top holds for the commit that is grown ahead of: four times the base LV.
+AHEAD_DATA = 128 * MiB
+#: The commit's rate while the test looks: after QEMU's first burst of 16 MiB,
+#: it takes 24 s to copy half of AHEAD_DATA; pvestord answers the job's start
+#: within a pass (about a second here).
+SLOW = 2 * MiB
+
+
+def _job(vm: QemuVM, job: str) -> dict[str, Any]:
+    [found] = [j for j in vm.qmp("query-block-jobs") if j["device"] == job]
+    return dict(found)
+
+
+def test_an_active_commit_has_its_base_grown_ahead_of_it(
+        sources: upstream.Upstream, out_dir: Path, tmp_path: Path) -> None:
+    """A commit nobody announced to the plugin (an admin's ``block-commit`` of
+    the top, QEMU's default ``on-error=report``): its base is grown by all the
+    job can still write as soon as the job runs, not a chunk at a time behind
+    it, and no further than the data needs."""
+    with thin_storage(sources, out_dir, chunksize=CHUNK, initial_size=INITIAL) as (pve, vg):
+        _chain(pve, vg, top_data=AHEAD_DATA)
+        assert lv_sizes(vg)[SNAP1] == INITIAL
+        bed = _bed(sources, out_dir, tmp_path)
+        disk = Pve9Disk.for_volume(vg.lv_path(VOLNAME), VOLID)
+        with daemons(bed, start_timeout=START_TIMEOUT), _vm(bed, disk, out_dir) as vm:
+            wait_until(lambda: vm.named_node(disk.file_block_node)["write_threshold"] != 0,
+                       START_TIMEOUT, "the top armed by the first reconcile")
+            job = _start_commit(vm, disk, vg.lv_path(SNAP1), speed=SLOW)
+            wait_until(lambda: lv_sizes(vg)[SNAP1] >= BASE_DATA + AHEAD_DATA, JOB_TIMEOUT,
+                       "the base grown to hold the commit")
+            # Grown while the job had most of its work ahead: chunk by chunk
+            # behind threshold events, the base would be about the size of what
+            # the job had copied.
+            progress = _job(vm, job)
+            assert progress["offset"] < progress["len"] // 2, progress
+            vm.qmp("block-job-set-speed", device=job, speed=0)
+            assert vm.run_job_to_completion(job, timeout=JOB_TIMEOUT), vm.qmp("query-block-jobs")
+        _base_holds_every_byte(vg, top_data=AHEAD_DATA)
+        # Once, by what the job could write: no second helping as it copied.
+        assert lv_sizes(vg)[SNAP1] <= BASE_DATA + AHEAD_DATA + 2 * CHUNK
 
 
 def _paused_on_enospc(vm: QemuVM, job: str) -> bool:
