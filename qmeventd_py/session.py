@@ -100,8 +100,9 @@ class VmSession:
                 self._submit(entry)
         elif isinstance(action, events.JobWriteFailed):
             log.warning("VM %d: block job %s failed a write (on-error: %s); if it writes "
-                        "into a thin LV, it may have run out of room: pvestord does not "
-                        "grow a job's target ahead of it yet (docs/proxmox.md)",
+                        "into a thin LV, it may have run out of room: only an active "
+                        "commit's target is grown ahead of its job, start others with "
+                        "on-error=enospc (docs/proxmox.md)",
                         self.vmid, action.job, action.action,
                         extra=fields(VMID=self.vmid, JOB=action.job, JOB_ACTION=action.action))
         elif isinstance(action, events.Shutdown):
