@@ -192,6 +192,13 @@ class Pve9Disk(Disk):
                 "-blockdev", json.dumps(self.throttle_blockdev(self.format_blockdev()))]
 
 
+def pve9_disk(vm: QemuVM, index: int = 0) -> Pve9Disk:
+    """The VM's ``index``-th disk, which has Proxmox VE 9's block graph."""
+    disk = vm.disks[index]
+    assert isinstance(disk, Pve9Disk), f"disk {index} of VM {vm.vmid} is {disk!r}"
+    return disk
+
+
 def pve9_node_hash(drive_id: str, volid: str, snapshot: str | None = None) -> str:
     """qemu-server's node-name hash (Blockdev.pm ``get_node_name``)."""
     snap = "" if snapshot is None else f"snap={snapshot},"

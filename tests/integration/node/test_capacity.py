@@ -23,7 +23,7 @@ from tests.harness.daemonlog import parse
 from tests.harness.daemons import VENV_BIN, Daemon, NodeBed, ThinStorageSpec, daemons
 from tests.harness.lvmbed import VG, GiB, MiB, loop_vg, qcow2_check, sh
 from tests.harness.polling import wait_until
-from tests.harness.qemu import Disk, QemuVM
+from tests.harness.qemu import Pve9Disk, QemuVM
 
 CLI_TIMEOUT = 300.0
 START_TIMEOUT = 180.0
@@ -88,11 +88,11 @@ def status(status_file: Path) -> dict[str, Any]:
     return view
 
 
-def drive_state(status_file: Path, vmid: int) -> str | None:
+def drive_state(status_file: Path, vmid: int, block_node: str) -> str | None:
     if not status_file.exists():
         return None
     return next((d["state"] for d in status(status_file).get("drives", [])
-                 if d["vmid"] == vmid and d["block_node"] == "file0"), None)
+                 if d["vmid"] == vmid and d["block_node"] == block_node), None)
 
 
 def warnings_with(daemon: Daemon, **fields: str) -> list[dict[str, str]]:
@@ -110,7 +110,9 @@ def test_a_filling_vg_warns_refuses_new_volumes_and_keeps_the_reserve(
     assert vg.lv_size(lv) == CHUNK
 
     status_file = tmp_path / "run-pvestord" / "status.json"
-    vm = QemuVM(150, bed.run_dir, disks=[Disk(vg.lv_path(lv), "fmt0", "file0")],
+    disk = Pve9Disk.for_volume(vg.lv_path(lv), created.stdout.strip())
+    file_node = disk.file_block_node
+    vm = QemuVM(150, bed.run_dir, disks=[disk],
                 event_socket=bed.event_socket, log_path=bed.logs / "qemu-150.log",
                 launch_timeout=START_TIMEOUT)
     with daemons(bed, pvestord_args=("--reconcile-interval", "5", "--vg-health-dir",
@@ -123,9 +125,9 @@ def test_a_filling_vg_warns_refuses_new_volumes_and_keeps_the_reserve(
                    and status(status_file)["vgs"].get(vg.name, {}).get("health") == "warn",
                    START_TIMEOUT, "status showing the VG at warn")
 
-        wait_until(lambda: vm.named_node("file0")["write_threshold"] == CHUNK - HEADROOM,
+        wait_until(lambda: vm.named_node(file_node)["write_threshold"] == CHUNK - HEADROOM,
                    START_TIMEOUT, "the threshold armed")
-        vm.write_pattern("fmt0", *WRITES[0], timeout=120)
+        vm.write_pattern(disk.block_node, *WRITES[0], timeout=120)
         wait_until(lambda: vg.lv_size(lv) == 2 * CHUNK, EXTEND_TIMEOUT, "a first chunk")
 
         # Below thin-critical-free: no new thin volume, the running VM grows on.
@@ -134,28 +136,28 @@ def test_a_filling_vg_warns_refuses_new_volumes_and_keeps_the_reserve(
         assert refused.returncode == 1, (refused.stdout, refused.stderr)
         assert "thin-critical-free" in refused.stderr, refused.stderr
         assert not any(name.startswith("vm-151-") for name in lv_names(vg))
-        wait_until(lambda: vm.named_node("file0")["write_threshold"] == 2 * CHUNK - HEADROOM,
+        wait_until(lambda: vm.named_node(file_node)["write_threshold"] == 2 * CHUNK - HEADROOM,
                    EXTEND_TIMEOUT, "the threshold re-armed")
-        vm.write_pattern("fmt0", *WRITES[1], timeout=120)
+        vm.write_pattern(disk.block_node, *WRITES[1], timeout=120)
         wait_until(lambda: vg.lv_size(lv) == 3 * CHUNK, EXTEND_TIMEOUT, "a chunk while critical")
 
         # Less free than a chunk plus the reserve: the running VM's drive waits.
         fill_to(vg, "filler-c", CHUNK + CHUNK // 2)
-        wait_until(lambda: vm.named_node("file0")["write_threshold"] == 3 * CHUNK - HEADROOM,
+        wait_until(lambda: vm.named_node(file_node)["write_threshold"] == 3 * CHUNK - HEADROOM,
                    EXTEND_TIMEOUT, "the threshold re-armed again")
-        vm.write_pattern("fmt0", *WRITES[2], timeout=120)
-        wait_until(lambda: drive_state(status_file, 150) == "held-by-reserve", EXTEND_TIMEOUT,
-                   "the drive held by the reserve in status")
+        vm.write_pattern(disk.block_node, *WRITES[2], timeout=120)
+        wait_until(lambda: drive_state(status_file, 150, file_node) == "held-by-reserve",
+                   EXTEND_TIMEOUT, "the drive held by the reserve in status")
         assert vg.lv_size(lv) == 3 * CHUNK
         held = warnings_with(pvestord, VMID="150", VG=vg.name)
-        assert [w.get("BLOCK_NODE") for w in held] == ["file0"], held  # said once
+        assert [w.get("BLOCK_NODE") for w in held] == [file_node], held  # said once
 
         # Room again (another user's LV removed): the held drive gets its chunk.
         sh("lvremove", "-q", "-y", f"{vg.name}/filler-c")
         wait_until(lambda: vg.lv_size(lv) == 4 * CHUNK, EXTEND_TIMEOUT,
                    "the held chunk once room came back")
         for offset, length, pattern in WRITES:
-            assert vm.read_verify("fmt0", offset, length, pattern, timeout=120)
+            assert vm.read_verify(disk.block_node, offset, length, pattern, timeout=120)
         view = status(status_file)
         assert view["live"] is True, view.get("problem")
         assert view["extensions"]["made"] == 3

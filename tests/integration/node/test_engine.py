@@ -48,7 +48,7 @@ from tests.harness.lvmbed import (
     qcow2_create,
 )
 from tests.harness.polling import wait_until
-from tests.harness.qemu import Pve9Disk, QemuVM
+from tests.harness.qemu import Pve9Disk, QemuVM, pve9_disk
 
 WRITE = 4 * MiB
 #: Bytes per second the paced writer aims at (see the module docstring).
@@ -78,12 +78,6 @@ def thin_vm(bed: NodeBed, vg: VG, vmid: int, *, lv_size: int = 256 * MiB,
     disk = Pve9Disk.for_volume(path, f"{storeid}:{lv}", f"scsi{index}")
     return QemuVM(vmid, bed.run_dir, disks=[disk], event_socket=bed.event_socket,
                   log_path=bed.logs / f"qemu-{vmid}.log", **kwargs)  # type: ignore[arg-type]
-
-
-def pve9_disk(vm: QemuVM) -> Pve9Disk:
-    disk = vm.disks[0]
-    assert isinstance(disk, Pve9Disk)
-    return disk
 
 
 def file_node(vm: QemuVM) -> str:

@@ -71,7 +71,7 @@ from tests.harness.daemonlog import parse
 from tests.harness.daemons import VENV_BIN, NodeBed, ThinStorageSpec, daemons
 from tests.harness.lvmbed import VG, GiB, MiB, loop_vg, qcow2_check, qcow2_create
 from tests.harness.polling import wait_until
-from tests.harness.qemu import Disk, QemuVM
+from tests.harness.qemu import Pve9Disk, QemuVM, pve9_disk
 from tests.harness.writerguest import WriterGuest, build_writer
 
 LV_SIZE = 64 * MiB
@@ -111,20 +111,33 @@ def writer_vm(bed: NodeBed, vg: VG, vmid: int, guest: WriterGuest, *,
     lv = f"vm-{vmid}-disk-0.qcow2"
     path = vg.create_lv(lv, lv_size)
     qcow2_create(path, VIRTUAL)
-    vm = QemuVM(vmid, bed.run_dir, disks=[Disk(path, "fmt0", "file0")], machine="pc",
+    disk = thin_disk(path, lv, 0)
+    vm = QemuVM(vmid, bed.run_dir, disks=[disk], machine="pc",
                 event_socket=bed.event_socket, log_path=bed.logs / f"qemu-{vmid}.log",
-                extra_args=["-S", *guest.args("fmt0"), *extra_args],
+                extra_args=["-S", *guest.args(disk.top_node), *extra_args],
                 launch_timeout=LAUNCH_TIMEOUT)
     return vm, lv
 
 
-def reporting_disk(vg: VG, vmid: int) -> tuple[str, ...]:
-    """A second thin disk whose device hands ENOSPC to the guest (``werror=report``),
-    with headroom enough for its threshold to be armed without an extension."""
-    path = vg.create_lv(f"vm-{vmid}-disk-1.qcow2", 2 * CHUNKSIZE)
+def thin_disk(path: str, lv: str, index: int) -> Pve9Disk:
+    """The volume as Proxmox VE 9 attaches it as ``virtio<index>``: a throttle
+    node over the qcow2 node ``f<hash>`` over the host_device ``e<hash>``."""
+    return Pve9Disk.for_volume(path, f"thin1:{lv}", f"virtio{index}")
+
+
+def reporting_disk(vg: VG, vmid: int) -> Pve9Disk:
+    """A second thin disk, for a device that hands ENOSPC to the guest
+    (:func:`reporting_device`), with headroom enough for its threshold to be
+    armed without an extension."""
+    lv = f"vm-{vmid}-disk-1.qcow2"
+    path = vg.create_lv(lv, 2 * CHUNKSIZE)
     qcow2_create(path, VIRTUAL)
-    return (*Disk(path, "fmt1", "file1").args(),
-            "-device", "virtio-blk-pci,drive=fmt1,id=data1,werror=report")
+    return thin_disk(path, lv, 1)
+
+
+def reporting_device(disk: Pve9Disk) -> tuple[str, ...]:
+    return (*disk.args(),
+            "-device", f"virtio-blk-pci,drive={disk.top_node},id=data1,werror=report")
 
 
 # -- observations ----------------------------------------------------------------
@@ -132,17 +145,17 @@ def reporting_disk(vg: VG, vmid: int) -> tuple[str, ...]:
 def allocation(vm: QemuVM) -> int:
     """``wr_highest_offset`` of the LV's file node: where the image ends."""
     for entry in vm.qmp("query-blockstats", query_nodes=True):
-        if entry.get("node-name") == "file0":
+        if entry.get("node-name") == pve9_disk(vm).file_block_node:
             return int(entry["stats"]["wr_highest_offset"])
-    raise AssertionError("no blockstats for file0")
+    raise AssertionError("no blockstats for the data disk's file node")
 
 
 def prefill(vm: QemuVM, length: int, lv_size: int) -> int:
     """Fill the image from 0; return the room left on the LV."""
     step = 16 * MiB
     for offset in range(0, length, step):
-        vm.write_pattern("fmt0", offset, min(step, length - offset), PREFILL_PATTERN,
-                         timeout=IO_TIMEOUT)
+        vm.write_pattern(pve9_disk(vm).block_node, offset, min(step, length - offset),
+                         PREFILL_PATTERN, timeout=IO_TIMEOUT)
     room = lv_size - allocation(vm)
     # The scenario's premise: the guest's write cannot fit, and fills what fits first.
     assert 512 * 1024 <= room <= 2 * MiB, room
@@ -185,7 +198,8 @@ def extended_size(paused_allocation: int) -> int:
 def assert_no_second_extension(bed: NodeBed, vm: QemuVM, vg: VG, lv: str, size: int) -> None:
     """Once the VM runs again, another pass over the drive must leave it alone
     (it has a chunk of headroom), whatever io-status QEMU still shows."""
-    bed.queue.append([Entry(vm.vmid, "file0", Reason.THRESHOLD, origin=bed.node)])
+    bed.queue.append([Entry(vm.vmid, pve9_disk(vm).file_block_node, Reason.THRESHOLD,
+                            origin=bed.node)])
     wait_until(lambda: bed.entries() == [], 120, "the extra entry handled")
     assert vg.lv_size(lv) == size
 
@@ -203,7 +217,7 @@ def run_guest_until_paused(vm: QemuVM, guest: WriterGuest) -> dict[str, Any]:
     error = vm.wait_event("BLOCK_IO_ERROR", timeout=PAUSE_TIMEOUT)
     # A guest device's request (the harness's qemu-io never stops a VM), on the
     # device's root node, failed with ENOSPC, and the device's werror stopped the VM.
-    assert error["data"]["node-name"] == "fmt0", error
+    assert error["data"]["node-name"] == pve9_disk(vm).top_node, error
     assert error["data"]["operation"] == "write", error
     assert error["data"]["action"] == "stop", error
     assert error["data"]["nospace"] is True, error
@@ -232,8 +246,9 @@ def assert_resumed_and_written(vm: QemuVM, guest: WriterGuest, *, prefilled: int
     # qemu-server's keeps "nospace" while the VM runs again.
     # Every guest byte went through the guest device's BlockBackend.
     assert device_stats(vm, "data0")["wr_bytes"] >= guest.length
-    assert vm.read_verify("fmt0", guest.start, guest.length, guest.pattern, timeout=IO_TIMEOUT)
-    assert vm.read_verify("fmt0", 0, prefilled, PREFILL_PATTERN, timeout=IO_TIMEOUT)
+    data = pve9_disk(vm).block_node
+    assert vm.read_verify(data, guest.start, guest.length, guest.pattern, timeout=IO_TIMEOUT)
+    assert vm.read_verify(data, 0, prefilled, PREFILL_PATTERN, timeout=IO_TIMEOUT)
     return resume
 
 
@@ -285,7 +300,7 @@ def test_start_reconcile_resumes_a_vm_paused_on_enospc(
             assert_no_second_extension(bed, vm, vg, lv, expected)
             log = pvestord.log_text()
         assert "VM 901: resumed after it paused on ENOSPC" in log
-        assert (f"VM 901 file0: LV {vg.lv_path(lv)} extended 64 MiB -> "
+        assert (f"VM 901 {pve9_disk(vm).file_block_node}: LV {vg.lv_path(lv)} extended 64 MiB -> "
                 f"{format_size(expected)} in") in log
         assert log.count(" extended ") == 1
         assert log.count("resumed after it paused") == 1
@@ -307,15 +322,18 @@ def test_running_daemons_resume_a_vm_that_outran_them(
             qmeventd.wait_log(f"VM 902: QEMU pid {vm.pid} connected", timeout=60)
             room = prefill(vm, PREFILL, LV_SIZE)
             assert allocation(vm) < threshold
-            wait_until(lambda: vm.named_node("file0")["write_threshold"] == threshold, 60,
+            disk = pve9_disk(vm)
+            wait_until(lambda: vm.named_node(disk.file_block_node)["write_threshold"]
+                       == threshold, 60,
                        "threshold armed by pvestord's reconcile")
             pvestord.proc.send_signal(signal.SIGSTOP)
             try:
                 stop = run_guest_until_paused(vm, guest)
                 vm.wait_event("BLOCK_WRITE_THRESHOLD", timeout=5)  # crossed on the way
-                qmeventd.wait_log("VM 902: queued 902:fmt0 reason=nospace", timeout=60)
+                qmeventd.wait_log(f"VM 902: queued 902:{disk.top_node} reason=nospace",
+                                  timeout=60)
                 assert {(e.block_node, e.reason) for e in bed.entries()} == {
-                    ("file0", Reason.THRESHOLD), ("fmt0", Reason.NOSPACE)}
+                    (disk.file_block_node, Reason.THRESHOLD), (disk.top_node, Reason.NOSPACE)}
                 assert vg.lv_size(lv) == LV_SIZE
                 expected = extended_size(allocation(vm))
             finally:
@@ -332,10 +350,11 @@ def test_running_daemons_resume_a_vm_that_outran_them(
             wait_until(lambda: "resumed after it paused on ENOSPC" in pvestord.log_text(), 30,
                        "the resume logged")
             # Re-armed for the bigger LV, above the guest's write.
-            assert vm.named_node("file0")["write_threshold"] == expected - (LV_SIZE - threshold)
+            assert vm.named_node(disk.file_block_node)["write_threshold"] == \
+                expected - (LV_SIZE - threshold)
             assert_no_second_extension(bed, vm, vg, lv, expected)
             log = pvestord.log_text()
-    assert (f"VM 902 file0: LV {vg.lv_path(lv)} extended 64 MiB -> "
+    assert (f"VM 902 {disk.file_block_node}: LV {vg.lv_path(lv)} extended 64 MiB -> "
             f"{format_size(expected)} in") in log
     assert log.count(" extended ") == 1
     assert log.count("resumed after it paused") == 1
@@ -375,7 +394,8 @@ def test_a_paused_vm_runs_once_proxmox_lets_go_of_the_storage_lock(
     and ``drives`` marks it; the writer's disk (werror's default) is not."""
     guest = build_writer(tmp_path, out_dir, "writer-903", start=PREFILL, length=GUEST_WRITE,
                          pattern=GUEST_PATTERN)
-    vm, lv = writer_vm(bed, vg, 903, guest, extra_args=reporting_disk(vg, 903))
+    reporting = reporting_disk(vg, 903)
+    vm, lv = writer_vm(bed, vg, 903, guest, extra_args=reporting_device(reporting))
     release = tmp_path / "release-storage-lock"
     with vm:
         prefill(vm, PREFILL, LV_SIZE)
@@ -399,11 +419,12 @@ def test_a_paused_vm_runs_once_proxmox_lets_go_of_the_storage_lock(
                  "--storage-config", str(bed.storage_cfg), "--run-dir", str(bed.run_dir)],
                 capture_output=True, text=True, timeout=120, check=True).stdout)
         problems = {row["block_node"]: row["problem"] for row in report}
-        assert problems["file0"] is None
-        assert problems["file1"] is not None and "werror=report" in problems["file1"]
+        reported = reporting.file_block_node
+        assert problems[pve9_disk(vm).file_block_node] is None
+        assert problems[reported] is not None and "werror=report" in problems[reported]
         warned = [line.fields for line in lines if "WERROR" in line.fields]
         assert [(w["VMID"], w["BLOCK_NODE"], w["WERROR"]) for w in warned] == [
-            ("903", "file1", "report")]
+            ("903", reported, "report")]
         extension = next(line.fields for line in lines if "NEW_SIZE" in line.fields)
         errors = [line for line in lines if line.level == "ERROR"]
         record(out_dir, "storage_lock_held", {
@@ -433,7 +454,8 @@ def test_vm_paused_on_enospc_off_thin_storage_is_not_resumed(
             qmeventd.wait_log(f"VM 903: QEMU pid {vm.pid} connected", timeout=60)
             prefill(vm, prefilled, lv_size)
             run_guest_until_paused(vm, guest)
-            qmeventd.wait_log("VM 903: queued 903:fmt0 reason=nospace", timeout=60)
+            qmeventd.wait_log(f"VM 903: queued 903:{pve9_disk(vm).top_node} reason=nospace",
+                              timeout=60)
             # pvestord took the entry and did nothing with it...
             wait_until(lambda: bed.entries() == [], 60, "the nospace entry handled")
             time.sleep(3)

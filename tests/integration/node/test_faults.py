@@ -56,7 +56,7 @@ from tests.harness.faults import (
 )
 from tests.harness.lvmbed import VG, GiB, MiB, measured_maximum, qcow2_check, qcow2_create
 from tests.harness.polling import wait_until
-from tests.harness.qemu import Disk, QemuVM
+from tests.harness.qemu import Pve9Disk, QemuVM, pve9_disk
 
 CHUNK = 32 * MiB
 #: chunk-percentage 0.5: the threshold sits this far below the LV's end.
@@ -142,7 +142,8 @@ def node(bed: NodeBed, faults: LvmFaults, *pvestord_args: str) -> Iterator[Node]
 def thin_vm(bed: NodeBed, vg: VG, vmid: int) -> tuple[QemuVM, str]:
     lv = f"vm-{vmid}-disk-0.qcow2"
     qcow2_create(vg.create_lv(lv, LV0), 8 * GiB)
-    vm = QemuVM(vmid, bed.run_dir, disks=[Disk(vg.lv_path(lv), "fmt0", "file0")],
+    disk = Pve9Disk.for_volume(vg.lv_path(lv), f"thin1:{lv}")
+    vm = QemuVM(vmid, bed.run_dir, disks=[disk],
                 event_socket=bed.event_socket, log_path=bed.logs / f"qemu-{vmid}.log")
     return vm, lv
 
@@ -151,13 +152,13 @@ def thin_vm(bed: NodeBed, vg: VG, vmid: int) -> tuple[QemuVM, str]:
 
 def allocation(vm: QemuVM) -> int:
     for entry in vm.qmp("query-blockstats", query_nodes=True):
-        if entry.get("node-name") == "file0":
+        if entry.get("node-name") == pve9_disk(vm).file_block_node:
             return int(entry["stats"]["wr_highest_offset"])
-    raise AssertionError("no blockstats for file0")
+    raise AssertionError("no blockstats for the disk's file node")
 
 
 def threshold(vm: QemuVM) -> int:
-    return int(vm.named_node("file0")["write_threshold"])
+    return int(vm.named_node(pve9_disk(vm).file_block_node)["write_threshold"])
 
 
 class Workload:
@@ -173,7 +174,8 @@ class Workload:
 
     def write_one(self) -> None:
         pattern = self._pattern()
-        result = self.vm.write_pattern("fmt0", self.cursor, WRITE, pattern, check=False)
+        result = self.vm.write_pattern(pve9_disk(self.vm).block_node, self.cursor, WRITE,
+                                       pattern, check=False)
         assert result.ok, f"write at {self.cursor} failed: {result.error}"
         self.written.append((self.cursor, pattern))
         self.cursor += WRITE
@@ -189,7 +191,8 @@ class Workload:
 
     def verify(self) -> None:
         bad = [offset for offset, pattern in self.written
-               if not self.vm.read_verify("fmt0", offset, WRITE, pattern, timeout=120)]
+               if not self.vm.read_verify(pve9_disk(self.vm).block_node, offset, WRITE,
+                                          pattern, timeout=120)]
         assert not bad, f"regions that do not read back: {bad}"
 
 
@@ -332,7 +335,8 @@ def test_qmeventd_killed_while_a_threshold_is_crossed(
         recovery = clock()
         # The event path works again: the next crossing goes through the queue.
         workload.cross_threshold()
-        restarted.wait_log("VM 912: queued 912:file0 reason=threshold", timeout=60)
+        restarted.wait_log(f"VM 912: queued 912:{pve9_disk(vm).file_block_node} "
+                           "reason=threshold", timeout=60)
         settled(bed, vm, vg, lv, LV0 + 2 * CHUNK)
         fault_log.record(FaultRecord(
             "kill -9 qmeventd-py", "SIGKILL to qmeventd-py, then a threshold crossed with "
@@ -493,7 +497,8 @@ def test_queue_file_garbage_deleted_truncated_and_symlinked(
             wait_until(lambda: vg.lv_size(lv) == size and threshold(vm) == size - HEADROOM,
                        SETTLE_TIMEOUT, "extended by the reconcile while the queue is a symlink")
             recovery = clock()
-            wait_until(lambda: "LOST queue entry 916:file0" in running.qmeventd.log_text(), 60,
+            lost = f"LOST queue entry 916:{pve9_disk(vm).file_block_node}"
+            wait_until(lambda: lost in running.qmeventd.log_text(), 60,
                        "qmeventd-py gave up on the entry, loudly")
             assert decoy.read_text() == "root's file\n"
             assert running.pvestord.proc.poll() is None

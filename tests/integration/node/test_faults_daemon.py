@@ -37,7 +37,7 @@ from tests.harness.daemons import Daemon, NodeBed, ThinStorageSpec, daemons
 from tests.harness.faults import LvmFaults
 from tests.harness.lvmbed import VG, GiB, MiB, loop_vg, qcow2_create, sh
 from tests.harness.polling import wait_until
-from tests.harness.qemu import Disk, QemuVM
+from tests.harness.qemu import Pve9Disk, QemuVM
 from tests.harness.qmpproxy import CountingQmpProxy, NeverAnsweringQmp
 from tests.harness.writerguest import build_writer
 from tests.integration.node.test_enospc_guest import (
@@ -149,7 +149,8 @@ def thin_vm(bed: NodeBed, vg: VG, vmid: int, *extra_args: str,
     path = vg.lv_path(lv)
     if not Path(path).exists():
         qcow2_create(vg.create_lv(lv, LV0), 8 * GiB)
-    vm = QemuVM(vmid, run_dir or bed.run_dir, disks=[Disk(path, "fmt0", "file0")],
+    disk = Pve9Disk.for_volume(path, f"thin1:{lv}")
+    vm = QemuVM(vmid, run_dir or bed.run_dir, disks=[disk],
                 machine=machine, event_socket=bed.event_socket if run_dir is None else None,
                 log_path=bed.logs / f"qemu-{vmid}{'-' + run_dir.name if run_dir else ''}.log",
                 extra_args=list(extra_args), launch_timeout=120)

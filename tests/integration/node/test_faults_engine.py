@@ -44,7 +44,7 @@ from tests.harness.daemons import (
 )
 from tests.harness.lvmbed import VG, GiB, MiB, loop_vg, qcow2_check, qcow2_create, sh
 from tests.harness.polling import wait_until
-from tests.harness.qemu import Disk, QemuIoError, QemuVM
+from tests.harness.qemu import Pve9Disk, QemuIoError, QemuVM, pve9_disk
 from tests.harness.writerguest import build_writer
 from tests.integration.node.test_enospc_guest import (
     CHUNKSIZE,
@@ -152,7 +152,8 @@ def one_disk_vm(bed: NodeBed, vg: VG, vmid: int) -> tuple[QemuVM, str]:
     lv = f"vm-{vmid}-disk-0.qcow2"
     path = vg.create_lv(lv, SMALL_CHUNK)
     qcow2_create(path, 1 * GiB)
-    return QemuVM(vmid, bed.run_dir, disks=[Disk(path, "fmt0", "file0")],
+    disk = Pve9Disk.for_volume(path, f"thin1:{lv}")
+    return QemuVM(vmid, bed.run_dir, disks=[disk],
                   event_socket=bed.event_socket, log_path=bed.logs / f"qemu-{vmid}.log"), lv
 
 
@@ -174,22 +175,24 @@ def test_table_smaller_than_the_metadata_is_refreshed_before_anything_is_armed(
     refreshes the table; only then is a threshold armed."""
     vm, lv = one_disk_vm(small_bed, vg, 111)
     path = vg.lv_path(lv)
+    disk = pve9_disk(vm)
     with vm:
         old_table = dm_table(path)
         sh("lvextend", "-q", "-L", f"{2 * SMALL_CHUNK}b", f"{vg.name}/{lv}")
-        write(vm, "fmt0", STALE_WRITE, STALE_PATTERN)
-        assert allocation(vm, "file0") > SMALL_CHUNK
+        write(vm, disk.block_node, STALE_WRITE, STALE_PATTERN)
+        assert allocation(vm, disk.file_block_node) > SMALL_CHUNK
         dm_reload(path, old_table)
         assert (vg.lv_size(lv), vg.device_size(lv)) == (2 * SMALL_CHUNK, SMALL_CHUNK)
         # The premise: what lies past the stale end reads as zeros, no error.
-        assert not reads_back(vm, "fmt0", *PAST_OLD_END, STALE_PATTERN)
+        assert not reads_back(vm, disk.block_node, *PAST_OLD_END, STALE_PATTERN)
         with daemons(small_bed) as (_, pvestord):
-            wait_until(lambda: records(pvestord, VMID=111, BLOCK_NODE="file0",
+            wait_until(lambda: records(pvestord, VMID=111, BLOCK_NODE=disk.file_block_node,
                                      THRESHOLD=2 * SMALL_CHUNK - SMALL_CHUNK // 2), WAIT,
                        "threshold armed")
             assert vg.device_size(lv) == 2 * SMALL_CHUNK
             assert vg.lv_size(lv) == 2 * SMALL_CHUNK  # refreshed, not extended again
-            assert vm.read_verify("fmt0", 0, STALE_WRITE, STALE_PATTERN, timeout=IO_TIMEOUT)
+            assert vm.read_verify(disk.block_node, 0, STALE_WRITE, STALE_PATTERN,
+                                  timeout=IO_TIMEOUT)
             log = list(daemonlog.parse(pvestord.log_text()))
         refreshed = [i for i, r in enumerate(log) if r.fields.get("TABLE") == "refreshed"]
         armed = [i for i, r in enumerate(log) if "THRESHOLD" in r.fields]
@@ -214,33 +217,37 @@ def test_table_larger_than_the_metadata_is_never_extended_over(
     the drive failed, and the data still reads back."""
     vm, lv = one_disk_vm(small_bed, vg, 112)
     path = vg.lv_path(lv)
+    disk = pve9_disk(vm)
     with vm:
         sh("lvextend", "-q", "-L", f"{2 * SMALL_CHUNK}b", f"{vg.name}/{lv}")
         big_table = dm_table(path)
-        write(vm, "fmt0", STALE_WRITE, STALE_PATTERN)
+        write(vm, disk.block_node, STALE_WRITE, STALE_PATTERN)
         sh("lvreduce", "-q", "-f", "-L", f"{SMALL_CHUNK}b", f"{vg.name}/{lv}")
         dm_reload(path, big_table)
         assert (vg.lv_size(lv), vg.device_size(lv)) == (SMALL_CHUNK, 2 * SMALL_CHUNK)
         with daemons(small_bed) as (_, pvestord):
-            ahead = {"VMID": 112, "BLOCK_NODE": "file0", "TABLE": "ahead"}
+            ahead = {"VMID": 112, "BLOCK_NODE": disk.file_block_node, "TABLE": "ahead"}
             wait_until(lambda: records(pvestord, **ahead), WAIT, "the stale table refused")
             (first,) = [r for r in records(pvestord, **ahead) if r.level == "ERROR"]
             assert (first.fields["TABLE_SIZE"], first.fields["LV_SIZE"]) == (
                 str(2 * SMALL_CHUNK), str(SMALL_CHUNK))
             (row,) = drives_report(small_bed)
-            assert (row["vmid"], row["block_node"], row["state"]) == (112, "file0", "failed")
+            assert (row["vmid"], row["block_node"], row["state"]) == (
+                112, disk.file_block_node, "failed")
             assert (row["lv_size"], row["device_size"]) == (SMALL_CHUNK, 2 * SMALL_CHUNK)
             assert row["problem"]
             # The threshold event a guest writing on would bring: the extension
             # path refuses too (the entry stays queued, retried later).
-            small_bed.queue.append([Entry(112, "file0", Reason.THRESHOLD, origin=small_bed.node)])
+            small_bed.queue.append([Entry(112, disk.file_block_node, Reason.THRESHOLD,
+                                          origin=small_bed.node)])
             wait_until(lambda: len(records(pvestord, **ahead)) >= 3, WAIT,
                        "the extension path refused as well")
-            assert [e.block_node for e in small_bed.entries()] == ["file0"]
+            assert [e.block_node for e in small_bed.entries()] == [disk.file_block_node]
             assert vg.lv_size(lv) == SMALL_CHUNK
             assert vg.device_size(lv) == 2 * SMALL_CHUNK
             assert extensions(pvestord, 112) == []
-            assert vm.read_verify("fmt0", 0, STALE_WRITE, STALE_PATTERN, timeout=IO_TIMEOUT)
+            assert vm.read_verify(disk.block_node, 0, STALE_WRITE, STALE_PATTERN,
+                                  timeout=IO_TIMEOUT)
             figures(out_dir, "table_ahead", {
                 "metadata_mib": SMALL_CHUNK // MiB, "table_mib": 2 * SMALL_CHUNK // MiB,
                 "refusals_logged": len(records(pvestord, **ahead)),
@@ -263,15 +270,16 @@ def two_disk_writer_vm(bed: NodeBed, vg: VG, other: VG, vmid: int, boot_image: P
     qcow2_create(thin, VIRTUAL)
     local = other.create_lv(f"vm-{vmid}-disk-1.qcow2", LOCAL_LV)
     qcow2_create(local, VIRTUAL)
+    disks = [Pve9Disk.for_volume(thin, f"thin1:vm-{vmid}-disk-0.qcow2", "virtio0"),
+             Pve9Disk.for_volume(local, f"local:vm-{vmid}-disk-1.qcow2", "virtio1")]
     data = "werror=enospc,rerror=report,share-rw=on"
     args = ["-S", "-m", "64",
             "-blockdev", f"driver=file,filename={boot_image},node-name=boot0",
             "-device", "ide-hd,drive=boot0,bus=ide.0,unit=0,bootindex=0,id=boot",
-            "-device", f"virtio-blk-pci,drive=fmt0,id=data0,{data},bootindex=1",
-            "-device", f"virtio-blk-pci,drive=fmt1,id=data1,{data},bootindex=2",
+            "-device", f"virtio-blk-pci,drive={disks[0].top_node},id=data0,{data},bootindex=1",
+            "-device", f"virtio-blk-pci,drive={disks[1].top_node},id=data1,{data},bootindex=2",
             "-chardev", f"file,id=dbg,path={debugcon}",
             "-device", "isa-debugcon,iobase=0xe9,chardev=dbg"]
-    disks = [Disk(thin, "fmt0", "file0"), Disk(local, "fmt1", "file1")]
     vm = QemuVM(vmid, bed.run_dir, disks=disks, machine="pc", event_socket=bed.event_socket,
                 log_path=bed.logs / f"qemu-{vmid}.log", extra_args=args,
                 launch_timeout=LAUNCH_TIMEOUT)
@@ -305,9 +313,9 @@ def test_a_vm_whose_resume_is_blocked_gets_one_extension_per_new_enospc(
                                 thin_writer.debugcon)
     with vm:
         prefill(vm, PREFILL, LV_SIZE)
-        write(vm, "fmt1", LOCAL_PREFILL, 0x22)
+        write(vm, pve9_disk(vm, 1).block_node, LOCAL_PREFILL, 0x22)
         run_guest_until_paused(vm, thin_writer)
-        expected = extended_size(allocation(vm, "file0"))
+        expected = extended_size(allocation(vm, pve9_disk(vm).file_block_node))
         with daemons(bed, pvestord_args=["--reconcile-interval", RECONCILE]) as (_, pvestord):
             # 1. A thin ENOSPC: extended once and resumed.
             vm.wait_event("RESUME", timeout=RESUME_TIMEOUT)
@@ -319,7 +327,8 @@ def test_a_vm_whose_resume_is_blocked_gets_one_extension_per_new_enospc(
             shutil.copyfile(local_writer.boot_image, thin_writer.boot_image)
             vm.qmp("system_reset")
             error = vm.wait_event("BLOCK_IO_ERROR", timeout=PAUSE_TIMEOUT,
-                                  match=lambda e: e["data"]["node-name"] == "fmt1")
+                                  match=lambda e: e["data"]["node-name"]
+                                  == pve9_disk(vm, 1).top_node)
             assert error["data"]["nospace"] is True, error
             vm.wait_event("STOP", timeout=30)
             assert vm.qmp("query-status")["status"] == "io-error"
@@ -332,7 +341,7 @@ def test_a_vm_whose_resume_is_blocked_gets_one_extension_per_new_enospc(
             # drive's old nospace is answered again only if the guest's retried
             # write brought its allocation within a chunk of the end (the
             # rule: policy.enospc_is_new), and then once.
-            written = allocation(vm, "file0")
+            written = allocation(vm, pve9_disk(vm).file_block_node)
             again = enospc_is_new(answered, answered, written, CHUNKSIZE)
             sizes = watch_blocked(pvestord, vg, lv, passes=6, since=0)
             settled = align_up(max(answered, written) + CHUNKSIZE, EXTENT) if again else answered
@@ -381,16 +390,18 @@ def test_extend_with_a_wrong_name_touches_no_drive(
     for index in (0, 1):
         path = vg.create_lv(f"vm-141-disk-{index}.qcow2", SMALL_CHUNK)
         qcow2_create(path, 1 * GiB)
-        disks.append(Disk(path, f"fmt{index}", f"file{index}"))
+        disks.append(Pve9Disk.for_volume(path, f"thin1:vm-141-disk-{index}.qcow2",
+                                         f"scsi{index}"))
     local = other_vg.create_lv("vm-141-disk-2.qcow2", SMALL_CHUNK)
     qcow2_create(local, 1 * GiB)
-    disks.append(Disk(local, "fmt2", "file2"))
+    disks.append(Pve9Disk.for_volume(local, "local:vm-141-disk-2.qcow2", "scsi2"))
+    not_thin = disks[2]
     lvs = ["vm-141-disk-0.qcow2", "vm-141-disk-1.qcow2"]
     common = ["--storage-config", str(small_bed.storage_cfg), "--run-dir",
               str(small_bed.run_dir), "--node", small_bed.node]
     with QemuVM(141, small_bed.run_dir, disks=disks, event_socket=small_bed.event_socket,
                 log_path=small_bed.logs / "qemu-141.log"):
-        for name in ("file-typo", "fmt2", "file2"):
+        for name in ("file-typo", not_thin.block_node, not_thin.file_block_node):
             done = subprocess.run(  # noqa: S603 - argument list
                 [str(VENV_BIN / "pvestord"), "--queue", str(small_bed.queue_path), "extend",
                  "141", name, *common], capture_output=True, text=True, timeout=120)
@@ -398,15 +409,16 @@ def test_extend_with_a_wrong_name_touches_no_drive(
             assert [vg.lv_size(lv) for lv in lvs] == [SMALL_CHUNK] * 2, name
         with daemons(small_bed) as (_, pvestord):
             small_bed.queue.append([
-                Entry(141, "fmt2", Reason.MANUAL, origin=small_bed.node),
+                Entry(141, not_thin.block_node, Reason.MANUAL, origin=small_bed.node),
                 Entry(141, "file-typo", Reason.MANUAL, origin=small_bed.node)])
             wait_until(lambda: small_bed.entries() == [], WAIT, "both entries handled")
-            assert records(pvestord, VMID=141, BLOCK_NODE="fmt2", REASON="manual")
+            assert records(pvestord, VMID=141, BLOCK_NODE=not_thin.block_node, REASON="manual")
             assert [vg.lv_size(lv) for lv in lvs] == [SMALL_CHUNK] * 2
             assert extensions(pvestord, 141) == []
         # The right name still works.
         done = subprocess.run(  # noqa: S603 - argument list
             [str(VENV_BIN / "pvestord"), "--queue", str(small_bed.queue_path), "extend",
-             "141", "file1", *common], capture_output=True, text=True, timeout=120)
+             "141", disks[1].file_block_node, *common], capture_output=True, text=True,
+            timeout=120)
         assert done.returncode == 0, done.stderr
         assert [vg.lv_size(lv) for lv in lvs] == [SMALL_CHUNK, 2 * SMALL_CHUNK]

@@ -29,7 +29,7 @@ from tests.harness.lvmbed import (
     sh,
 )
 from tests.harness.polling import wait_until
-from tests.harness.qemu import Disk, QemuVM
+from tests.harness.qemu import Pve9Disk, QemuVM, pve9_disk
 
 CLI_TIMEOUT = 300.0
 EXTEND_TIMEOUT = 180.0
@@ -117,8 +117,14 @@ def bed(vg: VG, tmp_path: Path, out_dir: Path) -> NodeBed:
     return make_bed(tmp_path, vg, out_dir)
 
 
+def threshold_of(vm: QemuVM) -> int:
+    return int(vm.named_node(pve9_disk(vm).file_block_node)["write_threshold"])
+
+
 def vm_on(bed: NodeBed, vmid: int, path: str) -> QemuVM:
-    return QemuVM(vmid, bed.run_dir, disks=[Disk(path, "fmt0", "file0")],
+    """A VM with the volume at ``path`` attached as Proxmox VE 9 does."""
+    disk = Pve9Disk.for_volume(path, f"thin1:{Path(path).name}")
+    return QemuVM(vmid, bed.run_dir, disks=[disk],
                   event_socket=bed.event_socket, log_path=bed.logs / f"qemu-{vmid}.log",
                   launch_timeout=START_TIMEOUT)
 
@@ -175,11 +181,11 @@ def test_created_volume_grows_through_the_daemon(bed: NodeBed, vg: VG) -> None:
     volid = pvestord(bed, "create", "thin1", "110", "8G").stdout.strip()
     lv = volid.split(":")[1]
     with daemons(bed), vm_on(bed, 110, vg.lv_path(lv)) as vm:
-        wait_until(lambda: vm.named_node("file0")["write_threshold"] == 128 * MiB, START_TIMEOUT,
+        wait_until(lambda: threshold_of(vm) == 128 * MiB, START_TIMEOUT,
                    "threshold armed by reconcile")
-        vm.write_pattern("fmt0", 0, 160 * MiB, 0x44, timeout=120)
+        vm.write_pattern(pve9_disk(vm).block_node, 0, 160 * MiB, 0x44, timeout=120)
         wait_until(lambda: vg.lv_size(lv) >= 512 * MiB, EXTEND_TIMEOUT, "LV grown by a chunk")
-        assert vm.read_verify("fmt0", 0, 160 * MiB, 0x44, timeout=120)
+        assert vm.read_verify(pve9_disk(vm).block_node, 0, 160 * MiB, 0x44, timeout=120)
     # No lvchange --refresh: the daemon's lvextend must leave /dev/VG/LV in place.
     assert qcow2_check(vg.lv_path(lv))["exit"] == 0
 
@@ -222,13 +228,13 @@ def test_shrink_a_thick_disk_then_grow_it_again(big_vg: VG, tmp_path: Path,
     qemu_io(path, f"read -P 0 {REGION} {REGION}")          # never written: zeros
 
     with daemons(bed), vm_on(bed, 120, path) as vm:
-        wait_until(lambda: vm.named_node("file0")["write_threshold"] == expected - 128 * MiB,
+        wait_until(lambda: threshold_of(vm) == expected - 128 * MiB,
                    START_TIMEOUT, "threshold armed above the data")
-        vm.write_pattern("fmt0", 2 * GiB, 200 * MiB, 0x55, timeout=120)
+        vm.write_pattern(pve9_disk(vm).block_node, 2 * GiB, 200 * MiB, 0x55, timeout=120)
         wait_until(lambda: vg.lv_size(lv) > expected, EXTEND_TIMEOUT, "grown again")
-        assert vm.read_verify("fmt0", 2 * GiB, 200 * MiB, 0x55, timeout=120)
+        assert vm.read_verify(pve9_disk(vm).block_node, 2 * GiB, 200 * MiB, 0x55, timeout=120)
         for offset, pattern in REGIONS:
-            assert vm.read_verify("fmt0", offset, REGION, pattern, timeout=120)
+            assert vm.read_verify(pve9_disk(vm).block_node, offset, REGION, pattern, timeout=120)
     # No lvchange --refresh: the daemon's lvextend must leave /dev/VG/LV in place.
     assert qcow2_check(path)["exit"] == 0
 
