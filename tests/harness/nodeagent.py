@@ -38,7 +38,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.harness.qemu import Disk, QemuVM
+from tests.harness.qemu import Pve9Disk, QemuVM
 
 #: How often the request folder is looked at (9p reports no changes).
 POLL = 0.05
@@ -121,9 +121,8 @@ class Agent:
         return entry is not None and entry[0].poll() is None
 
     def op_vm_launch(self, req: dict[str, Any]) -> dict[str, Any]:
-        disks = [Disk(d["path"], d["block_node"], d["file_block_node"],
-                      file_options=d.get("file_options", {}),
-                      format_options=d.get("format_options", {})) for d in req["disks"]]
+        disks = [Pve9Disk.for_volume(d["path"], d["volid"], d["drive_id"])
+                 for d in req["disks"]]
         vm = QemuVM(req["vmid"], req["run_dir"], disks=disks,
                     machine=req.get("machine", "none"), event_socket=req.get("event_socket"),
                     extra_args=req.get("extra_args", []), log_path=req.get("log_path"))

@@ -39,6 +39,7 @@ from typing import Any
 
 from pvestord.adapters.lvm import FAST_CONFIG
 from tests.harness.nodeguest import VENV_BIN, GuestError, vng_argv
+from tests.harness.qemu import Pve9Disk
 
 REPO = Path(__file__).resolve().parents[2]
 #: Boot of both guests at once under TCG: 19-24 s on an idle machine (docs/design.md);
@@ -386,7 +387,11 @@ MiB = 1024**2
 GiB = 1024**3
 
 
-def storage_section(cluster: Cluster, *, storeid: str = "san", chunksize: str = "32M",
+#: The shared storage's id (storage_section's default).
+STOREID = "san"
+
+
+def storage_section(cluster: Cluster, *, storeid: str = STOREID, chunksize: str = "32M",
                     initial: str = "64M") -> str:
     return (f"pvestord: {storeid}\n\tvgname {cluster.vg}\n\tcontent images\n\tshared 1\n"
             "\tsnapshot-as-volume-chain 1\n"
@@ -413,13 +418,39 @@ def create_thin_volume(node: Node, vg: str, vmid: int, *, size: int = 64 * MiB,
     return path
 
 
+def vm_disk(vmid: int, path: str = "") -> Pve9Disk:
+    """VM ``vmid``'s disk (the volume :func:`create_thin_volume` makes) as
+    :func:`launch_vm` attaches it, as Proxmox VE 9 does for ``scsi0``: a
+    throttle node ``drive-scsi0`` over the qcow2 node ``f<hash>`` over the
+    host_device ``e<hash>``. The names follow from the volume alone, so a
+    test asks for them by VMID; ``path`` only matters to a launch."""
+    return Pve9Disk.for_volume(path, vm_volid(vmid))
+
+
+def vm_volid(vmid: int) -> str:
+    return f"{STOREID}:vm-{vmid}-disk-0.qcow2"
+
+
+def file_node(vmid: int) -> str:
+    """The host_device node of VM ``vmid``'s disk: its threshold, its extensions."""
+    return vm_disk(vmid).file_block_node
+
+
+def fmt_node(vmid: int) -> str:
+    """The qcow2 node of VM ``vmid``'s disk: what a test writes and reads."""
+    return vm_disk(vmid).block_node
+
+
 def launch_vm(node: Node, vmid: int, path: str, *, incoming: str | None = None,
               extra: list[str] | None = None, machine: str = "none") -> None:
-    """A QEMU with Proxmox's layout on ``node``: qcow2 ``fmt0`` over ``file0`` on ``path``.
+    """A QEMU with Proxmox VE 9's block graph on ``node`` for the volume at
+    ``path`` (:func:`vm_disk`): a device uses ``vm_disk(vmid).top_node``.
 
     ``incoming`` starts it as a migration target (``-incoming``); ``machine``
     ``pc`` for a guest that runs (the writer guest), else no guest at all.
     """
+    if Path(path).name != f"vm-{vmid}-disk-0.qcow2":
+        raise ValueError(f"{path}: not VM {vmid}'s volume as create_thin_volume names it")
     args = list(extra or [])
     if incoming is not None:
         args += ["-incoming", incoming]
@@ -427,7 +458,7 @@ def launch_vm(node: Node, vmid: int, path: str, *, incoming: str | None = None,
     node.call("vm_launch", vmid=vmid, run_dir=node.run_dir, event_socket=node.event_socket,
               machine=machine,
               log_path=str(node.logs / f"qemu-{vmid}.log"), extra_args=args,
-              disks=[{"path": path, "block_node": "fmt0", "file_block_node": "file0"}])
+              disks=[{"path": path, "volid": vm_volid(vmid), "drive_id": "scsi0"}])
 
 
 def migration_status(node: Node, vmid: int) -> str:

@@ -18,6 +18,8 @@ from tests.harness.twonode import (
     Node,
     create_thin_volume,
     device_size,
+    file_node,
+    fmt_node,
     launch_vm,
     lv_size,
 )
@@ -31,7 +33,7 @@ ROUND_TIMEOUT = 120.0
 
 
 def threshold(node: Node, vmid: int) -> int:
-    return int(node.vm(vmid, "named_node", "file0")["write_threshold"])
+    return int(node.vm(vmid, "named_node", file_node(vmid))["write_threshold"])
 
 
 def test_extensions_from_both_nodes_at_once_are_all_kept(daemons: Cluster, full: bool) -> None:
@@ -54,7 +56,7 @@ def test_extensions_from_both_nodes_at_once_are_all_kept(daemons: Cluster, full:
 
             def write(node: Node, vmid: int, start: int = written, stop: int = end,
                       errors: list[str] = errors) -> None:
-                r = node.vm(vmid, "write_pattern", "fmt0", start, stop - start, vmid % 256,
+                r = node.vm(vmid, "write_pattern", fmt_node(vmid), start, stop - start, vmid % 256,
                             check=False)
                 if not r["ok"]:
                     errors.append(f"{node.name}: {r['error']}")
@@ -76,7 +78,7 @@ def test_extensions_from_both_nodes_at_once_are_all_kept(daemons: Cluster, full:
             for seen_from in cluster.nodes:  # the one metadata, read from both nodes
                 assert lv_size(seen_from, cluster.vg, lv) == final, (node.name, seen_from.name)
             assert device_size(node, cluster.vg, lv) == final
-            assert node.vm(vmid, "read_verify", "fmt0", 0, written, vmid % 256, timeout=300)
+            assert node.vm(vmid, "read_verify", fmt_node(vmid), 0, written, vmid % 256, timeout=300)
             assert node.log_text("pvestord").count(" extended ") >= rounds
     finally:
         checks = {}

@@ -30,12 +30,15 @@ from tests.harness.twonode import (
     Cluster,
     MiB,
     create_thin_volume,
+    file_node,
+    fmt_node,
     launch_vm,
     lv_size,
     lvm,
     migration_status,
     pvestord_cli,
     run_status,
+    vm_disk,
 )
 from tests.harness.writerguest import build_writer
 
@@ -67,9 +70,9 @@ def test_guest_filling_its_lv_while_migrating_pauses_once_and_runs_on_b(
                         length=GUEST_WRITE, pattern=GUEST_PATTERN)
     on_b = dataclasses.replace(on_a, debugcon=b.logs / f"writer-{vmid}.debugcon",
                                bios_log=b.logs / f"writer-{vmid}.seabios.log")
-    launch_vm(a, vmid, path, machine="pc", extra=["-S", *on_a.args("fmt0")])
+    launch_vm(a, vmid, path, machine="pc", extra=["-S", *on_a.args(vm_disk(vmid).top_node)])
     try:
-        wait_until(lambda: int(a.vm(vmid, "named_node", "file0")["write_threshold"])
+        wait_until(lambda: int(a.vm(vmid, "named_node", file_node(vmid))["write_threshold"])
                    == INITIAL - CHUNK // 2, 120, "threshold armed on A")
         lvm(b, "lvchange", "-ay", f"{cluster.vg}/{lv}")   # as qemu-server, for the target
         if hint:
@@ -77,14 +80,14 @@ def test_guest_filling_its_lv_while_migrating_pauses_once_and_runs_on_b(
             pvestord_cli(cluster, b, "migration", "begin", str(vmid), "--role", "incoming")
         assert lv_size(a, cluster.vg, lv) == end
         launch_vm(b, vmid, path, machine="pc", incoming=f"tcp:0:{PORT}",
-                  extra=on_b.args("fmt0"))
+                  extra=on_b.args(vm_disk(vmid).top_node))
         a.vm(vmid, "qmp", "migrate-set-parameters", {"max-bandwidth": THROTTLED})
         a.vm(vmid, "qmp", "migrate", {"uri": f"tcp:{b.addr}:{PORT}"})
         wait_until(lambda: migration_status(a, vmid) == "active", 60, "migration active")
 
         # Fill to 2 MiB short of the LV's end while it migrates: A must not extend.
         for offset in range(0, end - 2 * MiB, 16 * MiB):
-            r = a.vm(vmid, "write_pattern", "fmt0", offset,
+            r = a.vm(vmid, "write_pattern", fmt_node(vmid), offset,
                      min(16 * MiB, end - 2 * MiB - offset), FILL_PATTERN, check=False,
                      timeout=IO_TIMEOUT)
             assert r["ok"], r
@@ -115,9 +118,9 @@ def test_guest_filling_its_lv_while_migrating_pauses_once_and_runs_on_b(
             b.log_text("pvestord")
         with pytest.raises(AgentError):
             b.vm(vmid, "wait_event", "BLOCK_IO_ERROR", timeout=1)
-        assert b.vm(vmid, "read_verify", "fmt0", 0, end - 2 * MiB, FILL_PATTERN,
+        assert b.vm(vmid, "read_verify", fmt_node(vmid), 0, end - 2 * MiB, FILL_PATTERN,
                     timeout=IO_TIMEOUT)
-        assert b.vm(vmid, "read_verify", "fmt0", end - 2 * MiB, GUEST_WRITE, GUEST_PATTERN,
+        assert b.vm(vmid, "read_verify", fmt_node(vmid), end - 2 * MiB, GUEST_WRITE, GUEST_PATTERN,
                     timeout=IO_TIMEOUT)
         if hint:
             pvestord_cli(cluster, a, "migration", "end", str(vmid), "--role", "outgoing")

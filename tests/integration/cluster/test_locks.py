@@ -20,6 +20,8 @@ from tests.harness.twonode import (
     MiB,
     Node,
     create_thin_volume,
+    file_node,
+    fmt_node,
     launch_vm,
     lv_size,
 )
@@ -124,13 +126,13 @@ def test_pvestord_waits_for_the_storage_lock_held_by_the_other_node(daemons: Clu
     release = cluster.pve / f"release-{vmid}"
     launch_vm(a, vmid, path)
     try:
-        wait_until(lambda: int(a.vm(vmid, "named_node", "file0")["write_threshold"])
+        wait_until(lambda: int(a.vm(vmid, "named_node", file_node(vmid))["write_threshold"])
                    == 48 * MiB, 60, "threshold armed on A")
         holder = Holder(cluster, cluster.b, "storage-san", "--hold-until", str(release),
                         "--timeout", "60")
         holder.wait("acquired")
         seen = len(a.log_text("pvestord"))
-        r = a.vm(vmid, "write_pattern", "fmt0", 0, 56 * MiB, 0x2B, check=False)
+        r = a.vm(vmid, "write_pattern", fmt_node(vmid), 0, 56 * MiB, 0x2B, check=False)
         assert r["ok"], r
         # A's pass waits cfs_lock's 10 s for the lock, gives up, keeps the entry.
         wait_until(lambda: "waiting for lock storage-san" in a.log_text("pvestord")[seen:],
@@ -142,7 +144,7 @@ def test_pvestord_waits_for_the_storage_lock_held_by_the_other_node(daemons: Clu
         wait_until(lambda: lv_size(a, cluster.vg, lv) == 96 * MiB, 120, "extended after release")
         # pvestord logs the extension once it has re-armed, after LVM shows the
         # new size: wait for the line rather than expect it already there.
-        wait_until(lambda: f"VM {vmid} file0: LV" in a.log_text("pvestord"), 60,
+        wait_until(lambda: f"VM {vmid} {file_node(vmid)}: LV" in a.log_text("pvestord"), 60,
                    "A's pvestord logged the extension")
     finally:
         release.touch()

@@ -30,6 +30,8 @@ from tests.harness.twonode import (
     Node,
     create_thin_volume,
     device_size,
+    file_node,
+    fmt_node,
     launch_vm,
     lv_size,
     lvm,
@@ -46,11 +48,11 @@ _vmids = itertools.count(301)
 
 
 def threshold(node: Node, vmid: int) -> int:
-    return int(node.vm(vmid, "named_node", "file0")["write_threshold"])
+    return int(node.vm(vmid, "named_node", file_node(vmid))["write_threshold"])
 
 
 def write(node: Node, vmid: int, start: int, end: int, pattern: int) -> None:
-    r = node.vm(vmid, "write_pattern", "fmt0", start, end - start, pattern, check=False)
+    r = node.vm(vmid, "write_pattern", fmt_node(vmid), start, end - start, pattern, check=False)
     assert r["ok"], f"{node.name}: write {start}+{end - start}: {r['error']}"
 
 
@@ -152,7 +154,7 @@ def test_extension_before_migration_verifies_on_b(guest: Guest, hint: bool) -> N
     if hint:
         guest.hint("end")
     assert device_size(b, cluster.vg, guest.lv) == lv_size(b, cluster.vg, guest.lv)
-    assert b.vm(guest.vmid, "read_verify", "fmt0", 0, 76 * MiB, 0x3C, timeout=300)
+    assert b.vm(guest.vmid, "read_verify", fmt_node(guest.vmid), 0, 76 * MiB, 0x3C, timeout=300)
     # B arms the threshold once the VM runs there, and extends on B, without a pause.
     size = lv_size(b, cluster.vg, guest.lv)
     wait_until(lambda: threshold(b, guest.vmid) == size - CHUNK // 2, 60, "armed on B")
@@ -160,8 +162,8 @@ def test_extension_before_migration_verifies_on_b(guest: Guest, hint: bool) -> N
     wait_until(lambda: lv_size(b, cluster.vg, guest.lv) == size + CHUNK, EXTEND_TIMEOUT,
                "extended on B")
     assert run_status(b, guest.vmid) == "running"
-    assert f"VM {guest.vmid} file0: LV" in b.log_text("pvestord")
-    assert b.vm(guest.vmid, "read_verify", "fmt0", 76 * MiB,
+    assert f"VM {guest.vmid} {file_node(guest.vmid)}: LV" in b.log_text("pvestord")
+    assert b.vm(guest.vmid, "read_verify", fmt_node(guest.vmid), 76 * MiB,
                 size - CHUNK // 2 + 4 * MiB - 76 * MiB, 0x4D, timeout=300)
 
 
@@ -199,7 +201,7 @@ def test_threshold_crossed_at_switchover_is_extended_on_b(guest: Guest, hint: bo
                "extended on B after the switchover")
     wait_until(lambda: threshold(b, guest.vmid) == grown + CHUNK - CHUNK // 2, 60,
                "re-armed on B")
-    assert b.vm(guest.vmid, "read_verify", "fmt0", 0, crossing, 0x5E, timeout=300)
+    assert b.vm(guest.vmid, "read_verify", fmt_node(guest.vmid), 0, crossing, 0x5E, timeout=300)
     assert "deferred" in a.log_text("pvestord") or "later" in a.log_text("pvestord")
 
 
@@ -228,9 +230,9 @@ def test_qemu_servers_lock_defers_from_target_start_to_switchover(guest: Guest) 
     guest.finish_migration()
     guest.config_lock(None)       # qemu-server moves the config to B and unlocks it
     assert device_size(b, cluster.vg, guest.lv) == lv_size(b, cluster.vg, guest.lv) == grown
-    assert b.vm(guest.vmid, "read_verify", "fmt0", 0, 56 * MiB, 0x61, timeout=300)
-    assert b.vm(guest.vmid, "read_verify", "fmt0", 56 * MiB, crossing - 56 * MiB, 0x62,
-                timeout=300)
+    assert b.vm(guest.vmid, "read_verify", fmt_node(guest.vmid), 0, 56 * MiB, 0x61, timeout=300)
+    assert b.vm(guest.vmid, "read_verify", fmt_node(guest.vmid), 56 * MiB,
+                crossing - 56 * MiB, 0x62, timeout=300)
     # B starts with no allocation figure: it arms below the real allocation,
     # and the next allocating write extends on B: after.
     wait_until(lambda: threshold(b, guest.vmid) == grown - CHUNK // 2, 60, "armed on B")
@@ -238,7 +240,8 @@ def test_qemu_servers_lock_defers_from_target_start_to_switchover(guest: Guest) 
     wait_until(lambda: lv_size(b, cluster.vg, guest.lv) == grown + CHUNK, EXTEND_TIMEOUT,
                "extended on B after the switchover")
     assert run_status(b, guest.vmid) == "running"
-    assert b.vm(guest.vmid, "read_verify", "fmt0", crossing, 4 * MiB, 0x63, timeout=300)
+    assert b.vm(guest.vmid, "read_verify", fmt_node(guest.vmid), crossing, 4 * MiB, 0x63,
+                timeout=300)
 
 
 def test_pre_extension_stops_at_what_the_qcow2_can_use(daemons: Cluster) -> None:
