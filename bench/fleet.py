@@ -45,6 +45,7 @@ from bench.latency import (
     IO_TIMEOUT,
     PERCENTAGE,
     VIRTUAL,
+    VOLID,
     approach,
     armed_threshold,
     event_time,
@@ -55,7 +56,7 @@ from tests.harness import daemonlog
 from tests.harness.daemons import Daemon, NodeBed, ThinStorageSpec, daemons
 from tests.harness.lvmbed import VG, MiB, loop_vg
 from tests.harness.polling import wait_until
-from tests.harness.qemu import Disk, QemuVM
+from tests.harness.qemu import Pve9Disk, QemuVM
 
 FIRST_VMID = 200
 IN_A = 16
@@ -167,7 +168,7 @@ class Fleet:
         only once every threshold is armed.
         """
         vms = [QemuVM(vmid, self.bed.run_dir,
-                      disks=[Disk(self.paths[vmid], FORMAT_NODE, FILE_NODE)],
+                      disks=[Pve9Disk.for_volume(self.paths[vmid], VOLID)],
                       event_socket=self.bed.event_socket,
                       log_path=self.bed.logs / f"qemu-{vmid}.log",
                       launch_timeout=LAUNCH_TIMEOUT) for vmid in vmids]

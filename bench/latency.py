@@ -54,11 +54,14 @@ from tests.harness import daemonlog
 from tests.harness.daemons import Daemon, NodeBed, ThinStorageSpec, daemons
 from tests.harness.lvmbed import VG, GiB, MiB, loop_vg, qcow2_create
 from tests.harness.polling import wait_until
-from tests.harness.qemu import Disk, QemuVM
+from tests.harness.qemu import Disk, Pve9Disk, QemuVM
 
 VMID = 100
-FILE_NODE = "file0"
-FORMAT_NODE = "fmt0"
+#: The volume the benchmarks' VMs attach, as Proxmox VE 9 does on ``scsi0``:
+#: throttle over qcow2 ``f<hash>`` over host_device ``e<hash>``.
+VOLID = "san:vm-100-disk-0.qcow2"
+FILE_NODE = Pve9Disk.for_volume("", VOLID).file_block_node
+FORMAT_NODE = Pve9Disk.for_volume("", VOLID).block_node
 #: Small chunks: an extension costs the same whatever it adds, and every
 #: byte the writer puts in the LV is real memory on the guest's tmpfs.
 CHUNK = 16 * MiB
@@ -129,7 +132,7 @@ def storage(vg: VG, storeid: str = "san") -> ThinStorageSpec:
 def thin_disk(vg: VG, vmid: int) -> Disk:
     path = vg.create_lv(f"vm-{vmid}-disk-0.qcow2", INITIAL)
     qcow2_create(path, VIRTUAL)
-    return Disk(path, FORMAT_NODE, FILE_NODE)
+    return Pve9Disk.for_volume(path, VOLID)
 
 
 def vg_size(extensions: int) -> int:

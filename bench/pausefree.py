@@ -26,12 +26,20 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.latency import FILE_NODE, FORMAT_NODE, IO_TIMEOUT, VIRTUAL, VMID, armed_threshold
+from bench.latency import (
+    FILE_NODE,
+    FORMAT_NODE,
+    IO_TIMEOUT,
+    VIRTUAL,
+    VMID,
+    VOLID,
+    armed_threshold,
+)
 from bench.together import enter_together, one_at_a_time
 from tests.harness.daemons import NodeBed, ThinStorageSpec, daemons
 from tests.harness.lvmbed import VG, MiB, loop_vg, qcow2_create
 from tests.harness.polling import wait_until
-from tests.harness.qemu import Disk, QemuVM
+from tests.harness.qemu import Pve9Disk, QemuVM
 
 WRITE = 16 * MiB
 CHUNK = 256 * MiB
@@ -90,7 +98,7 @@ def setting(out: Path, percentage: float, total: int) -> Iterator[Setting]:
         path = vg.create_lv(lv, CHUNK)
         qcow2_create(path, VIRTUAL)
         with daemons(bed) as _, QemuVM(
-                VMID, bed.run_dir, disks=[Disk(path, FORMAT_NODE, FILE_NODE)],
+                VMID, bed.run_dir, disks=[Pve9Disk.for_volume(path, VOLID)],
                 event_socket=bed.event_socket, log_path=logs / "qemu.log") as vm:
             wait_until(lambda: armed_threshold(vm, FILE_NODE) > 0, 60, "the first threshold")
             yield Setting(percentage, bed, vg, lv, vm)

@@ -18,7 +18,7 @@ from tests.harness.daemonlog import EXTENDED
 from tests.harness.daemons import NodeBed, ThinStorageSpec, daemons
 from tests.harness.lvmbed import GiB, MiB, loop_vg, qcow2_check, qcow2_create
 from tests.harness.polling import wait_until
-from tests.harness.qemu import Disk, QemuVM
+from tests.harness.qemu import Pve9Disk, QemuVM
 
 VMID = 100
 #: Small writes: an HMP qemu-io holds QEMU's main loop (and pvestord's QMP
@@ -46,21 +46,23 @@ def main() -> int:
         lv = f"vm-{VMID}-disk-0.qcow2"
         path = vg.create_lv(lv, 256 * MiB)
         qcow2_create(path, 8 * GiB)
+        # Attached as Proxmox VE 9 does: throttle over qcow2 over host_device.
+        disk = Pve9Disk.for_volume(path, f"san:{lv}")
         say(f"VG {vg.name} on a 4 GiB loop device; LV {lv} is 256 MiB under an 8 GiB qcow2")
         say("storage 'san': chunksize 256M, chunk-percentage 0.5 (threshold = LV size - 128M)")
         with daemons(bed) as (_, pvestord), QemuVM(
-                VMID, bed.run_dir, disks=[Disk(path, "drive-scsi0", "file-scsi0")],
+                VMID, bed.run_dir, disks=[disk],
                 event_socket=bed.event_socket, log_path=out / "qemu.log") as vm:
-            wait_until(lambda: vm.named_node("file-scsi0")["write_threshold"] > 0, 30,
+            wait_until(lambda: vm.named_node(disk.file_block_node)["write_threshold"] > 0, 30,
                        "the first threshold")
             say("qmeventd-py and pvestord running; threshold armed at "
-                f"{vm.named_node('file-scsi0')['write_threshold'] // MiB} MiB")
+                f"{vm.named_node(disk.file_block_node)['write_threshold'] // MiB} MiB")
             say(f"writing {TOTAL // GiB} GiB in {WRITE // MiB} MiB writes through QEMU ...")
             seen = 0
             failed = 0
             began = time.monotonic()
             for offset in range(0, TOTAL, WRITE):
-                if not vm.write_pattern("drive-scsi0", offset, WRITE, 0xC5, check=False,
+                if not vm.write_pattern(disk.block_node, offset, WRITE, 0xC5, check=False,
                                         timeout=IO_TIMEOUT).ok:
                     failed += 1
                 text = pvestord.log_text()
@@ -77,10 +79,10 @@ def main() -> int:
             say(f"wrote {TOTAL // MiB} MiB in {time.monotonic() - began:.1f} s, "
                 f"{failed} failed writes")
             say("verifying every byte ...")
-            good = all(vm.read_verify("drive-scsi0", o, 64 * MiB, 0xC5, timeout=IO_TIMEOUT)
+            good = all(vm.read_verify(disk.block_node, o, 64 * MiB, 0xC5, timeout=IO_TIMEOUT)
                        for o in range(0, TOTAL, 64 * MiB))
             say(f"LV is now {vg.lv_size(lv) // MiB} MiB; threshold at "
-                f"{vm.named_node('file-scsi0')['write_threshold'] // MiB} MiB; data "
+                f"{vm.named_node(disk.file_block_node)['write_threshold'] // MiB} MiB; data "
                 + ("verified" if good else "MISMATCH"))
         check = qcow2_check(path)
         say(f"qemu-img check: {'clean' if check['exit'] == 0 else check}")
