@@ -24,9 +24,10 @@ from typing import Any
 import pytest
 
 from pvestord.adapters.queue import ExtendQueue
+from pvestord.adapters.vms import local_vm
 from pvestord.policy import Reason
 from tests.harness.polling import wait_until
-from tests.harness.qemu import Disk, QemuVM, create_qcow2
+from tests.harness.qemu import Disk, QemuVM, QmpConnection, create_qcow2
 
 pytestmark = pytest.mark.root
 
@@ -414,3 +415,48 @@ def test_queue_lock_held_past_its_timeout_loses_nothing(
         _cross_threshold(vm)                                # the appender still works
         wait_until(lambda: [e.n for e in daemon.entries()] == [2], 60, "a second event merged")
     assert daemon.stop() == 0
+
+
+def _process_gone(pid: int) -> bool:
+    # A daemonized QEMU is no child of ours: its /proc entry is what tells.
+    return not Path(f"/proc/{pid}").exists() or \
+        Path(f"/proc/{pid}/stat").read_text().split(") ")[-1].startswith("Z")
+
+
+def test_a_daemonized_qemu_is_found_and_its_events_queued(
+        run_dir: Path, daemon_factory: DaemonFactory) -> None:
+    """qemu-server starts QEMU with ``-daemonize``: the process that connects
+    to qmeventd-py and writes the pidfile is then no child of the caller,
+    and its stdout is closed. qmeventd-py still names its VM (by the pidfile
+    on its command line) and queues its threshold, and pvestord's view of
+    running VMs (``local_vm``) finds it by its pidfile."""
+    daemon = daemon_factory()
+    vm = _vm(run_dir, 4250, daemon)
+    # What QemuVM would run, but daemonized (-nographic and -daemonize exclude
+    # each other; -display none stays).
+    argv = [arg for arg in vm.argv if arg != "-nographic"] + ["-daemonize"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=LAUNCH_BUDGET,  # noqa: S603
+                          check=False, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, (argv, done.stdout, done.stderr)
+    # The parent returned once the child was ready: its pidfile and sockets exist.
+    pid = int(vm.pid_path.read_text())
+    try:
+        found = local_vm(run_dir, 4250)
+        assert found is not None and (found.pid, found.qmp_socket) == (pid, vm.qmp_path)
+        monitor = QmpConnection(vm.harness_qmp_path, 30.0)
+        try:
+            monitor.execute("block-set-write-threshold",
+                            {"node-name": "file-scsi0", "write-threshold": 1 * MiB}, 30.0)
+            # qemu-io's report goes to the closed stdout; the write happens all the same.
+            monitor.execute("human-monitor-command",
+                            {"command-line": 'qemu-io drive-scsi0 "write -P 0x5a 0 2M"'}, 60.0)
+            wait_until(lambda: daemon.entries(), 60, "the daemonized VM's entry")
+            [entry] = daemon.entries()
+            assert (entry.key, entry.reason) == ((4250, "file-scsi0"), Reason.THRESHOLD)
+            monitor.execute("quit", {}, 30.0)
+        finally:
+            monitor.close()
+        wait_until(lambda: _process_gone(pid), 60, "the daemonized QEMU gone")
+    finally:
+        if not _process_gone(pid):
+            os.kill(pid, signal.SIGKILL)
