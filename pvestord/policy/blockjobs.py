@@ -125,6 +125,12 @@ def room_for_jobs(jobs: Iterable[BlockJob], targets: Mapping[str, str]) -> dict[
     room: dict[str, int] = {}
     for job in jobs:
         node = targets.get(job.id)
-        if node is not None and job.type == "commit":
+        if node is not None and job.type == "commit" and job.status in WRITING:
             room[node] = room.get(node, 0) + job.remaining
     return room
+
+
+#: The job statuses (QEMU's JobStatus) in which a job may still write: one
+#: that concluded or is aborting (a failed job its owner has not dismissed)
+#: keeps the progress it stopped at, and must not grow its target.
+WRITING = frozenset({"created", "running", "paused", "ready", "standby"})

@@ -138,6 +138,14 @@ def test_only_an_active_commit_gives_its_target_room() -> None:
     assert room_for_jobs(jobs, targets) == {"#block117": 48 * MiB}
 
 
+def test_a_commit_that_has_stopped_writing_gives_no_room() -> None:
+    # A commit failed half-way and not dismissed keeps its progress.
+    for status, room in (("concluded", {}), ("aborting", {}), ("pending", {}),
+                         ("paused", {"base": 4}), ("ready", {"base": 4})):
+        job = BlockJob("c", "commit", status, status == "paused", "ok", length=5, offset=1)
+        assert room_for_jobs([job], {"c": "base"}) == room, status
+
+
 def drive(lv: int, allocation: int, room: int, chunk: int, extent: int) -> DriveState:
     return DriveState(lv_size=lv, allocation=allocation, threshold=0,
                       virtual_size=1 << 40, maximum=1 << 41, extent_size=extent,
