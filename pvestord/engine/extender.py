@@ -157,7 +157,7 @@ class Extender:
         views, names = await monitor.thin_drives()
         # The job graph only while a commit runs: no cost to a pass without one.
         targets = (await monitor.job_targets()
-                   if any(job.type == "commit" for job in run.jobs) else {})
+                   if any(policy.counts_data(job) for job in run.jobs) else {})
         return Look(run, in_flight, self.bindings.bind(vm, self.found(views)), names,
                     policy.room_for_jobs(run.jobs, targets))
 

@@ -23,6 +23,7 @@ needs from here; the submodules group them by question:
 
 from pvestord.policy.blockjobs import (
     BlockJob,
+    counts_data,
     job_target_size,
     jobs_to_resume,
     room_for_jobs,
@@ -91,6 +92,7 @@ __all__ = [
     "TableState",
     "another_round",
     "classify",
+    "counts_data",
     "decide",
     "device_filenames",
     "device_on",

@@ -60,6 +60,12 @@ class BlockJob:
         return self.paused and self.io_status == "nospace"
 
 
+#: The job statuses (QEMU's JobStatus) in which a job may still write: one
+#: that concluded or is aborting (a failed job its owner has not dismissed)
+#: keeps the progress it stopped at, and must not grow its target.
+WRITING = frozenset({"created", "running", "paused", "ready", "standby"})
+
+
 def job_target_size(target_lv_size: int, source_end: int, target_maximum: int,
                     chunksize: int, extent_size: int) -> int:
     """The size a job's target must have before the job copies a source into it.
@@ -125,12 +131,14 @@ def room_for_jobs(jobs: Iterable[BlockJob], targets: Mapping[str, str]) -> dict[
     room: dict[str, int] = {}
     for job in jobs:
         node = targets.get(job.id)
-        if node is not None and job.type == "commit" and job.status in WRITING:
+        if node is not None and counts_data(job):
             room[node] = room.get(node, 0) + job.remaining
     return room
 
 
-#: The job statuses (QEMU's JobStatus) in which a job may still write: one
-#: that concluded or is aborting (a failed job its owner has not dismissed)
-#: keeps the progress it stopped at, and must not grow its target.
-WRITING = frozenset({"created", "running", "paused", "ready", "standby"})
+def counts_data(job: BlockJob) -> bool:
+    """Whether ``job`` may be an active commit that still writes, whose
+    progress counts data (see :func:`room_for_jobs`; only the job graph tells
+    an active commit from one of a backing layer). The engine reads the
+    graph only while such a job exists."""
+    return job.type == "commit" and job.status in WRITING
