@@ -221,6 +221,19 @@ class VmMonitor:
         except (QMPError, EOFError, OSError) as err:
             raise QmpError(f"{self.name}: {command}: {err!r}") from err
 
+    async def execute_optional(self, command: str,
+                               arguments: Mapping[str, object] | None = None) -> Any:
+        """:meth:`execute` for what a QEMU may lack (a property, a debug
+        command): its refusal is None, logged at debug. A timeout is still an
+        error: a QEMU that does not answer must not look like one that said no."""
+        try:
+            return await self.execute(command, arguments)
+        except QmpTimeout:
+            raise
+        except QmpError as err:
+            log.debug("%s: %s", self.name, err)
+            return None
+
     async def thin_drives(self) -> tuple[list[ThinDriveView], set[str]]:
         """Every ``host_device`` file node under a writable qcow2 node, with its
         figures; and every node-name the VM has (to tell a stale entry)."""
@@ -246,14 +259,7 @@ class VmMonitor:
         (:func:`job_targets_from`), by job id; empty when this QEMU has no
         ``x-debug-query-block-graph`` (a debug command: the targets are then
         kept ahead by threshold events alone)."""
-        try:
-            graph = await self.execute("x-debug-query-block-graph")
-        except QmpTimeout:
-            raise
-        except QmpError as err:
-            log.debug("%s: no job graph: %s", self.name, err)
-            return {}
-        return job_targets_from(graph)
+        return job_targets_from(await self.execute_optional("x-debug-query-block-graph"))
 
     async def cont(self) -> None:
         await self.execute("cont")
@@ -272,13 +278,8 @@ class VmMonitor:
     async def write_error_action(self, device: BlockDevice) -> str | None:
         """The device's ``werror`` property (``qom-get``); None when QEMU has
         none to give (a device without one, an older QEMU)."""
-        try:
-            value = await self.execute("qom-get", {"path": qom_path(device),
-                                                   "property": "werror"})
-        except QmpTimeout:
-            raise
-        except QmpError:
-            return None
+        value = await self.execute_optional("qom-get", {"path": qom_path(device),
+                                                         "property": "werror"})
         return value if isinstance(value, str) else None
 
 
