@@ -82,6 +82,7 @@ from pvestord.engine.tables import Tables
 from pvestord.engine.werror import WerrorWatch
 from pvestord.errors import PvestordError
 from pvestord.policy import Decision, DriveState, Reason
+from pvestord.policy.vmconfig import grows_while_renaming
 
 log = logging.getLogger(__name__)
 
@@ -219,7 +220,8 @@ class Extender:
                                       said=self._said):
             raise migration.ExtensionsDeferred(vm.vmid, paused=run.paused_for_room)
         renaming = migration.renaming(self.settings, vm.vmid,
-                                      paused_for_room=run.paused_for_room)
+                                      paused_for_room=run.paused_for_room,
+                                      job_writing=bool(look.job_room))
         fresh = requests is None
         drives = await self.figures.drives(look.found, fresh=fresh, shared=shared)
         thin_nodes = thin_block_nodes(drives)
@@ -243,11 +245,11 @@ class Extender:
             if reason is None:
                 continue
             paused = run.nospace_on(drive.view.path, drive.identity.block_nodes)
-            if renaming and not paused:
-                continue  # only a paused guest is answered while LVs are renamed
+            job_room = look.job_room.get(drive.view.format_node, 0)
+            if renaming and not grows_while_renaming(paused_nospace=paused, job_room=job_room):
+                continue
             state = drive.state(paused_nospace=paused and self._enospc_is_new(vm, drive),
-                                reason=reason,
-                                job_room=look.job_room.get(drive.view.format_node, 0))
+                                reason=reason, job_room=job_room)
             planned.append((drive, policy.decide(state), state))
             self.activity.seen(vm.vmid, drive.view.file_node, drive.lv, drive.vg,
                                policy.classify(state), paused_nospace=paused,

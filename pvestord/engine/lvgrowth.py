@@ -28,7 +28,7 @@ from pvestord.engine.tables import Tables
 from pvestord.policy import DriveState, TableState
 from pvestord.policy.capacity import extension_refusal
 from pvestord.policy.sizes import format_size
-from pvestord.policy.vmconfig import ConfigLockRule
+from pvestord.policy.vmconfig import ConfigLockRule, grows_while_renaming
 
 #: The pass's messages keep the logger name they always had.
 log = logging.getLogger("pvestord.engine.extender")
@@ -98,13 +98,14 @@ class LvGrowth:
             # VM and then takes this lock, and qemu-server writes lock: migrate
             # before the target activates the LVs (itself under no lock, but
             # the target's catch-up takes this one): both are barriers for us.
-            # A rename stops all but the answer to a paused guest; that one
-            # grows the LV QEMU has open, by its name as of now: Proxmox
-            # renames under this very lock.
+            # A rename stops all but a paused guest and an active commit's
+            # target; those grow the LV QEMU has open, by its name as of now:
+            # Proxmox renames under this very lock.
             lock_rule = migration.config_lock(self.settings, vm.vmid, in_flight=False)
             if migration.outgoing_marked(self.settings.run_dir, vm.vmid) or \
                     lock_rule is ConfigLockRule.MIGRATING or (
-                        lock_rule is ConfigLockRule.RENAMING and not state.paused_nospace):
+                        lock_rule is ConfigLockRule.RENAMING and not grows_while_renaming(
+                            paused_nospace=state.paused_nospace, job_room=state.job_room)):
                 raise VmBusyError(f"VM {vm.vmid} started migrating away or its LVs are "
                                   f"being renamed: extension of {node} deferred")
             lv = DeviceBindings.current_lv(drive)
@@ -119,7 +120,7 @@ class LvGrowth:
                 self.tables.log_refreshed(vm, drive, table, info.size)
                 fresh = policy.decide(drive.state(
                     lv_size=info.size, paused_nospace=state.paused_nospace,
-                    reason=state.reason))
+                    reason=state.reason, job_room=state.job_room))
                 if not isinstance(fresh, Growing):
                     return True
                 decision = fresh

@@ -234,19 +234,20 @@ def extensions_defer(settings: DaemonSettings, vmid: int, *, in_flight: bool,
     return marked or locked is ConfigLockRule.MIGRATING
 
 
-def renaming(settings: DaemonSettings, vmid: int, *, paused_for_room: bool) -> bool:
+def renaming(settings: DaemonSettings, vmid: int, *, paused_for_room: bool,
+             job_writing: bool) -> bool:
     """Whether qemu-server is renaming ``vmid``'s LVs under its running QEMU
     (snapshot, its deletion, rollback: its config's lock says so).
 
-    pvestord then stands back from the VM's LVs, except to unpause a guest
-    paused on ENOSPC: its drives are bound to the devices QEMU has open
-    (:mod:`pvestord.engine.binding`), and a guest must not wait out a whole
-    snapshot task. Raises :class:`VmBusyError` for a VM that is not paused;
-    the pass comes back once the lock is gone.
+    pvestord then stands back from the VM's LVs, except for a guest paused on
+    ENOSPC and for an active commit's target (``job_writing``): see
+    :func:`pvestord.policy.vmconfig.grows_while_renaming`. Raises
+    :class:`VmBusyError` for a VM that has neither; the pass comes back once
+    the lock is gone.
     """
     if config_lock(settings, vmid, in_flight=False) is not ConfigLockRule.RENAMING:
         return False
-    if not paused_for_room:
+    if not (paused_for_room or job_writing):
         raise VmBusyError(f"VM {vmid}: its config is locked for a snapshot "
                           "operation that renames its LVs: later")
     return True

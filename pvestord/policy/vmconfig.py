@@ -12,7 +12,8 @@ those operations concern the extension of the VM's LVs:
 - ``snapshot``, ``snapshot-delete``, ``rollback``: the VM's LVs are being
   renamed (the current LV to ``snap_...``, a snapshot LV back to the disk's
   name) while QEMU keeps its devices open. A name read now may not be the
-  device QEMU writes, so pvestord stands back until the lock is gone.
+  device QEMU writes, so pvestord stands back until the lock is gone, but for
+  two drives that cannot wait (:func:`grows_while_renaming`).
 """
 
 from __future__ import annotations
@@ -72,3 +73,21 @@ def config_lock_rule(lock: str | None, *, age: float, in_flight: bool,
     if lock in RENAMING_LOCKS:
         return ConfigLockRule.RENAMING
     return ConfigLockRule.NONE
+
+
+def grows_while_renaming(*, paused_nospace: bool, job_room: int) -> bool:
+    """Whether a drive is still grown while its VM's LVs are being renamed.
+
+    Two cannot wait for the lock to go: a guest paused on ENOSPC (it must not
+    wait out a whole snapshot task), and the target of an active commit that
+    still writes (``job_room``, :func:`pvestord.policy.room_for_jobs`). That
+    commit is qemu-server's own snapshot delete: it runs under ``lock:
+    snapshot-delete``, at disk speed, with QEMU's default ``on-error=report``,
+    and the storage plugin's grant before it has one chunk of margin for what
+    the guest writes meanwhile; standing back would fail the job, and so the
+    admin's snapshot delete, whenever the guest writes more. Both are safe
+    because the LV grown is the one QEMU has open, read again under the
+    storage lock Proxmox renames under (:mod:`pvestord.engine.binding`); and
+    qemu-server renames the commit's base only after the job has completed.
+    """
+    return paused_nospace or job_room > 0

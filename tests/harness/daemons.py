@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pvestord.adapters.queue import Entry, ExtendQueue
+from pvestord.adapters.vmconfig import config_path
 
 VENV_BIN = Path(sys.executable).parent
 #: Python start-up plus the first config read; generous because a loaded
@@ -95,6 +96,15 @@ class NodeBed:
         text = "dir: local\n\tpath /var/lib/vz\n\tcontent iso\n\n" + "\n".join(
             s.section() for s in self.storages)
         self.storage_cfg.write_text(text)
+
+    def write_vm_config(self, vmid: int, volid: str, lock: str | None = None) -> None:
+        """VM ``vmid``'s config as qemu-server keeps it on pmxcfs (``volid``
+        its ``scsi0``), with ``lock`` in its main section as qemu-server
+        writes it for the length of a snapshot, its deletion or a migration."""
+        path = config_path(self.root / "nodes", self.node, vmid)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lines = ["boot: order=scsi0", f"scsi0: {volid},size=4G"]
+        path.write_text("\n".join(([f"lock: {lock}"] if lock else []) + lines) + "\n")
 
     def pvestord_argv(self, *extra: str) -> list[str]:
         return [str(VENV_BIN / "pvestord"), "--queue", str(self.queue_path),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -95,3 +96,24 @@ def test_engine_reads_this_nodes_config(tmp_path: Path) -> None:
     assert config_lock(settings, 101, in_flight=True) is ConfigLockRule.MIGRATING
     path.write_text(CONFIG.replace("lock: migrate", "lock: snapshot"))
     assert config_lock(settings, 101, in_flight=False) is ConfigLockRule.RENAMING
+
+
+def test_the_engine_lets_a_commit_under_snapshot_delete_through(tmp_path: Path) -> None:
+    """qemu-server's snapshot delete commits under its lock: the engine's
+    stand-back (pvestord.engine.migration.renaming) lets the pass through for
+    the job's target, as for a paused guest, and refuses a VM with neither."""
+    from pvestord.adapters.qmp import VmBusyError
+    from pvestord.adapters.settings import DaemonSettings
+    from pvestord.engine.migration import renaming
+
+    settings = DaemonSettings(node="pve1", queue=tmp_path / "extend-queue",
+                              nodes_dir=tmp_path / "nodes", run_dir=tmp_path / "run")
+    path = config_path(tmp_path / "nodes", "pve1", 101)
+    path.parent.mkdir(parents=True)
+    path.write_text(CONFIG.replace("lock: migrate", "lock: snapshot-delete"))
+    assert renaming(settings, 101, paused_for_room=False, job_writing=True)
+    assert renaming(settings, 101, paused_for_room=True, job_writing=False)
+    with pytest.raises(VmBusyError):
+        renaming(settings, 101, paused_for_room=False, job_writing=False)
+    path.write_text(CONFIG.replace("lock: migrate\n", ""))
+    assert not renaming(settings, 101, paused_for_room=False, job_writing=False)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pvestord.adapters.vmconfig import config_path
 from tests.harness.daemonlog import extensions
 from tests.harness.daemons import NodeBed, daemons
 from tests.harness.lvmbed import MiB
@@ -48,21 +47,13 @@ ARM_TIMEOUT = 180.0
 WRITER_TIMEOUT = 600.0
 
 
-def write_vm_config(bed: NodeBed, lock: str | None) -> None:
-    """The VM's config as qemu-server keeps it, with ``lock`` in its main section."""
-    path = config_path(bed.root / "nodes", bed.node, VMID)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lines = ["boot: order=scsi0", f"scsi0: {VOLID},size=4G"]
-    path.write_text("\n".join(([f"lock: {lock}"] if lock else []) + lines) + "\n")
-
-
 def test_a_guest_paused_between_rename_and_reopen_is_grown_on_the_lv_qemu_writes(
         sources: upstream.Upstream, out_dir: Path, tmp_path: Path) -> None:
     with thin_storage(sources, out_dir, chunksize=CHUNK, initial_size=INITIAL) as (pve, vg):
         alloc_disk(pve)
         bed = NodeBed(tmp_path / "bed", logs_dir=out_dir)
         bed.storage_cfg.write_text((sources.pve_dir / "storage.cfg").read_text())
-        write_vm_config(bed, None)
+        bed.write_vm_config(VMID, VOLID)
         disk = Pve9Disk.for_volume(vg.lv_path(VOLNAME), VOLID)
         writer = build_writer(tmp_path, out_dir, "writer", start=GUEST_START,
                               length=GUEST_WRITE, pattern=0x5A)
@@ -77,7 +68,7 @@ def test_a_guest_paused_between_rename_and_reopen_is_grown_on_the_lv_qemu_writes
 
             # qemu-server locks the config, then Proxmox renames the LV and
             # makes a new one under the disk's name; QEMU still writes the old.
-            write_vm_config(bed, "snapshot")
+            bed.write_vm_config(VMID, VOLID, lock="snapshot")
             snapshot(pve, "snap1")
             assert lv_sizes(vg) == {SNAP1: INITIAL, VOLNAME: INITIAL}
             vm.qmp("cont")
@@ -95,7 +86,7 @@ def test_a_guest_paused_between_rename_and_reopen_is_grown_on_the_lv_qemu_writes
             # QEMU reopens onto the renamed LV, qemu-server unlocks: the
             # daemon binds the new top by its name again and arms it.
             _, top = reopen_onto_snapshot(vm, vg, disk, "snap1")
-            write_vm_config(bed, None)
+            bed.write_vm_config(VMID, VOLID)
             wait_until(lambda: vm.named_node(top.file_block_node)["write_threshold"] == armed,
                        ARM_TIMEOUT, "the new top armed by the daemon")
             assert vm.read_verify(top.top_node, GUEST_START, GUEST_WRITE, 0x5A)
