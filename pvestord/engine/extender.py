@@ -219,9 +219,10 @@ class Extender:
         if migration.extensions_defer(self.settings, vm.vmid, in_flight=look.in_flight,
                                       said=self._said):
             raise migration.ExtensionsDeferred(vm.vmid, paused=run.paused_for_room)
+        job_writing = any(policy.writes_drives(job) for job in run.jobs)
         renaming = migration.renaming(self.settings, vm.vmid,
                                       paused_for_room=run.paused_for_room,
-                                      job_writing=bool(look.job_room))
+                                      job_writing=job_writing)
         fresh = requests is None
         drives = await self.figures.drives(look.found, fresh=fresh, shared=shared)
         thin_nodes = thin_block_nodes(drives)
@@ -245,11 +246,12 @@ class Extender:
             if reason is None:
                 continue
             paused = run.nospace_on(drive.view.path, drive.identity.block_nodes)
-            job_room = look.job_room.get(drive.view.format_node, 0)
-            if renaming and not grows_while_renaming(paused_nospace=paused, job_room=job_room):
+            if renaming and not grows_while_renaming(paused_nospace=paused,
+                                                     job_writing=job_writing):
                 continue
             state = drive.state(paused_nospace=paused and self._enospc_is_new(vm, drive),
-                                reason=reason, job_room=job_room)
+                                reason=reason,
+                                job_room=look.job_room.get(drive.view.format_node, 0))
             planned.append((drive, policy.decide(state), state))
             self.activity.seen(vm.vmid, drive.view.file_node, drive.lv, drive.vg,
                                policy.classify(state), paused_nospace=paused,
@@ -271,7 +273,8 @@ class Extender:
         for drive, decision, state in planned:
             if isinstance(decision, policy.Extend | policy.ExtendPastMaximum):
                 try:
-                    extended |= await self.growth.extend(vm, drive, decision, state, timings)
+                    extended |= await self.growth.extend(vm, drive, decision, state, timings,
+                                                         job_writing=job_writing)
                 except PvestordError as err:
                     outcome.errors[drive.view.file_node] = err
                     self.activity.failure()

@@ -65,14 +65,18 @@ class LvGrowth:
         self.lvm_health = LvmHealth()
 
     async def extend(self, vm: LocalVm, drive: Drive, decision: Growing, state: DriveState,
-                     timings: RoundTimings) -> bool:
-        """Grow the LV under the VG gate and the storage lock. True if it grew."""
+                     timings: RoundTimings, *, job_writing: bool = False) -> bool:
+        """Grow the LV under the VG gate and the storage lock. True if it grew.
+
+        ``job_writing``: a block job writes into the VM's drives, as the pass
+        saw it (which lets the growth through a snapshot delete's lock)."""
         assert drive.storage is not None  # the policy never extends a drive that is not thin
         key = (vm.vmid, drive.view.file_node)
         started = time.monotonic()
         self.extending.add(key)
         try:
-            return await self._extend_locked(vm, drive, decision, state, timings, started)
+            return await self._extend_locked(vm, drive, decision, state, timings, started,
+                                             job_writing=job_writing)
         except lvm.LvmError as err:
             self.lvm_health.record(drive.vg, str(err))
             raise
@@ -80,7 +84,8 @@ class LvGrowth:
             self.extending.discard(key)
 
     async def _extend_locked(self, vm: LocalVm, drive: Drive, decision: Growing,
-                             state: DriveState, timings: RoundTimings, started: float) -> bool:
+                             state: DriveState, timings: RoundTimings, started: float,
+                             *, job_writing: bool) -> bool:
         """:meth:`extend`'s work, under the VG gate and the storage lock."""
         storage = drive.storage
         assert storage is not None
@@ -98,14 +103,14 @@ class LvGrowth:
             # VM and then takes this lock, and qemu-server writes lock: migrate
             # before the target activates the LVs (itself under no lock, but
             # the target's catch-up takes this one): both are barriers for us.
-            # A rename stops all but a paused guest and an active commit's
-            # target; those grow the LV QEMU has open, by its name as of now:
+            # A rename stops all but a paused guest and a VM whose block job
+            # writes; those grow the LV QEMU has open, by its name as of now:
             # Proxmox renames under this very lock.
             lock_rule = migration.config_lock(self.settings, vm.vmid, in_flight=False)
             if migration.outgoing_marked(self.settings.run_dir, vm.vmid) or \
                     lock_rule is ConfigLockRule.MIGRATING or (
                         lock_rule is ConfigLockRule.RENAMING and not grows_while_renaming(
-                            paused_nospace=state.paused_nospace, job_room=state.job_room)):
+                            paused_nospace=state.paused_nospace, job_writing=job_writing)):
                 raise VmBusyError(f"VM {vm.vmid} started migrating away or its LVs are "
                                   f"being renamed: extension of {node} deferred")
             lv = DeviceBindings.current_lv(drive)

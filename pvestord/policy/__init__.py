@@ -28,6 +28,7 @@ from pvestord.policy.blockjobs import (
     jobs_to_resume,
     room_for_jobs,
     room_made_since_resume,
+    writes_drives,
 )
 from pvestord.policy.devices import (
     BlockDevice,
@@ -115,4 +116,5 @@ __all__ = [
     "table_state",
     "threshold",
     "wanted_headroom",
+    "writes_drives",
 ]

@@ -136,6 +136,17 @@ def room_for_jobs(jobs: Iterable[BlockJob], targets: Mapping[str, str]) -> dict[
     return room
 
 
+#: The job types that write into a VM's own drives: a commit into its base, a
+#: stream into the layer it fills, a mirror into its target.
+DRIVE_WRITING_TYPES = frozenset({"commit", "stream", "mirror"})
+
+
+def writes_drives(job: BlockJob) -> bool:
+    """Whether ``job`` may still write into one of its VM's drives (a
+    ``backup`` writes elsewhere; a concluded job writes nothing)."""
+    return job.type in DRIVE_WRITING_TYPES and job.status in WRITING
+
+
 def counts_data(job: BlockJob) -> bool:
     """Whether ``job`` may be an active commit that still writes, whose
     progress counts data (see :func:`room_for_jobs`; only the job graph tells

@@ -75,19 +75,20 @@ def config_lock_rule(lock: str | None, *, age: float, in_flight: bool,
     return ConfigLockRule.NONE
 
 
-def grows_while_renaming(*, paused_nospace: bool, job_room: int) -> bool:
+def grows_while_renaming(*, paused_nospace: bool, job_writing: bool) -> bool:
     """Whether a drive is still grown while its VM's LVs are being renamed.
 
     Two cannot wait for the lock to go: a guest paused on ENOSPC (it must not
-    wait out a whole snapshot task), and the target of an active commit that
-    still writes (``job_room``, :func:`pvestord.policy.room_for_jobs`). That
-    commit is qemu-server's own snapshot delete: it runs under ``lock:
-    snapshot-delete``, at disk speed, with QEMU's default ``on-error=report``,
-    and the storage plugin's grant before it has one chunk of margin for what
-    the guest writes meanwhile; standing back would fail the job, and so the
-    admin's snapshot delete, whenever the guest writes more. Both are safe
-    because the LV grown is the one QEMU has open, read again under the
-    storage lock Proxmox renames under (:mod:`pvestord.engine.binding`); and
-    qemu-server renames the commit's base only after the job has completed.
+    wait out a whole snapshot task), and the drives of a VM in which a block
+    job writes (``job_writing``). That job is qemu-server's own snapshot
+    delete: a commit into the first snapshot, or a stream into the child of
+    an intermediate one, under ``lock: snapshot-delete``, at disk speed, with
+    QEMU's default ``on-error=report``. The storage plugin's grant before it
+    has one chunk of margin for what the guest writes meanwhile; standing
+    back would fail the job, and so the admin's delete, whenever the guest
+    writes more. Both are safe because the LV grown is the one QEMU has
+    open, read again under the storage lock Proxmox renames under
+    (:mod:`pvestord.engine.binding`); and qemu-server renames LVs only
+    after the job has completed.
     """
-    return paused_nospace or job_room > 0
+    return paused_nospace or job_writing

@@ -15,6 +15,7 @@ from pvestord.policy import (
     job_target_size,
     jobs_to_resume,
     room_for_jobs,
+    writes_drives,
 )
 
 MiB = 1024 * 1024
@@ -145,6 +146,19 @@ def test_a_commit_that_has_stopped_writing_gives_no_room() -> None:
         job = BlockJob("c", "commit", status, status == "paused", "ok", length=5, offset=1)
         assert room_for_jobs([job], {"c": "base"}) == room, status
 
+
+
+def test_jobs_that_write_into_the_vms_drives() -> None:
+    """What lets a snapshot delete's job be served through its config lock
+    (pvestord.policy.vmconfig.grows_while_renaming): the jobs qemu-server runs
+    for it, and a mirror, while they may still write; not a backup."""
+    for kind in ("commit", "stream", "mirror"):
+        for status, writes in (("running", True), ("paused", True), ("ready", True),
+                               ("created", True), ("concluded", False),
+                               ("aborting", False), ("null", False)):
+            assert writes_drives(BlockJob("j", kind, status, False, "ok")) == writes, \
+                (kind, status)
+    assert not writes_drives(BlockJob("b", "backup", "running", False, "ok"))
 
 def drive(lv: int, allocation: int, room: int, chunk: int, extent: int) -> DriveState:
     return DriveState(lv_size=lv, allocation=allocation, threshold=0,

@@ -36,10 +36,12 @@ from tests.harness.lvmbed import VG, GiB, MiB, qcow2_check, sh
 from tests.harness.polling import wait_until
 from tests.harness.pvestorage import (
     SNAP1,
+    SNAP2,
     VMID,
     VOLID,
     VOLNAME,
     alloc_disk,
+    image,
     lv_sizes,
     overlay_maximum,
     qemu_io,
@@ -191,6 +193,45 @@ def test_an_active_commit_has_its_base_grown_ahead_of_it(
         _base_holds_every_byte(vg, top_data=AHEAD_DATA)
         # Once, by what the job could write: no second helping as it copied.
         assert lv_sizes(vg)[SNAP1] <= BASE_DATA + AHEAD_DATA + 2 * CHUNK
+
+
+def test_a_stream_under_snapshot_delete_is_served_through_the_lock(
+        sources: upstream.Upstream, out_dir: Path, tmp_path: Path) -> None:
+    """qemu-server deletes an intermediate snapshot with a ``block-stream``
+    into its child under ``lock: snapshot-delete``; here the child is the
+    top, the drive the guest writes, and the stream brings it more than its
+    LV holds. The daemon stands back from a VM whose LVs are being renamed,
+    but not from one in which a block job writes: the job must finish.
+
+    The stream runs at full speed with ``on-error=enospc``, so whichever
+    comes first, a threshold event or the job pausing on ENOSPC, the daemon
+    must answer it: standing back, it left the job paused for the lock's
+    whole length (qemu-server's own stream, on ``report``, failed instead).
+    """
+    with thin_storage(sources, out_dir, chunksize=CHUNK, initial_size=INITIAL) as (pve, vg):
+        _chain(pve, vg, top_data=TOP_DATA)
+        snapshot(pve, "snap2")  # the top with TOP_DATA becomes snap2; a new, empty top
+        assert lv_sizes(vg)[VOLNAME] == INITIAL
+        bed = _bed(sources, out_dir, tmp_path)
+        bed.write_vm_config(VMID, VOLID)
+        disk = Pve9Disk.for_volume(vg.lv_path(VOLNAME), VOLID)
+        with daemons(bed, start_timeout=START_TIMEOUT), _vm(bed, disk, out_dir) as vm:
+            wait_until(lambda: vm.named_node(disk.file_block_node)["write_threshold"] != 0,
+                       START_TIMEOUT, "the top armed by the first reconcile")
+            bed.write_vm_config(VMID, VOLID, lock="snapshot-delete")
+            vm.qmp("block-stream", {"job-id": "stream0", "device": disk.block_node,
+                                    "base-node": vm.format_node_on(vg.lv_path(SNAP1)),
+                                    "on-error": "enospc"})
+            completed = vm.wait_event("BLOCK_JOB_COMPLETED", timeout=JOB_TIMEOUT)
+            assert "error" not in completed["data"], completed
+            assert vm.qmp("query-status")["status"] == "running"
+        # snap2's data now lives in the top itself, over the base alone.
+        assert lv_sizes(vg)[VOLNAME] > INITIAL
+        assert qcow2_check(vg.lv_path(VOLNAME))["exit"] == 0
+        assert Path(image(vg, VOLNAME)["backing-filename"]).name == SNAP1
+        qemu_io(vg, VOLNAME, f"read -P 0x11 0 {BASE_DATA}")
+        qemu_io(vg, VOLNAME, f"read -P 0x22 {GiB} {TOP_DATA}")
+        assert lv_sizes(vg)[SNAP2] == 3 * INITIAL  # the stream's source, never grown
 
 
 def _paused_on_enospc(vm: QemuVM, job: str) -> bool:
