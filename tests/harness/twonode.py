@@ -411,24 +411,30 @@ def lvm(node: Node, command: str, *args: str) -> str:
 def create_thin_volume(node: Node, vg: str, vmid: int, *, size: int = 64 * MiB,
                        virtual: int = 8 * GiB) -> str:
     """A thin qcow2 LV as pvestord's volumes are, made and active on ``node``."""
-    lv = f"vm-{vmid}-disk-0.qcow2"
+    lv = vm_lv(vmid)
     lvm(node, "lvcreate", "-q", "-y", "--wipesignatures", "y", "-L", f"{size}b", "-n", lv, vg)
     path = f"/dev/{vg}/{lv}"
     node.sh("qemu-img", "create", "-q", "-f", "qcow2", path, str(virtual))
     return path
 
 
-def vm_disk(vmid: int, path: str = "") -> Pve9Disk:
+def vm_disk(vmid: int) -> Pve9Disk:
     """VM ``vmid``'s disk (the volume :func:`create_thin_volume` makes) as
     :func:`launch_vm` attaches it, as Proxmox VE 9 does for ``scsi0``: a
     throttle node ``drive-scsi0`` over the qcow2 node ``f<hash>`` over the
-    host_device ``e<hash>``. The names follow from the volume alone, so a
-    test asks for them by VMID; ``path`` only matters to a launch."""
-    return Pve9Disk.for_volume(path, vm_volid(vmid))
+    host_device ``e<hash>``. The names follow from the volume alone (no
+    path: the node agent launching the VM has that), so both sides of a
+    migration ask for them by VMID."""
+    return Pve9Disk.for_volume("", vm_volid(vmid))
+
+
+def vm_lv(vmid: int) -> str:
+    """The LV of VM ``vmid``'s disk, named as Proxmox names a qcow2 volume."""
+    return f"vm-{vmid}-disk-0.qcow2"
 
 
 def vm_volid(vmid: int) -> str:
-    return f"{STOREID}:vm-{vmid}-disk-0.qcow2"
+    return f"{STOREID}:{vm_lv(vmid)}"
 
 
 def file_node(vmid: int) -> str:
@@ -449,7 +455,7 @@ def launch_vm(node: Node, vmid: int, path: str, *, incoming: str | None = None,
     ``incoming`` starts it as a migration target (``-incoming``); ``machine``
     ``pc`` for a guest that runs (the writer guest), else no guest at all.
     """
-    if Path(path).name != f"vm-{vmid}-disk-0.qcow2":
+    if Path(path).name != vm_lv(vmid):
         raise ValueError(f"{path}: not VM {vmid}'s volume as create_thin_volume names it")
     args = list(extra or [])
     if incoming is not None:

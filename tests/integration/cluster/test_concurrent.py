@@ -22,6 +22,7 @@ from tests.harness.twonode import (
     fmt_node,
     launch_vm,
     lv_size,
+    vm_lv,
 )
 
 #: The issue asks for 20 rounds (the full set); each is one extension per node,
@@ -74,7 +75,7 @@ def test_extensions_from_both_nodes_at_once_are_all_kept(daemons: Cluster, full:
                            ROUND_TIMEOUT, f"round {k}: {node.name} extended and re-armed")
         final = INITIAL + rounds * CHUNK
         for node, vmid in vms.items():
-            lv = f"vm-{vmid}-disk-0.qcow2"
+            lv = vm_lv(vmid)
             for seen_from in cluster.nodes:  # the one metadata, read from both nodes
                 assert lv_size(seen_from, cluster.vg, lv) == final, (node.name, seen_from.name)
             assert device_size(node, cluster.vg, lv) == final

@@ -39,6 +39,7 @@ from tests.harness.twonode import (
     pvestord_cli,
     run_status,
     vm_disk,
+    vm_lv,
 )
 from tests.harness.writerguest import build_writer
 
@@ -60,7 +61,7 @@ def test_guest_filling_its_lv_while_migrating_pauses_once_and_runs_on_b(
         daemons: Cluster, hint: bool) -> None:
     cluster, a, b = daemons, daemons.a, daemons.b
     vmid = 361 if hint else 362
-    lv = f"vm-{vmid}-disk-0.qcow2"
+    lv = vm_lv(vmid)
     path = create_thin_volume(a, cluster.vg, vmid, size=INITIAL, virtual=VIRTUAL)
     guests = cluster.work / "guests"
     guests.mkdir(exist_ok=True)

@@ -24,6 +24,7 @@ from tests.harness.twonode import (
     fmt_node,
     launch_vm,
     lv_size,
+    vm_lv,
 )
 
 HOLDER = [str(VENV_BIN / "python"), "-m", "tests.harness.lockholder"]
@@ -121,7 +122,7 @@ def test_pvestord_waits_for_the_storage_lock_held_by_the_other_node(daemons: Clu
     """A's extension waits while B holds ``storage-san``, then lands."""
     cluster, a = daemons, daemons.a
     vmid = 391
-    lv = f"vm-{vmid}-disk-0.qcow2"
+    lv = vm_lv(vmid)
     path = create_thin_volume(a, cluster.vg, vmid, size=64 * MiB)
     release = cluster.pve / f"release-{vmid}"
     launch_vm(a, vmid, path)

@@ -38,6 +38,7 @@ from tests.harness.twonode import (
     migration_status,
     pvestord_cli,
     run_status,
+    vm_lv,
 )
 
 INITIAL, CHUNK = 64 * MiB, 32 * MiB
@@ -62,7 +63,7 @@ class Guest:
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
         self.vmid = next(_vmids)
-        self.lv = f"vm-{self.vmid}-disk-0.qcow2"
+        self.lv = vm_lv(self.vmid)
         self.path = create_thin_volume(cluster.a, cluster.vg, self.vmid, size=INITIAL)
         self.on = cluster.a
         launch_vm(cluster.a, self.vmid, self.path)
@@ -248,7 +249,7 @@ def test_pre_extension_stops_at_what_the_qcow2_can_use(daemons: Cluster) -> None
     """``begin --role outgoing`` near the image's maximum adds nothing."""
     cluster, a = daemons, daemons.a
     vmid = next(_vmids)
-    lv = f"vm-{vmid}-disk-0.qcow2"
+    lv = vm_lv(vmid)
     # 32 MiB of virtual disk: fully allocated it needs well under the 64 MiB LV.
     create_thin_volume(a, cluster.vg, vmid, size=INITIAL, virtual=32 * MiB)
     try:

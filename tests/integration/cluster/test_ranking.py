@@ -23,7 +23,7 @@ import pytest
 
 from tests.harness.nodeguest import VENV_BIN
 from tests.harness.polling import wait_until
-from tests.harness.twonode import Cluster, Node, create_thin_volume
+from tests.harness.twonode import Cluster, Node, create_thin_volume, vm_lv
 
 VMID = 381
 #: Rejects every device: the VG, its PVs and LVs vanish from this LVM's view.
@@ -63,7 +63,7 @@ def wait_verdict(cluster: Cluster, node: str, predicate: Any, what: str,
 def volume(daemons: Cluster) -> Iterator[Cluster]:
     create_thin_volume(daemons.a, daemons.vg, VMID)
     yield daemons
-    daemons.a.run(["lvremove", "-q", "-f", f"{daemons.vg}/vm-{VMID}-disk-0.qcow2"],
+    daemons.a.run(["lvremove", "-q", "-f", f"{daemons.vg}/{vm_lv(VMID)}"],
                   check=False)
 
 
