@@ -127,7 +127,7 @@ class Appender:
             for e in batch:
                 log.info("VM %d: queued %s:%s reason=%s", e.vmid, e.vmid, e.block_node,
                          e.reason.value, extra=fields(VMID=e.vmid, BLOCK_NODE=e.block_node,
-                                                      REASON=e.reason.value))
+                                                      REASON=e.reason.value, ENTRY="queued"))
             self.queued += len(batch)
             self._on_change()
             return
@@ -147,7 +147,8 @@ class Appender:
             log.error("VM %d: LOST queue entry %s:%s reason=%s %s;"
                       " pvestord's reconcile will find this drive, but later",
                       e.vmid, e.vmid, e.block_node, e.reason.value, why,
-                      extra=fields(VMID=e.vmid, BLOCK_NODE=e.block_node, REASON=e.reason.value))
+                      extra=fields(VMID=e.vmid, BLOCK_NODE=e.block_node, REASON=e.reason.value,
+                                   ENTRY="lost"))
         self.lost += len(entries)
         self._on_change()
 

@@ -119,7 +119,8 @@ class Connections:
             log.warning("VM %d: a second QEMU (pid %d) connected; pid %d was first",
                         vmid, peer.pid, previous.peer.pid, extra=session.extra)
         self.vms[vmid] = session
-        log.info("VM %d: QEMU pid %d connected", vmid, peer.pid, extra=session.extra)
+        log.info("VM %d: QEMU pid %d connected", vmid, peer.pid,
+                 extra={**session.extra, **fields(QEMU_PID=peer.pid, QMP_SESSION="connected")})
         self._on_change()
         try:
             await session.run()
@@ -130,7 +131,8 @@ class Connections:
         if self.stopping:
             return  # the VM runs on and reconnects to our successor
         log.info("VM %d: QEMU pid %d disconnected (graceful: %s, guest: %s)", vmid, peer.pid,
-                 session.graceful, session.guest, extra=session.extra)
+                 session.graceful, session.guest,
+                 extra={**session.extra, **fields(QEMU_PID=peer.pid, QMP_SESSION="ended")})
         if self.options.cleanup is not None and peer.pidfd is not None:
             pidfd = os.dup(peer.pidfd)
             self._spawn(self._cleanup_after_exit(session, pidfd))

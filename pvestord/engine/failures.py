@@ -116,14 +116,16 @@ class Failures:
 
     def note_error(self, key: tuple[int, str], message: str,
                    level: int = logging.ERROR) -> None:
+        vmid, node = key
+        where = fields(VMID=vmid, BLOCK_NODE=node) if vmid else {}
         if self._errors.get(key) != message:
             self._errors[key] = message
-            vmid, node = key
-            log.log(level, "%s (will retry)", message,
-                    extra=fields(VMID=vmid, BLOCK_NODE=node) if vmid else {})
+            log.log(level, "%s (will retry)", message, extra=where)
         else:
-            log.debug("still failing: %s", message)
+            log.debug("still failing: %s", message, extra={**where, "STILL_FAILING": "yes"})
 
     def clear_error(self, key: tuple[int, str], message: str) -> None:
         if self._errors.pop(key, None) is not None:
-            log.info("%s", message)
+            vmid, node = key
+            log.info("%s", message, extra=fields(
+                **({"VMID": vmid, "BLOCK_NODE": node} if vmid else {}), RECOVERED="yes"))

@@ -68,7 +68,7 @@ class PausedJobs:
             self._resumed_at[(vm.vmid, vm.pid, job_id)] = room
             self._said.over((vm.vmid, job_id, "job"))
             log.warning("VM %d: block job %s resumed after it paused on ENOSPC", vm.vmid,
-                        job_id, extra=fields(VMID=vm.vmid, JOB=job_id))
+                        job_id, extra=fields(VMID=vm.vmid, JOB=job_id, RESUMED="job"))
         for job in run.jobs:
             if job.paused_for_room and not policy.room_made_since_resume(job.id, resumed_at,
                                                                          room):
@@ -109,12 +109,12 @@ async def rearm_and_resume(monitor: VmMonitor, vm: LocalVm, drives: list[Drive],
         said.over((vm.vmid, "", "resume"))
         if run.paused_on_nospace:
             log.warning("VM %d: resumed after it paused on ENOSPC", vm.vmid,
-                        extra=fields(VMID=vm.vmid))
+                        extra=fields(VMID=vm.vmid, RESUMED="nospace"))
         else:
             log.warning("VM %d: resumed after an I/O error pause that no device owns"
                         " (brought by a live migration, which does not carry the"
                         " devices' io-status); its thin drives were given room first",
-                        vm.vmid, extra=fields(VMID=vm.vmid))
+                        vm.vmid, extra=fields(VMID=vm.vmid, RESUMED="io-error"))
     return policy.another_round(need_more=need_more, paused_for_room=run.paused_for_room,
                                 resumed=outcome.resumed, extended=extended)
 

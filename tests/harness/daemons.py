@@ -5,15 +5,23 @@ qemu-server run folder (``<vmid>.pid``, ``<vmid>.qmp``), the extend queue, a
 storage.cfg, and the qmeventd socket. :func:`daemons` starts both daemons
 against it, and stops them with SIGTERM at the end, checking they exit 0
 (a daemon that crashed or hung fails the test that used it).
+
+A test waits for what a daemon does, never for its wording: a daemon is up
+when it says ``READY=1`` on its ``NOTIFY_SOCKET``, as systemd hears it, and
+a log record is known by its journal fields (:meth:`Daemon.wait_record`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -21,6 +29,7 @@ from pathlib import Path
 
 from pvestord.adapters.queue import Entry, ExtendQueue
 from pvestord.adapters.vmconfig import config_path
+from tests.harness.daemonlog import LogLine, records
 
 VENV_BIN = Path(sys.executable).parent
 #: Python start-up plus the first config read; generous because a loaded
@@ -119,37 +128,86 @@ class NodeBed:
 
 
 class Daemon:
-    """One daemon process with its log file; stopped with SIGTERM."""
+    """One daemon process with its log file; stopped with SIGTERM.
+
+    It runs with ``NOTIFY_SOCKET`` set, as under systemd: what it notifies
+    (``READY=1``, ``STATUS=...``, ``STOPPING=1``) is collected in
+    :attr:`notified`. A thread reads the socket all the time, because a
+    daemon's ``sd_notify`` blocks once a datagram socket's queue is full.
+    """
 
     def __init__(self, name: str, argv: Sequence[str], log_path: Path) -> None:
         self.name = name
         self.argv = list(argv)
         self.log_path = log_path
         self._log = log_path.open("ab")
+        # A short path of its own: a socket's path is limited to 107 bytes.
+        self._notify_dir = Path(tempfile.mkdtemp(prefix="notify-"))
+        self._notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._notify.bind(str(self._notify_dir / "sock"))
+        self._notify.settimeout(0.1)
+        #: Every line the daemon sent to its NOTIFY_SOCKET, in order.
+        self.notified: list[str] = []
+        self._listening = True
+        self._reader = threading.Thread(target=self._read_notifications, daemon=True,
+                                        name=f"{name}-notify")
+        self._reader.start()
         self.proc = subprocess.Popen(  # noqa: S603 - argument list
             self.argv, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+            env=dict(os.environ, PYTHONUNBUFFERED="1",
+                     NOTIFY_SOCKET=str(self._notify_dir / "sock")))
+
+    def _read_notifications(self) -> None:
+        while self._listening:
+            try:
+                datagram = self._notify.recv(4096)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.notified.extend(datagram.decode(errors="replace").splitlines())
+
+    def wait_ready(self, timeout: float | None = None) -> None:
+        """Until the daemon notifies ``READY=1`` (systemd's ``Type=notify``)."""
+        budget = START_TIMEOUT if timeout is None else timeout
+        deadline = time.monotonic() + budget
+        while "READY=1" not in self.notified:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited {self.proc.returncode} before it was "
+                                   f"ready:\n{self.log_text()[-4000:]}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.name} was not ready within {budget:g} s:\n"
+                                   f"{self.log_text()[-4000:]}")
+            time.sleep(0.05)
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def wait_log(self, needle: str, timeout: float | None = None) -> None:
+    def records(self, level: str | None = None, **fields: str) -> list[LogLine]:
+        """The daemon's log records at ``level`` with these journal fields."""
+        return records(self.log_text(), level, **fields)
+
+    def wait_record(self, what: str, timeout: float | None = None, level: str | None = None,
+                    **fields: str) -> LogLine:
+        """The first log record with these journal fields, once there is one."""
         budget = START_TIMEOUT if timeout is None else timeout
         deadline = time.monotonic() + budget
-        while needle not in self.log_text():
+        while not (found := self.records(level, **fields)):
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited {self.proc.returncode} before logging "
-                                   f"{needle!r}:\n{self.log_text()[-4000:]}")
+                raise RuntimeError(f"{self.name} exited {self.proc.returncode} before it "
+                                   f"logged {what}:\n{self.log_text()[-4000:]}")
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{self.name} did not log {needle!r} within {budget:g} s:\n"
-                                   f"{self.log_text()[-4000:]}")
+                raise TimeoutError(f"{self.name} did not log {what} ({fields}) within "
+                                   f"{budget:g} s:\n{self.log_text()[-4000:]}")
             time.sleep(0.1)
+        return found[0]
 
     def kill(self) -> None:
         """SIGKILL, as a crash would."""
         with contextlib.suppress(ProcessLookupError):
             self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(timeout=STOP_TIMEOUT)
+        self._close_notify()
 
     def stop(self) -> int:
         if self.proc.poll() is None:
@@ -161,30 +219,45 @@ class Daemon:
                 self.proc.wait(timeout=STOP_TIMEOUT)
                 raise RuntimeError(f"{self.name} did not stop within {STOP_TIMEOUT} s on "
                                    f"SIGTERM:\n{self.log_text()[-4000:]}") from None
+        self._close_notify()
         self._log.close()
         return self.proc.returncode
 
+    def _close_notify(self) -> None:
+        """Stop listening once the process is gone: its last word is read."""
+        if not self._listening:
+            return
+        self._listening = False
+        self._reader.join()
+        self._notify.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                self.notified.extend(
+                    self._notify.recv(4096).decode(errors="replace").splitlines())
+        self._notify.close()
+        shutil.rmtree(self._notify_dir, ignore_errors=True)
 
-def start_qmeventd(bed: NodeBed, *extra: str, timeout: float | None = None) -> Daemon:
-    daemon = Daemon("qmeventd-py", bed.qmeventd_argv(*extra), bed.logs / "qmeventd.log")
-    budget = START_TIMEOUT if timeout is None else timeout
-    deadline = time.monotonic() + budget
-    while not bed.event_socket.exists():
-        if daemon.proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"qmeventd-py did not listen within {budget:g} s:\n"
-                               f"{daemon.log_text()[-4000:]}")
-        time.sleep(0.05)
-    return daemon
 
-
-def start_pvestord(bed: NodeBed, *extra: str, timeout: float | None = None) -> Daemon:
-    daemon = Daemon("pvestord", bed.pvestord_argv(*extra), bed.logs / "pvestord.log")
+def start_daemon(name: str, argv: Sequence[str], log_path: Path,
+                 timeout: float | None = None) -> Daemon:
+    """``argv`` started and ready (it listens, or has read its config)."""
+    daemon = Daemon(name, argv, log_path)
     try:
-        daemon.wait_log("pvestord started", timeout=timeout)
+        daemon.wait_ready(timeout)
     except BaseException:
         daemon.stop()
         raise
     return daemon
+
+
+def start_qmeventd(bed: NodeBed, *extra: str, timeout: float | None = None) -> Daemon:
+    return start_daemon("qmeventd-py", bed.qmeventd_argv(*extra), bed.logs / "qmeventd.log",
+                        timeout)
+
+
+def start_pvestord(bed: NodeBed, *extra: str, timeout: float | None = None) -> Daemon:
+    return start_daemon("pvestord", bed.pvestord_argv(*extra), bed.logs / "pvestord.log",
+                        timeout)
 
 
 @contextlib.contextmanager

@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 import signal
 import subprocess
 import sys
@@ -66,8 +65,8 @@ import pytest
 
 from pvestord.adapters.queue import Entry
 from pvestord.policy import Reason
-from pvestord.policy.sizes import align_up, format_size
-from tests.harness.daemonlog import parse
+from pvestord.policy.sizes import align_up
+from tests.harness.daemonlog import extensions, parse, records
 from tests.harness.daemons import VENV_BIN, NodeBed, ThinStorageSpec, daemons
 from tests.harness.lvmbed import VG, GiB, MiB, loop_vg, qcow2_check, qcow2_create
 from tests.harness.polling import wait_until
@@ -204,6 +203,16 @@ def assert_no_second_extension(bed: NodeBed, vm: QemuVM, vg: VG, lv: str, size: 
     assert vg.lv_size(lv) == size
 
 
+def assert_extended_once(log: str, vmid: str, node: str, lv: str, size: int) -> None:
+    """One extension in ``log``, of VM ``vmid``'s ``node`` on ``lv``, from the
+    test's 64 MiB LV to ``size``: the pause was answered in one step."""
+    [grown] = extensions(log)
+    assert (grown.fields["VMID"], grown.fields["BLOCK_NODE"], grown.fields["LV"]) == \
+        (vmid, node, lv), grown
+    assert (int(grown.fields["OLD_SIZE"]), int(grown.fields["NEW_SIZE"])) == \
+        (LV_SIZE, size), grown
+
+
 def timestamp(event: dict[str, Any]) -> float:
     ts = event["timestamp"]
     return float(ts["seconds"]) + float(ts["microseconds"]) / 1e6
@@ -295,15 +304,11 @@ def test_start_reconcile_resumes_a_vm_paused_on_enospc(
             })
             assert vg.lv_size(lv) == expected
             assert vg.device_size(lv) == expected
-            wait_until(lambda: "resumed after it paused on ENOSPC" in pvestord.log_text(), 30,
-                       "the resume logged")
+            pvestord.wait_record("the resume", 30, VMID="901", RESUMED="nospace")
             assert_no_second_extension(bed, vm, vg, lv, expected)
             log = pvestord.log_text()
-        assert "VM 901: resumed after it paused on ENOSPC" in log
-        assert (f"VM 901 {pve9_disk(vm).file_block_node}: LV {vg.lv_path(lv)} extended 64 MiB -> "
-                f"{format_size(expected)} in") in log
-        assert log.count(" extended ") == 1
-        assert log.count("resumed after it paused") == 1
+        assert_extended_once(log, "901", pve9_disk(vm).file_block_node, lv, expected)
+        assert len(records(log, VMID="901", RESUMED="nospace")) == 1
     assert qcow2_check(vg.lv_path(lv))["exit"] == 0
 
 
@@ -319,7 +324,8 @@ def test_running_daemons_resume_a_vm_that_outran_them(
     with daemons(bed, start_timeout=DAEMON_START_TIMEOUT) as (qmeventd, pvestord):
         vm, lv = writer_vm(bed, vg, 902, guest)
         with vm:
-            qmeventd.wait_log(f"VM 902: QEMU pid {vm.pid} connected", timeout=60)
+            qmeventd.wait_record("QEMU's connection", 60, VMID="902", QEMU_PID=str(vm.pid),
+                                 QMP_SESSION="connected")
             room = prefill(vm, PREFILL, LV_SIZE)
             assert allocation(vm) < threshold
             disk = pve9_disk(vm)
@@ -330,8 +336,8 @@ def test_running_daemons_resume_a_vm_that_outran_them(
             try:
                 stop = run_guest_until_paused(vm, guest)
                 vm.wait_event("BLOCK_WRITE_THRESHOLD", timeout=5)  # crossed on the way
-                qmeventd.wait_log(f"VM 902: queued 902:{disk.top_node} reason=nospace",
-                                  timeout=60)
+                qmeventd.wait_record("the ENOSPC queued", 60, VMID="902", ENTRY="queued",
+                                     BLOCK_NODE=disk.top_node, REASON="nospace")
                 assert {(e.block_node, e.reason) for e in bed.entries()} == {
                     (disk.file_block_node, Reason.THRESHOLD), (disk.top_node, Reason.NOSPACE)}
                 assert vg.lv_size(lv) == LV_SIZE
@@ -347,17 +353,14 @@ def test_running_daemons_resume_a_vm_that_outran_them(
             })
             assert vg.lv_size(lv) == expected
             wait_until(lambda: bed.entries() == [], 60, "queue drained")
-            wait_until(lambda: "resumed after it paused on ENOSPC" in pvestord.log_text(), 30,
-                       "the resume logged")
+            pvestord.wait_record("the resume", 30, VMID="902", RESUMED="nospace")
             # Re-armed for the bigger LV, above the guest's write.
             assert vm.named_node(disk.file_block_node)["write_threshold"] == \
                 expected - (LV_SIZE - threshold)
             assert_no_second_extension(bed, vm, vg, lv, expected)
             log = pvestord.log_text()
-    assert (f"VM 902 {disk.file_block_node}: LV {vg.lv_path(lv)} extended 64 MiB -> "
-            f"{format_size(expected)} in") in log
-    assert log.count(" extended ") == 1
-    assert log.count("resumed after it paused") == 1
+    assert_extended_once(log, "902", disk.file_block_node, lv, expected)
+    assert len(records(log, VMID="902", RESUMED="nospace")) == 1
     assert qcow2_check(vg.lv_path(lv))["exit"] == 0
 
 
@@ -451,14 +454,18 @@ def test_vm_paused_on_enospc_off_thin_storage_is_not_resumed(
     with daemons(bed, start_timeout=DAEMON_START_TIMEOUT) as (qmeventd, pvestord):
         vm, lv = writer_vm(bed, other_vg, 903, guest, lv_size=lv_size)
         with vm:
-            qmeventd.wait_log(f"VM 903: QEMU pid {vm.pid} connected", timeout=60)
+            qmeventd.wait_record("QEMU's connection", 60, VMID="903", QEMU_PID=str(vm.pid),
+                                 QMP_SESSION="connected")
             prefill(vm, prefilled, lv_size)
             run_guest_until_paused(vm, guest)
-            qmeventd.wait_log(f"VM 903: queued 903:{pve9_disk(vm).top_node} reason=nospace",
-                              timeout=60)
-            # pvestord took the entry and did nothing with it...
+            top = pve9_disk(vm).top_node
+            qmeventd.wait_record("the ENOSPC queued", 60, VMID="903", ENTRY="queued",
+                                 BLOCK_NODE=top, REASON="nospace")
+            # pvestord took the entry and did nothing with it, and a second
+            # pass after it did nothing either...
             wait_until(lambda: bed.entries() == [], 60, "the nospace entry handled")
-            time.sleep(3)
+            bed.queue.append([Entry(vm.vmid, top, Reason.NOSPACE, origin=bed.node)])
+            wait_until(lambda: bed.entries() == [], 60, "a second pass over the VM")
             # ...and the VM stays paused: its disk is on no thin storage.
             status = vm.qmp("query-status")
             assert (status["status"], status["running"]) == ("io-error", False), status
@@ -467,5 +474,5 @@ def test_vm_paused_on_enospc_off_thin_storage_is_not_resumed(
             assert "S" not in guest.output()
             assert not [e for e in vm.events() if e.get("event") == "RESUME"]
             log = pvestord.log_text()
-    assert "resumed after it paused" not in log
-    assert not re.search(r"LV \S+ extended", log)
+    assert records(log, VMID="903", RESUMED="nospace") == []
+    assert extensions(log) == []

@@ -45,7 +45,7 @@ import pytest
 from pvestord.adapters.locks import storage_lock
 from pvestord.adapters.queue import Entry
 from tests.harness.daemonlog import extensions, records
-from tests.harness.daemons import Daemon, NodeBed, ThinStorageSpec, start_qmeventd
+from tests.harness.daemons import Daemon, NodeBed, ThinStorageSpec, start_daemon, start_qmeventd
 from tests.harness.faults import (
     FaultLog,
     FaultRecord,
@@ -89,9 +89,8 @@ class Node:
 
     def start_pvestord(self) -> Daemon:
         self.incarnations += 1
-        daemon = Daemon("pvestord", self.bed.pvestord_argv(*self.pvestord_args),
-                        self.bed.logs / f"pvestord-{self.incarnations}.log")
-        daemon.wait_log("pvestord started")
+        daemon = start_daemon("pvestord", self.bed.pvestord_argv(*self.pvestord_args),
+                              self.bed.logs / f"pvestord-{self.incarnations}.log")
         self.pvestord = daemon
         return daemon
 
@@ -99,9 +98,8 @@ class Node:
         """A new qmeventd-py with its own log file: the first one's lines (its
         "connected", its "queued") must not answer a wait meant for this one."""
         self.qmeventd_incarnations += 1
-        daemon = Daemon("qmeventd-py", self.bed.qmeventd_argv(),
-                        self.bed.logs / f"qmeventd-{self.qmeventd_incarnations}.log")
-        daemon.wait_log("listening on")
+        daemon = start_daemon("qmeventd-py", self.bed.qmeventd_argv(),
+                              self.bed.logs / f"qmeventd-{self.qmeventd_incarnations}.log")
         self.qmeventd = daemon
         return daemon
 
@@ -330,13 +328,14 @@ def test_qmeventd_killed_while_a_threshold_is_crossed(
         workload.cross_threshold()  # QEMU's event has no listener: lost
         clock = Stopwatch()
         restarted = running.restart_qmeventd()
-        restarted.wait_log(f"VM 912: QEMU pid {vm.pid} connected", timeout=60)
+        restarted.wait_record("QEMU's connection", 60, VMID="912", QEMU_PID=str(vm.pid),
+                              QMP_SESSION="connected")
         settled(bed, vm, vg, lv, LV0 + CHUNK)  # pvestord's reconcile found it
         recovery = clock()
         # The event path works again: the next crossing goes through the queue.
         workload.cross_threshold()
-        restarted.wait_log(f"VM 912: queued 912:{pve9_disk(vm).file_block_node} "
-                           "reason=threshold", timeout=60)
+        restarted.wait_record("the threshold queued", 60, VMID="912", ENTRY="queued",
+                              BLOCK_NODE=pve9_disk(vm).file_block_node, REASON="threshold")
         settled(bed, vm, vg, lv, LV0 + 2 * CHUNK)
         fault_log.record(FaultRecord(
             "kill -9 qmeventd-py", "SIGKILL to qmeventd-py, then a threshold crossed with "
@@ -497,9 +496,9 @@ def test_queue_file_garbage_deleted_truncated_and_symlinked(
             wait_until(lambda: vg.lv_size(lv) == size and threshold(vm) == size - HEADROOM,
                        SETTLE_TIMEOUT, "extended by the reconcile while the queue is a symlink")
             recovery = clock()
-            lost = f"LOST queue entry 916:{pve9_disk(vm).file_block_node}"
-            wait_until(lambda: lost in running.qmeventd.log_text(), 60,
-                       "qmeventd-py gave up on the entry, loudly")
+            running.qmeventd.wait_record("the entry given up, loudly", 60, "ERROR",
+                                         VMID="916", ENTRY="lost",
+                                         BLOCK_NODE=pve9_disk(vm).file_block_node)
             assert decoy.read_text() == "root's file\n"
             assert running.pvestord.proc.poll() is None
             assert running.qmeventd.proc.poll() is None
@@ -575,9 +574,9 @@ def test_vm_whose_qmp_socket_never_answers(
             workload = Workload(other)
             workload.cross_threshold()
             settled(bed, other, vg, other_lv, LV0 + CHUNK)
-            wait_until(lambda: "VM 918" in running.pvestord.log_text()
-                       and "within 3 s" in running.pvestord.log_text(), 60,
-                       "the hung VM's timeout logged")
+            # The pass over the hung VM failed (its QMP timed out), loudly.
+            running.pvestord.wait_record("the hung VM's timeout", 60, "ERROR", VMID="918",
+                                         BLOCK_NODE="")
             assert running.pvestord.proc.poll() is None
         finally:
             hung.send_signal(signal.SIGCONT)
