@@ -32,7 +32,11 @@ FIELDS = ("VMID", "BLOCK_NODE", "LV", "VG", "OLD_SIZE", "NEW_SIZE", "DURATION_MS
           # a thin VG crossing its capacity guards (publisher.py)
           "CAPACITY_LEVEL", "VG_FREE",
           # a block job whose write failed (qmeventd_py/session.py)
-          "JOB", "JOB_ACTION")
+          "JOB", "JOB_ACTION",
+          # what was unpaused (settle.py); a failure cleared, or failing again (failures.py)
+          "RESUMED", "RECOVERED", "STILL_FAILING",
+          # a QEMU's event connection and the queue entries it brought (qmeventd_py)
+          "QEMU_PID", "QMP_SESSION", "ENTRY")
 
 
 class _FieldsFormatter(logging.Formatter):

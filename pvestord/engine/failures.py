@@ -122,7 +122,7 @@ class Failures:
             self._errors[key] = message
             log.log(level, "%s (will retry)", message, extra=where)
         else:
-            log.debug("still failing: %s", message, extra={**where, "STILL_FAILING": "yes"})
+            log.debug("still failing: %s", message, extra={**where, **fields(STILL_FAILING="yes")})
 
     def clear_error(self, key: tuple[int, str], message: str) -> None:
         if self._errors.pop(key, None) is not None:

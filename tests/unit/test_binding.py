@@ -50,11 +50,12 @@ def test_a_name_moved_away_leaves_the_remembered_device_while_it_is_open(
 def test_a_name_on_a_device_qemu_does_not_have_open_is_never_used(
         path: int, open_devices: frozenset[int], remembered: int | None) -> None:
     """The new LV of a snapshot, before QEMU opens it: never grown."""
-    binding = bind(path, open_devices - {path}, remembered)
+    still_open = open_devices - {path}
+    binding = bind(path, still_open, remembered)
     assert binding.device != path
     assert binding.kind in (BindingKind.DEVICE, BindingKind.LOST)
     assert (binding.kind is BindingKind.LOST) == (remembered is None
-                                                  or remembered not in open_devices)
+                                                  or remembered not in still_open)
 
 
 @given(device_sets)
