@@ -23,7 +23,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -169,16 +169,7 @@ class Daemon:
 
     def wait_ready(self, timeout: float | None = None) -> None:
         """Until the daemon notifies ``READY=1`` (systemd's ``Type=notify``)."""
-        budget = START_TIMEOUT if timeout is None else timeout
-        deadline = time.monotonic() + budget
-        while "READY=1" not in self.notified:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited {self.proc.returncode} before it was "
-                                   f"ready:\n{self.log_text()[-4000:]}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{self.name} was not ready within {budget:g} s:\n"
-                                   f"{self.log_text()[-4000:]}")
-            time.sleep(0.05)
+        self._wait("READY=1", lambda: "READY=1" in self.notified, timeout)
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -190,17 +181,28 @@ class Daemon:
     def wait_record(self, what: str, timeout: float | None = None, level: str | None = None,
                     **fields: str) -> LogLine:
         """The first log record with these journal fields, once there is one."""
+        found: list[LogLine] = []
+
+        def logged() -> bool:
+            found[:] = self.records(level, **fields)
+            return bool(found)
+
+        self._wait(f"{what} ({fields})", logged, timeout)
+        return found[0]
+
+    def _wait(self, what: str, condition: Callable[[], bool], timeout: float | None) -> None:
+        """Poll ``condition`` while the daemon runs, for ``timeout`` (default
+        :data:`START_TIMEOUT`); its log in the error if it exits or times out."""
         budget = START_TIMEOUT if timeout is None else timeout
         deadline = time.monotonic() + budget
-        while not (found := self.records(level, **fields)):
+        while not condition():
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited {self.proc.returncode} before it "
-                                   f"logged {what}:\n{self.log_text()[-4000:]}")
+                raise RuntimeError(f"{self.name} exited {self.proc.returncode} before "
+                                   f"{what}:\n{self.log_text()[-4000:]}")
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{self.name} did not log {what} ({fields}) within "
-                                   f"{budget:g} s:\n{self.log_text()[-4000:]}")
-            time.sleep(0.1)
-        return found[0]
+                raise TimeoutError(f"{self.name}: no {what} within {budget:g} s:\n"
+                                   f"{self.log_text()[-4000:]}")
+            time.sleep(0.05)
 
     def kill(self) -> None:
         """SIGKILL, as a crash would."""

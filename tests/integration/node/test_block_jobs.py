@@ -26,6 +26,8 @@ graph, both daemons, ``qemu-io`` and ``qemu-img check`` on the LV after.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +90,19 @@ def _chain(pve: upstream.PerlSession, vg: VG, *, top_data: int) -> None:
 def _vm(bed: NodeBed, disk: Pve9Disk, out_dir: Path) -> QemuVM:
     return QemuVM(VMID, bed.run_dir, disks=[disk], machine="pc",
                   event_socket=bed.event_socket, log_path=out_dir / "qemu.log")
+
+
+@contextlib.contextmanager
+def _armed_then_locked(bed: NodeBed, disk: Pve9Disk, out_dir: Path,
+                       lock: str | None) -> Iterator[QemuVM]:
+    """Both daemons and the VM, its top armed by the first reconcile; then
+    its config at ``lock``, as qemu-server writes it before a snapshot delete."""
+    bed.write_vm_config(VMID, VOLID)
+    with daemons(bed, start_timeout=START_TIMEOUT), _vm(bed, disk, out_dir) as vm:
+        wait_until(lambda: vm.named_node(disk.file_block_node)["write_threshold"] != 0,
+                   START_TIMEOUT, "the top armed by the first reconcile")
+        bed.write_vm_config(VMID, VOLID, lock=lock)
+        yield vm
 
 
 def _start_commit(vm: QemuVM, disk: Pve9Disk, base: str, **options: str | int) -> str:
@@ -167,13 +182,8 @@ def test_an_active_commit_has_its_base_grown_ahead_of_it(
     with thin_storage(sources, out_dir, chunksize=CHUNK, initial_size=INITIAL) as (pve, vg):
         _chain(pve, vg, top_data=AHEAD_DATA)
         assert lv_sizes(vg)[SNAP1] == INITIAL
-        bed = _bed(sources, out_dir, tmp_path)
-        bed.write_vm_config(VMID, VOLID)
         disk = Pve9Disk.for_volume(vg.lv_path(VOLNAME), VOLID)
-        with daemons(bed, start_timeout=START_TIMEOUT), _vm(bed, disk, out_dir) as vm:
-            wait_until(lambda: vm.named_node(disk.file_block_node)["write_threshold"] != 0,
-                       START_TIMEOUT, "the top armed by the first reconcile")
-            bed.write_vm_config(VMID, VOLID, lock=lock)
+        with _armed_then_locked(_bed(sources, out_dir, tmp_path), disk, out_dir, lock) as vm:
             job = _start_commit(vm, disk, vg.lv_path(SNAP1), speed=SLOW)
 
             def grown() -> bool:
@@ -212,13 +222,9 @@ def test_a_stream_under_snapshot_delete_is_served_through_the_lock(
         _chain(pve, vg, top_data=TOP_DATA)
         snapshot(pve, "snap2")  # the top with TOP_DATA becomes snap2; a new, empty top
         assert lv_sizes(vg)[VOLNAME] == INITIAL
-        bed = _bed(sources, out_dir, tmp_path)
-        bed.write_vm_config(VMID, VOLID)
         disk = Pve9Disk.for_volume(vg.lv_path(VOLNAME), VOLID)
-        with daemons(bed, start_timeout=START_TIMEOUT), _vm(bed, disk, out_dir) as vm:
-            wait_until(lambda: vm.named_node(disk.file_block_node)["write_threshold"] != 0,
-                       START_TIMEOUT, "the top armed by the first reconcile")
-            bed.write_vm_config(VMID, VOLID, lock="snapshot-delete")
+        with _armed_then_locked(_bed(sources, out_dir, tmp_path), disk, out_dir,
+                                "snapshot-delete") as vm:
             vm.qmp("block-stream", {"job-id": "stream0", "device": disk.block_node,
                                     "base-node": vm.format_node_on(vg.lv_path(SNAP1)),
                                     "on-error": "enospc"})
