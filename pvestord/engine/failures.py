@@ -116,8 +116,7 @@ class Failures:
 
     def note_error(self, key: tuple[int, str], message: str,
                    level: int = logging.ERROR) -> None:
-        vmid, node = key
-        where = fields(VMID=vmid, BLOCK_NODE=node) if vmid else {}
+        where = _where(key)
         if self._errors.get(key) != message:
             self._errors[key] = message
             log.log(level, "%s (will retry)", message, extra=where)
@@ -126,6 +125,11 @@ class Failures:
 
     def clear_error(self, key: tuple[int, str], message: str) -> None:
         if self._errors.pop(key, None) is not None:
-            vmid, node = key
-            log.info("%s", message, extra=fields(
-                **({"VMID": vmid, "BLOCK_NODE": node} if vmid else {}), RECOVERED="yes"))
+            log.info("%s", message, extra={**_where(key), **fields(RECOVERED="yes")})
+
+
+def _where(key: tuple[int, str]) -> dict[str, str]:
+    """The journal fields of a failure's key: its VM and block node, none
+    for the daemon's own (VMID 0: the queue, the node report, a VG)."""
+    vmid, node = key
+    return fields(VMID=vmid, BLOCK_NODE=node) if vmid else {}

@@ -240,7 +240,7 @@ def renaming(settings: DaemonSettings, vmid: int, *, paused_for_room: bool,
     (snapshot, its deletion, rollback: its config's lock says so).
 
     pvestord then stands back from the VM's LVs, except for a guest paused on
-    ENOSPC and for an active commit's target (``job_writing``): see
+    ENOSPC and for a VM in which a block job writes (``job_writing``): see
     :func:`pvestord.policy.vmconfig.grows_while_renaming`. Raises
     :class:`VmBusyError` for a VM that has neither; the pass comes back once
     the lock is gone.
