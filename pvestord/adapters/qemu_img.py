@@ -1,4 +1,4 @@
-"""``qemu-img info``, ``measure`` and ``check``, and the maximum LV size of an image.
+"""``qemu-img info``, ``measure``, ``check`` and ``map``, and the maximum LV size of an image.
 
 Each call runs the binary from :func:`pvestord.adapters.command.binary` (``PVESTORD_QEMU_IMG``
 overrides it) with ``--output=json`` and returns a typed result. Failures are
@@ -28,6 +28,7 @@ from typing import Any
 
 from pvestord.adapters import command
 from pvestord.errors import CommandError, PvestordError
+from pvestord.policy.blockjobs import Extent
 from pvestord.policy.sizes import align_up
 
 #: ``info`` reads the header only (backing files are not opened).
@@ -36,6 +37,10 @@ INFO_TIMEOUT = 30.0
 MEASURE_TIMEOUT = 30.0
 #: ``check`` reads every metadata table: minutes on a multi-TiB image.
 CHECK_TIMEOUT = 600.0
+
+#: ``map`` reads every L2 table of the chain: under a second for a 200 GiB
+#: image with metadata preallocated, as Proxmox makes them.
+MAP_TIMEOUT = 30.0
 
 #: qcow2's default cluster size, used when ``info`` does not say.
 DEFAULT_CLUSTER_SIZE = 65536
@@ -172,6 +177,43 @@ async def check(path: Path | str, *, image_format: str = "qcow2",
     return parse_check(_json(done.stdout, argv), statuses[done.returncode], done.stderr)
 
 
+async def allocation_map(path: Path | str, *, unlocked_backings: int = 0,
+                         image_format: str = "qcow2",
+                         timeout: float = MAP_TIMEOUT) -> list[Extent]:  # noqa: ASYNC109
+    """``qemu-img map`` of ``path`` and its backing chain: which layer holds
+    each range of the virtual disk (:class:`~pvestord.policy.Extent`).
+
+    The chain is one a running QEMU has open, and a ``block-commit`` takes
+    its intermediate layers without sharing "consistent read", so QEMU's
+    image lock refuses even ``-U`` on them. The image and its first
+    ``unlocked_backings`` backing layers are therefore opened with
+    ``locking=off``, the layers below with ``-U``: the map is read for an
+    estimate (the room a block job needs), which an image being written
+    cannot spoil beyond the clusters in flight. Each file keeps its plain
+    name, so relative backing file names (Proxmox's) resolve.
+
+    :raises CommandError: qemu-img failed or overran ``timeout``.
+    :raises QemuImgError: its output is not what QEMU documents.
+    """
+    # No protocol driver named: QEMU picks host_device for a block device
+    # (an LV) and file for a regular file, as for a plain filename. A
+    # backing's options without a filename complete the one its overlay names.
+    unlocked = {"file": {"locking": "off"}}
+    spec: dict[str, Any] = {"driver": image_format,
+                            "file": {"filename": str(path), "locking": "off"}}
+    layer = spec
+    for _ in range(unlocked_backings):
+        layer["backing"] = dict(unlocked)
+        layer = layer["backing"]
+    argv = [command.binary("qemu-img"), "map", "--output=json", "-U",
+            "json:" + json.dumps(spec)]
+    done = await command.run_async(argv, timeout=timeout)
+    try:
+        return parse_map(json.loads(done.stdout))
+    except (ValueError, TypeError, KeyError) as err:
+        raise QemuImgError(f"{' '.join(argv)}: unreadable map: {err}") from err
+
+
 async def maximum_required(info: ImageInfo, *, timeout: float = MEASURE_TIMEOUT) -> int:  # noqa: ASYNC109
     """The most bytes ``info``'s image can ever occupy: measure plus bitmaps.
 
@@ -254,6 +296,24 @@ def parse_info(data: Mapping[str, Any]) -> ImageInfo:
         raise QemuImgError(f"unexpected qemu-img info output (a negative size, or a cluster"
                            f" size or bitmap granularity that is not positive): {data}")
     return info
+
+
+def parse_map(data: object) -> list[Extent]:
+    """The ranges of a ``qemu-img map --output=json`` reply.
+
+    :raises TypeError, KeyError: an entry lacks a field or has the wrong type.
+    """
+    if not isinstance(data, list):
+        raise TypeError(f"a list of ranges expected, not {type(data).__name__}")
+    extents = []
+    for entry in data:
+        start, length, depth, has_data = (entry["start"], entry["length"], entry["depth"],
+                                          entry["data"])
+        if not (all(isinstance(n, int) and not isinstance(n, bool)
+                    for n in (start, length, depth)) and isinstance(has_data, bool)):
+            raise TypeError(f"a range with a field of the wrong type: {entry!r}")
+        extents.append(Extent(start, length, depth, has_data))
+    return extents
 
 
 def parse_measure(data: Mapping[str, Any]) -> Measure:

@@ -35,6 +35,7 @@ from pvestord.policy import (
     BlockDevice,
     BlockJob,
     DriveIdentity,
+    JobEdges,
     device_filenames,
     device_on,
     qom_path,
@@ -254,12 +255,19 @@ class VmMonitor:
         jobs = await self.execute("query-block-jobs")
         return run_state_from(status, block, jobs)
 
-    async def job_targets(self) -> dict[str, str]:
-        """The node each block job writes through its ``target`` edge
-        (:func:`job_targets_from`), by job id; empty when this QEMU has no
-        ``x-debug-query-block-graph`` (a debug command: the targets are then
-        kept ahead by threshold events alone)."""
-        return job_targets_from(await self.execute_optional("x-debug-query-block-graph"))
+    async def job_graph(self) -> dict[str, JobEdges]:
+        """Each block job's edges in QEMU's job graph (:func:`job_graph_from`),
+        by job id; empty when this QEMU has no ``x-debug-query-block-graph``
+        (a debug command: the targets are then kept ahead by threshold events
+        alone)."""
+        return job_graph_from(await self.execute_optional("x-debug-query-block-graph"))
+
+    async def node_filenames(self) -> dict[str, str]:
+        """The image file each named node opens (its ``file`` in
+        ``query-named-block-nodes``), by node-name: what ``qemu-img`` is
+        pointed at to read a layer's allocation map."""
+        nodes = await self.execute("query-named-block-nodes", {"flat": True})
+        return filenames_from(nodes)
 
     async def cont(self) -> None:
         await self.execute("cont")
@@ -368,10 +376,23 @@ def block_jobs_from(reply: object) -> tuple[BlockJob, ...]:
     return tuple(jobs)
 
 
-def job_targets_from(graph: object) -> dict[str, str]:
-    """The node-name each block job's ``target`` edge names, by job id, from
-    an ``x-debug-query-block-graph`` reply. Junk is skipped: it is a debug
-    interface, and a QEMU whose graph differs must not stop a pass."""
+def filenames_from(nodes: object) -> dict[str, str]:
+    """The image each node of a ``query-named-block-nodes`` reply opens, by
+    node-name (:func:`~pvestord.policy.devices.own_filename`: a node given
+    its backing at run time names its own file inside a ``json:`` name)."""
+    found: dict[str, str] = {}
+    for node in nodes if isinstance(nodes, list) else ():
+        if isinstance(node, dict) and isinstance(node.get("node-name"), str):
+            path = own_filename(node.get("file"))
+            if path is not None:
+                found[node["node-name"]] = path
+    return found
+
+
+def job_graph_from(graph: object) -> dict[str, JobEdges]:
+    """Each block job's edges (:class:`~pvestord.policy.JobEdges`), by job
+    id, from an ``x-debug-query-block-graph`` reply. Junk is skipped: it is a
+    debug interface, and a QEMU whose graph differs must not stop a pass."""
     if not isinstance(graph, dict):
         return {}
     nodes, edges = graph.get("nodes"), graph.get("edges")
@@ -387,17 +408,50 @@ def job_targets_from(graph: object) -> dict[str, str]:
             jobs[node["id"]] = node["name"]
         elif node.get("type") == "block-driver":
             block_nodes[node["id"]] = node["name"]
-    targets: dict[str, str] = {}
+    named: dict[str, dict[str, str]] = {}
+    intermediates: dict[str, list[str]] = {}
+    children: dict[str, set[str]] = {}
     for edge in edges:
-        if not isinstance(edge, dict) or edge.get("name") != "target":
+        if not isinstance(edge, dict) or not isinstance(edge.get("name"), str):
             continue
-        parent, child_id = edge.get("parent"), edge.get("child")
-        if not isinstance(parent, int) or not isinstance(child_id, int):
+        parent_id, child_id = edge.get("parent"), edge.get("child")
+        if not isinstance(parent_id, int) or not isinstance(child_id, int):
             continue
-        job, child = jobs.get(parent), block_nodes.get(child_id)
-        if job is not None and child is not None:
-            targets[job] = child
-    return targets
+        child = block_nodes.get(child_id)
+        if child is None:
+            continue
+        name = edge["name"]
+        job = jobs.get(parent_id)
+        if job is not None:
+            if name == "intermediate node":
+                intermediates.setdefault(job, []).append(child)
+            else:
+                named.setdefault(job, {})[name] = child
+        elif parent_id in block_nodes and name in ("backing", "file"):
+            children.setdefault(block_nodes[parent_id], set()).add(child)
+    return {job: JobEdges(target=named.get(job, {}).get("target"),
+                          active=named.get(job, {}).get("active node"),
+                          base=named.get(job, {}).get("base"),
+                          intermediates=top_first(intermediates.get(job, []), children))
+            for job in set(named) | set(intermediates)}
+
+
+def top_first(layers: list[str], children: Mapping[str, set[str]]) -> tuple[str, ...]:
+    """``layers`` of one chain ordered from the top down: a layer is above
+    every layer it reaches through ``backing`` and ``file`` edges (a filter
+    such as a commit's own may sit between two of them)."""
+    def below(layer: str) -> set[str]:
+        seen: set[str] = set()
+        todo = [layer]
+        while todo:
+            for child in children.get(todo.pop(), ()):
+                if child not in seen:
+                    seen.add(child)
+                    todo.append(child)
+        return seen
+
+    wanted = set(layers)
+    return tuple(sorted(layers, key=lambda layer: (-len(below(layer) & wanted), layer)))
 
 
 def block_device_from(device: Mapping[str, Any]) -> BlockDevice:

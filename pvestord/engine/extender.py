@@ -66,6 +66,7 @@ from pvestord.engine.drive import (
 )
 from pvestord.engine.gates import VgGates
 from pvestord.engine.incoming import catch_up_incoming
+from pvestord.engine.jobroom import room_for_chain_copies
 from pvestord.engine.lvfigures import LvFigures
 from pvestord.engine.lvgrowth import LvGrowth
 from pvestord.engine.nodereport import LvmHealth
@@ -156,11 +157,17 @@ class Extender:
         in_flight = (migration_check and run.status not in MIGRATION_STATES
                      and await migration.migrating_away(monitor))
         views, names = await monitor.thin_drives()
-        # The job graph only while a commit runs: no cost to a pass without one.
-        targets = (await monitor.job_targets()
-                   if any(policy.counts_data(job) for job in run.jobs) else {})
+        # The job graph only while a commit or a stream runs: no cost to a
+        # pass without one.
+        graph = (await monitor.job_graph()
+                 if any(policy.needs_job_graph(job) for job in run.jobs) else {})
+        copies = [copy for job in run.jobs if job.id in graph
+                  if (copy := policy.chain_copy(job, graph[job.id])) is not None]
+        images = await monitor.node_filenames() if copies else {}
         return Look(run, in_flight, self.bindings.bind(vm, self.found(views)), names,
-                    policy.room_for_jobs(run.jobs, targets))
+                    policy.room_for_jobs(run.jobs, graph),
+                    tuple((copy, images[copy.mapped]) for copy in copies
+                          if copy.mapped in images))
 
     async def thin_block_nodes(self, vm: LocalVm) -> tuple[set[str], set[str]]:
         """(every node-name of ``vm``, the node-names of its thin drives), from
@@ -225,6 +232,9 @@ class Extender:
                                       job_writing=job_writing)
         fresh = requests is None
         drives = await self.figures.drives(look.found, fresh=fresh, shared=shared)
+        job_room = await room_for_chain_copies(vm, look.copies, look.job_room,
+                                               map_timeout=self.settings.qemu_img_timeout,
+                                               said=self._said)
         thin_nodes = thin_block_nodes(drives)
         if requests:
             _note_requests_for_no_thin_drive(vm, requests, thin_nodes, outcome)
@@ -251,7 +261,7 @@ class Extender:
                 continue
             state = drive.state(paused_nospace=paused and self._enospc_is_new(vm, drive),
                                 reason=reason,
-                                job_room=look.job_room.get(drive.view.format_node, 0))
+                                job_room=job_room.get(drive.view.format_node, 0))
             planned.append((drive, policy.decide(state), state))
             self.activity.seen(vm.vmid, drive.view.file_node, drive.lv, drive.vg,
                                policy.classify(state), paused_nospace=paused,
@@ -339,9 +349,12 @@ class Look:
     found: list[DriveCandidate]
     #: Every node-name the VM has: an entry naming none of them is stale.
     names: set[str]
-    #: What running block jobs can still write, by target node-name
+    #: What running active commits can still write, by target node-name
     #: (:func:`pvestord.policy.room_for_jobs`).
     job_room: Mapping[str, int] = field(default_factory=dict)
+    #: Streams and commits of a backing layer, each with the image whose
+    #: map shows what it still copies (:mod:`pvestord.engine.jobroom`).
+    copies: tuple[tuple[policy.ChainCopy, str], ...] = ()
 
 
 def _note_requests_for_no_thin_drive(vm: LocalVm, requests: dict[str, Reason],

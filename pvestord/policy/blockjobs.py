@@ -16,16 +16,19 @@ speed into its target, far faster than a guest. Two rules, one for each side:
   ``report`` (qemu-server's default) has already failed when the event
   comes: nothing can be resumed, which is why the plugin grows first.
 
-And one rule for a job that runs: :func:`room_for_jobs`, what an active
-commit can still write into its target, which the target must have beyond
-its allocation (``DriveState.job_room``): the target is kept ahead of the
-job, not a chunk behind a threshold event.
+And two rules for a job that runs, what it can still write into its
+target, which the target must have beyond its allocation
+(``DriveState.job_room``): the target is kept ahead of the job, not a chunk
+behind a threshold event. :func:`room_for_jobs` counts an active commit's
+progress; :func:`data_left_to_copy` counts, for a stream or a commit of a
+backing layer (:func:`chain_copy`), the data its layers still hold past the
+job's offset, from their allocation map.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from pvestord.policy.sizes import align_up
 
@@ -106,21 +109,21 @@ def room_made_since_resume(job_id: str, resumed_at: Mapping[str, int], room: int
     return job_id not in resumed_at or room > resumed_at[job_id]
 
 
-def room_for_jobs(jobs: Iterable[BlockJob], targets: Mapping[str, str]) -> dict[str, int]:
-    """What running jobs can still write into each target node, by node-name.
+def room_for_jobs(jobs: Iterable[BlockJob], graph: Mapping[str, JobEdges]) -> dict[str, int]:
+    """What running active commits can still write into each target node, by node-name.
 
-    ``targets`` maps a job id to the node its ``target`` edge names in QEMU's
-    job graph (``x-debug-query-block-graph``): the node a mirror-based job
-    writes. Only an active commit (type ``commit`` with a ``target`` edge)
-    counts: it runs as a mirror from the top into its base whose dirty
-    bitmap starts as what the layers above the base hold, and every guest
-    write during the job adds to it, so its ``len - offset`` is exactly the
-    data still to land in the base. A full mirror's progress covers the
-    whole virtual disk (QEMU marks it all dirty when it must zero the
-    target, as with Proxmox's ``discard=ignore``), and ``block-stream`` and a
-    commit of a backing layer (edge ``base``) count every offset too:
-    growing by those would make a sparse disk thick, so their targets are
-    kept ahead by threshold events alone.
+    ``graph`` holds each job's edges in QEMU's job graph
+    (``x-debug-query-block-graph``); the ``target`` edge names the node a
+    mirror-based job writes. Only an active commit (type ``commit`` with a
+    ``target`` edge) counts here: it runs as a mirror from the top into its
+    base whose dirty bitmap starts as what the layers above the base hold,
+    and every guest write during the job adds to it, so its ``len - offset``
+    is exactly the data still to land in the base. A full mirror's progress
+    covers the whole virtual disk (QEMU marks it all dirty when it must zero
+    the target, as with Proxmox's ``discard=ignore``), and ``block-stream``
+    and a commit of a backing layer count every offset too: growing by those
+    would make a sparse disk thick. The last two are counted from the data
+    they copy instead (:func:`chain_copy`, :func:`data_left_to_copy`).
 
     The figure is idempotent across passes: as the job copies, the target's
     allocation grows by what the remaining work loses, so ``allocation +
@@ -130,10 +133,94 @@ def room_for_jobs(jobs: Iterable[BlockJob], targets: Mapping[str, str]) -> dict[
     """
     room: dict[str, int] = {}
     for job in jobs:
-        node = targets.get(job.id)
-        if node is not None and counts_data(job):
-            room[node] = room.get(node, 0) + job.remaining
+        edges = graph.get(job.id)
+        if edges is not None and edges.target is not None and counts_data(job):
+            room[edges.target] = room.get(edges.target, 0) + job.remaining
     return room
+
+
+@dataclass(frozen=True)
+class JobEdges:
+    """A block job's edges in QEMU's job graph, by the nodes' names.
+
+    As QEMU (7.2 and 10) names them: a mirror and an active commit write
+    through ``target``; ``block-stream`` into its ``active node``; a commit
+    of a backing layer into its ``base``. A stream's and a commit's
+    ``intermediate node`` edges are the layers whose data the job copies
+    (a stream's: those below its active node, down to its base; a commit's:
+    its top down to the layer over its base).
+    """
+
+    target: str | None = None
+    active: str | None = None
+    base: str | None = None
+    #: The intermediate nodes, the top of the chain first.
+    intermediates: tuple[str, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class ChainCopy:
+    """A job that copies layers of one backing chain into another layer of
+    it, in offset order: a ``block-stream`` (into the layer over them) or a
+    ``block-commit`` of a backing layer (into the layer under them)."""
+
+    job: BlockJob
+    #: The format node the job writes.
+    target: str
+    #: The format node whose allocation map (``qemu-img map``) shows, by
+    #: depth, which layer holds each range: the stream's target itself, the
+    #: commit's top.
+    mapped: str
+    #: The depths of that map whose data the job copies.
+    depths: range
+
+
+def chain_copy(job: BlockJob, edges: JobEdges) -> ChainCopy | None:
+    """``job`` as a copy of layers within a chain, or None when it is none
+    (a mirror, an active commit, a job that no longer writes).
+
+    A stream's map is its target's own: depth 0 is what the target holds
+    already (the stream copies only what it lacks), depths 1 to k the k
+    intermediate layers. A commit's map is its top's: depths 0 to k-1 its
+    k intermediate layers, depth k the base it writes.
+    """
+    if job.status not in WRITING or not edges.intermediates:
+        return None
+    layers = len(edges.intermediates)
+    if job.type == "stream" and edges.active is not None:
+        return ChainCopy(job, edges.active, edges.active, range(1, 1 + layers))
+    if job.type == "commit" and edges.base is not None and edges.target is None:
+        return ChainCopy(job, edges.base, edges.intermediates[0], range(layers))
+    return None
+
+
+@dataclass(frozen=True)
+class Extent:
+    """One range of ``qemu-img map --output=json``: where its data lies."""
+
+    start: int
+    length: int
+    #: How many backing layers down from the mapped image the range is found.
+    depth: int
+    #: Whether the range holds data (not a hole, not a zero cluster).
+    data: bool
+
+
+def data_left_to_copy(extents: Sequence[Extent], depths: range, offset: int) -> int:
+    """The bytes a stream or a commit of a backing layer still copies into
+    its target: the data of the layers at ``depths`` past the job's
+    ``offset``.
+
+    Both jobs walk the disk in offset order, and their ``offset`` in
+    ``query-block-jobs`` is where they are, so data before it has been
+    copied. Zero clusters are counted out: they cost the target no data.
+    The figure is idempotent, as :func:`room_for_jobs`'s: what the job
+    copies leaves this sum for the target's allocation (a commit over a
+    base cluster it overwrites in place counts it once too often, which
+    errs on the side of room).
+    """
+    return sum(max(0, extent.start + extent.length - max(extent.start, offset))
+               for extent in extents if extent.data and extent.depth in depths)
 
 
 #: The job types that write into a VM's own drives: a commit into its base, a
@@ -150,6 +237,16 @@ def writes_drives(job: BlockJob) -> bool:
 def counts_data(job: BlockJob) -> bool:
     """Whether ``job`` may be an active commit that still writes, whose
     progress counts data (see :func:`room_for_jobs`; only the job graph tells
-    an active commit from one of a backing layer). The engine reads the
-    graph only while such a job exists."""
+    an active commit from one of a backing layer)."""
     return job.type == "commit" and job.status in WRITING
+
+
+#: The job types whose target only the job graph names.
+GRAPH_TYPES = frozenset({"commit", "stream"})
+
+
+def needs_job_graph(job: BlockJob) -> bool:
+    """Whether ``job``'s room can be known only from QEMU's job graph: a
+    commit or a stream that may still write. The engine reads the graph only
+    while such a job exists, so a pass without one costs nothing more."""
+    return job.type in GRAPH_TYPES and job.status in WRITING

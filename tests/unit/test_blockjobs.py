@@ -5,12 +5,18 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pvestord.adapters.qmp import block_jobs_from, job_targets_from, run_state_from
+from pvestord.adapters.qemu_img import parse_map
+from pvestord.adapters.qmp import block_jobs_from, filenames_from, job_graph_from, run_state_from
 from pvestord.features import plugin
 from pvestord.policy import (
     BlockJob,
+    ChainCopy,
     DriveState,
     Extend,
+    Extent,
+    JobEdges,
+    chain_copy,
+    data_left_to_copy,
     decide,
     job_target_size,
     jobs_to_resume,
@@ -110,9 +116,10 @@ GRAPH = {
 
 
 def test_job_targets_read_from_the_graph() -> None:
-    assert job_targets_from(GRAPH) == {"commit0": "#block117", "m0": "tgt"}
-    assert job_targets_from({"nodes": "x", "edges": []}) == {}
-    assert job_targets_from([]) == {}
+    assert job_graph_from(GRAPH) == {"commit0": JobEdges(target="#block117"),
+                                     "m0": JobEdges(target="tgt")}
+    assert job_graph_from({"nodes": "x", "edges": []}) == {}
+    assert job_graph_from([]) == {}
 
 
 @given(st.recursive(st.none() | st.booleans() | st.integers(0, 8) | st.text(max_size=8),
@@ -120,9 +127,12 @@ def test_job_targets_read_from_the_graph() -> None:
                     | st.dictionaries(st.sampled_from(["nodes", "edges", "id", "type", "name",
                                                        "parent", "child"]), inner, max_size=6),
                     max_leaves=30))
-def test_job_targets_from_never_raises(graph: object) -> None:
-    for job, node in job_targets_from(graph).items():
-        assert isinstance(job, str) and isinstance(node, str)
+def test_job_graph_from_never_raises(graph: object) -> None:
+    for job, edges in job_graph_from(graph).items():
+        assert isinstance(job, str)
+        for node in (edges.target, edges.active, edges.base):
+            assert node is None or isinstance(node, str)
+        assert all(isinstance(node, str) for node in edges.intermediates)
 
 
 def running(job_id: str, kind: str, length: int, offset: int) -> BlockJob:
@@ -135,8 +145,9 @@ def test_only_an_active_commit_gives_its_target_room() -> None:
     jobs = [running("commit0", "commit", 64 * MiB, 16 * MiB),
             running("m0", "mirror", 1024 * MiB, 16 * MiB),
             running("c-base", "commit", 1024 * MiB, 0)]  # a commit of a backing layer
-    targets = {"commit0": "#block117", "m0": "tgt"}
-    assert room_for_jobs(jobs, targets) == {"#block117": 48 * MiB}
+    graph = {"commit0": JobEdges(target="#block117"), "m0": JobEdges(target="tgt"),
+             "c-base": JobEdges(base="b", intermediates=("mid",))}
+    assert room_for_jobs(jobs, graph) == {"#block117": 48 * MiB}
 
 
 def test_a_commit_that_has_stopped_writing_gives_no_room() -> None:
@@ -144,7 +155,7 @@ def test_a_commit_that_has_stopped_writing_gives_no_room() -> None:
     for status, room in (("concluded", {}), ("aborting", {}), ("pending", {}),
                          ("paused", {"base": 4}), ("ready", {"base": 4})):
         job = BlockJob("c", "commit", status, status == "paused", "ok", length=5, offset=1)
-        assert room_for_jobs([job], {"c": "base"}) == room, status
+        assert room_for_jobs([job], {"c": JobEdges(target="base")}) == room, status
 
 
 
@@ -196,3 +207,122 @@ def test_guest_writes_during_an_active_commit_grow_its_target(
         assert decision.target >= room + written + chunk
     else:
         assert not isinstance(decision, Extend)
+
+
+# -- a stream, or a commit of a backing layer, kept ahead by its data
+
+def _graph(nodes: dict[int, tuple[str, str]], edges: list[tuple[int, str, int]]) -> object:
+    return {"nodes": [{"id": i, "type": kind, "name": name}
+                      for i, (kind, name) in nodes.items()],
+            "edges": [{"parent": parent, "name": name, "child": child,
+                       "perm": [], "shared-perm": []} for parent, name, child in edges]}
+
+
+#: x-debug-query-block-graph of QEMU 7.2 for a ``block-stream`` of "top" (no
+#: base: both backing layers are copied) and, in a second VM, a
+#: ``block-commit`` of "mid" into "base" under a top, as printed on this machine.
+STREAM_GRAPH = _graph(
+    {1: ("block-job", "j"), 2: ("block-driver", "#block540"), 3: ("block-driver", "top"),
+     4: ("block-driver", "#block248"), 5: ("block-driver", "#block429"),
+     6: ("block-driver", "#block025"), 7: ("block-backend", "")},
+    [(2, "file", 3), (4, "backing", 5), (3, "file", 6), (3, "backing", 4),
+     (1, "main node", 2), (1, "active node", 3), (1, "intermediate node", 5),
+     (1, "intermediate node", 4), (7, "root", 2)])
+COMMIT_GRAPH = _graph(
+    {1: ("block-job", "j"), 2: ("block-driver", "#block508"), 3: ("block-driver", "#block213"),
+     4: ("block-driver", "#block497"), 5: ("block-driver", "top"),
+     6: ("block-driver", "#block036"), 7: ("block-backend", "")},
+    [(2, "backing", 3), (3, "backing", 4), (5, "file", 6), (5, "backing", 2),
+     (1, "main node", 5), (1, "intermediate node", 3), (1, "base", 4), (7, "root", 3)])
+
+
+def test_a_stream_and_a_backing_commit_read_from_the_graph() -> None:
+    # The stream's intermediates come top first whatever order QEMU lists them in.
+    stream = job_graph_from(STREAM_GRAPH)["j"]
+    assert stream == JobEdges(active="top", intermediates=("#block248", "#block429"))
+    job = running("j", "stream", 1 << 30, 0)
+    assert chain_copy(job, stream) == ChainCopy(job, "top", "top", range(1, 3))
+
+    commit = job_graph_from(COMMIT_GRAPH)["j"]
+    assert commit == JobEdges(base="#block497", intermediates=("#block213",))
+    job = running("j", "commit", 1 << 30, 0)
+    assert chain_copy(job, commit) == ChainCopy(job, "#block497", "#block213", range(1))
+
+
+def test_only_streams_and_backing_commits_that_write_are_chain_copies() -> None:
+    assert chain_copy(running("c", "commit", 5, 0), JobEdges(target="b")) is None
+    assert chain_copy(running("m", "mirror", 5, 0), JobEdges(target="t")) is None
+    done = BlockJob("s", "stream", "concluded", False, "ok", length=5, offset=5)
+    assert chain_copy(done, JobEdges(active="t", intermediates=("m",))) is None
+    # A stream of a layer with nothing between it and its base copies nothing.
+    assert chain_copy(running("s", "stream", 5, 0), JobEdges(active="t")) is None
+
+
+def test_a_map_read_and_junk_refused() -> None:
+    # As qemu-img 7.2 printed it for top -> mid -> base above.
+    printed = [{"start": 0, "length": 8 * MiB, "depth": 2, "present": True, "zero": False,
+                "data": True, "offset": 327680},
+               {"start": 8 * MiB, "length": 8 * MiB, "depth": 2, "present": False,
+                "zero": True, "data": False},
+               {"start": 16 * MiB, "length": 8 * MiB, "depth": 1, "present": True,
+                "zero": False, "data": True, "offset": 327680}]
+    assert parse_map(printed) == [Extent(0, 8 * MiB, 2, True), Extent(8 * MiB, 8 * MiB, 2, False),
+                                  Extent(16 * MiB, 8 * MiB, 1, True)]
+    for junk in ({"start": 0}, [{"start": "0", "length": 1, "depth": 0, "data": True}],
+                 [{"start": 0, "length": 1, "depth": 0}], ["x"],
+                 [{"start": 0, "length": 1, "depth": True, "data": True}]):
+        try:
+            parse_map(junk)
+        except (TypeError, KeyError):
+            continue
+        raise AssertionError(f"{junk!r} read as a map")
+
+
+def test_filenames_of_the_nodes() -> None:
+    nodes = [{"node-name": "f1", "file": "/dev/vg/vm-100-disk-0.qcow2"},
+             {"node-name": "f2", "file": 'json:{"backing": {}, "driver": "qcow2", '
+                                          '"file": {"driver": "host_device", '
+                                          '"filename": "/dev/vg/snap.qcow2"}}'},
+             {"node-name": 3, "file": "/x"}, "junk", {"node-name": "nofile"}]
+    assert filenames_from(nodes) == {"f1": "/dev/vg/vm-100-disk-0.qcow2",
+                                     "f2": "/dev/vg/snap.qcow2"}
+    assert filenames_from({"return": []}) == {}
+
+
+CLUSTER = 64 * 1024
+
+
+@st.composite
+def chains(draw: st.DrawFn) -> tuple[list[Extent], int, int]:
+    """A map of a stream's target over ``layers`` backing layers, in whole
+    clusters, with the number of layers the stream copies."""
+    layers = draw(st.integers(1, 4))
+    copied = draw(st.integers(1, layers))
+    extents, start = [], 0
+    for _ in range(draw(st.integers(0, 24))):
+        length = draw(st.integers(1, 64)) * CLUSTER
+        extents.append(Extent(start, length, draw(st.integers(0, layers)), draw(st.booleans())))
+        start += length
+    return extents, copied, start
+
+
+@given(chains(), st.lists(st.integers(0, 1 << 30), max_size=6))
+def test_a_stream_target_needs_its_room_once_however_far_the_job_has_got(
+        chain: tuple[list[Extent], int, int], offsets: list[int]) -> None:
+    """As a stream copies, each range it passes moves to depth 0 (the target
+    holds it) and the target's allocation grows by the data moved: allocation
+    plus what is left stays put, so no pass grows the target twice, and what
+    is left never counts data below the stream's base or already copied."""
+    extents, copied, end = chain
+    depths = range(1, 1 + copied)
+    room = data_left_to_copy(extents, depths, 0)
+    assert room == sum(e.length for e in extents if e.data and 1 <= e.depth <= copied)
+    for offset in sorted(min(o, end) for o in offsets):
+        done = [Extent(e.start, e.length, 0, e.data)
+                if e.start + e.length <= offset and e.depth in depths else e for e in extents]
+        gained = sum(e.length for e, was in zip(done, extents, strict=True)
+                     if e.data and e.depth == 0 and was.depth in depths)
+        # Mid-range, the job's offset counts the part of a range already copied.
+        assert data_left_to_copy(done, depths, offset) + gained <= room
+        assert data_left_to_copy(done, depths, offset) + gained >= room - sum(
+            e.length for e in extents if e.start < offset < e.start + e.length)

@@ -1,9 +1,10 @@
-"""qemu-img info, measure and check: the real binary on real images in tmp_path."""
+"""qemu-img info, measure, check and map: the real binary on real images in tmp_path."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import struct
 import subprocess
@@ -13,9 +14,13 @@ import pytest
 
 from pvestord.adapters import command, qemu_img
 from pvestord.adapters.qemu_img import Bitmap, CheckStatus, QemuImgError
+from pvestord.adapters.vms import LocalVm
+from pvestord.engine.jobroom import room_for_chain_copies
+from pvestord.engine.oncelog import OncePerChange
 from pvestord.errors import CommandError
-from pvestord.policy import maximum_size
+from pvestord.policy import BlockJob, ChainCopy, maximum_size
 from pvestord.policy.sizes import GiB, MiB
+from tests.harness.qemu import Disk, QemuVM
 
 #: Every qemu-img/qemu-io call the test makes itself.
 TOOL_TIMEOUT = 120.0
@@ -212,3 +217,53 @@ async def test_unreadable_output_is_a_qemu_img_error(tmp_path: Path,
     with pytest.raises(QemuImgError, match="fully-allocated"):
         await qemu_img.measure(GiB)
     assert os.environ["PVESTORD_QEMU_IMG"].endswith("fake-qemu-img")
+
+
+async def test_the_room_a_stream_and_a_backing_commit_still_need(
+        tmp_path: Path, run_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """``qemu-img map`` of a chain a running QEMU holds, with a commit of two
+    layers that locks them against readers, read into the data each block
+    job still copies (pvestord.engine.jobroom)."""
+    base = create(tmp_path / "base.qcow2", "1G")
+    tool("qemu-io", "-f", "qcow2", "-c", f"write -P 1 0 {8 * MiB}", str(base))
+    mid1 = create(tmp_path / "mid1.qcow2", "1G", backing=base)
+    tool("qemu-io", "-f", "qcow2", "-c", f"write -P 2 {16 * MiB} {4 * MiB}",
+         "-c", f"write -z {64 * MiB} {4 * MiB}", str(mid1))  # zeroes cost the target nothing
+    mid2 = create(tmp_path / "mid2.qcow2", "1G", backing=mid1)
+    tool("qemu-io", "-f", "qcow2", "-c", f"write -P 3 {32 * MiB} {2 * MiB}", str(mid2))
+    top = create(tmp_path / "top.qcow2", "1G", backing=mid2)
+    tool("qemu-io", "-f", "qcow2", "-c", f"write -P 4 {16 * MiB} {MiB}", str(top))
+
+    def job(kind: str, offset: int = 0) -> BlockJob:
+        return BlockJob("j", kind, "running", False, "ok", length=GiB, offset=offset)
+
+    async def room(copy: ChainCopy, image: Path) -> dict[str, int]:
+        return await room_for_chain_copies(vm, [(copy, str(image))], {"other": 5},
+                                           map_timeout=TOOL_TIMEOUT, said=OncePerChange())
+
+    disk = Disk(top, block_node="ftop", file_block_node="etop")
+    with QemuVM(100, run_dir, disks=[disk]) as qemu:
+        vm = LocalVm(100, qemu.pid, qemu.qmp_path)
+        # mid2 and mid1 into base, at a byte a second: it runs all along.
+        qemu.qmp("block-commit", {"job-id": "j", "device": "ftop", "speed": 1,
+                                  "top-node": qemu.format_node_on(str(mid2)),
+                                  "base-node": qemu.format_node_on(str(base))})
+        with pytest.raises(CommandError):  # the commit holds its layers against -U
+            tool("qemu-img", "map", "-U", "--output=json", str(mid2))
+
+        # mid2 and mid1 committed: their data, not its zeroes, from mid2's own map.
+        commit = ChainCopy(job("commit"), "fbase", "fmid2", range(2))
+        assert await room(commit, mid2) == {"other": 5, "fbase": 6 * MiB}
+        assert await room(ChainCopy(job("commit", 32 * MiB), "fbase", "fmid2", range(2)),
+                          mid2) == {"other": 5, "fbase": 2 * MiB}
+        # Streamed into the top over base: its layers' data but the MiB the
+        # top has; without a base, the base's too.
+        stream = ChainCopy(job("stream"), "ftop", "ftop", range(1, 3))
+        assert await room(stream, top) == {"other": 5, "ftop": 5 * MiB}
+        assert await room(ChainCopy(job("stream"), "ftop", "ftop", range(1, 4)), top) == \
+            {"other": 5, "ftop": 13 * MiB}
+
+        with caplog.at_level(logging.WARNING, logger="pvestord"):
+            assert await room(commit, tmp_path / "gone.qcow2") == {"other": 5}
+        [warned] = [r for r in caplog.records if getattr(r, "JOB", None) == "j"]
+        assert (warned.levelno, getattr(warned, "BLOCK_NODE", None)) == (logging.WARNING, "fbase")

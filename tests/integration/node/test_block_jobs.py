@@ -7,6 +7,8 @@ threshold then, not at the next reconcile.
 An active commit's base is grown by all the job can still write when the
 job runs (``len - offset`` of ``query-block-jobs``, the target from
 ``x-debug-query-block-graph``), so a job at disk speed never outruns it.
+A stream's target, and a commit's of a backing layer, are grown by the data
+their layers still hold past the job's offset (``qemu-img map``).
 
 A block job paused on ENOSPC in a thin target is given room and resumed.
 
@@ -238,6 +240,67 @@ def test_a_stream_under_snapshot_delete_is_served_through_the_lock(
         qemu_io(vg, VOLNAME, f"read -P 0x11 0 {BASE_DATA}")
         qemu_io(vg, VOLNAME, f"read -P 0x22 {GiB} {TOP_DATA}")
         assert lv_sizes(vg)[SNAP2] == 3 * INITIAL  # the stream's source, never grown
+
+
+def _start_chain_copy(vm: QemuVM, disk: Pve9Disk, vg: VG, kind: str) -> tuple[str, str, int]:
+    """A ``block-stream`` of snap2 into the top, or a ``block-commit`` of
+    snap2 into snap1, at SLOW and QEMU's default ``on-error=report``: the
+    job id, the LV it writes, and the data that LV holds already."""
+    snap1 = vm.format_node_on(vg.lv_path(SNAP1))
+    if kind == "stream":
+        vm.qmp("block-stream", {"job-id": "stream0", "device": disk.block_node,
+                                "base-node": snap1, "speed": SLOW})
+        return "stream0", VOLNAME, 0
+    vm.qmp("block-commit", {"job-id": "commit0", "device": disk.top_node,
+                            "top-node": vm.format_node_on(vg.lv_path(SNAP2)),
+                            "base-node": snap1, "speed": SLOW})
+    return "commit0", SNAP1, BASE_DATA
+
+
+@pytest.mark.parametrize(("kind", "lock"), [("stream", "snapshot-delete"), ("commit", None)],
+                         ids=["stream-under-snapshot-delete", "commit-of-a-backing-layer"])
+def test_a_copy_within_the_chain_has_its_target_grown_ahead_of_it(
+        sources: upstream.Upstream, out_dir: Path, tmp_path: Path, kind: str,
+        lock: str | None) -> None:
+    """A ``block-stream``, or a ``block-commit`` of a backing layer, on QEMU's
+    default ``on-error=report``: the first ENOSPC would fail the job, and
+    its progress counts every offset of the virtual disk, not data. Its
+    target is grown by the data its layers still hold past its offset (their
+    ``qemu-img map``) as soon as it runs, while most of that data is ahead.
+
+    The stream under ``lock: snapshot-delete`` is qemu-server's delete of an
+    intermediate snapshot once it must write more than the plugin granted
+    (here nothing was granted); the commit is an admin's, nobody announced.
+    """
+    with thin_storage(sources, out_dir, chunksize=CHUNK, initial_size=INITIAL) as (pve, vg):
+        _chain(pve, vg, top_data=AHEAD_DATA)
+        snapshot(pve, "snap2")  # AHEAD_DATA is snap2's now, under a new, empty top
+        assert lv_sizes(vg)[VOLNAME] == lv_sizes(vg)[SNAP1] == INITIAL
+        disk = Pve9Disk.for_volume(vg.lv_path(VOLNAME), VOLID)
+        with _armed_then_locked(_bed(sources, out_dir, tmp_path), disk, out_dir, lock) as vm:
+            job, target, held = _start_chain_copy(vm, disk, vg, kind)
+
+            def grown() -> bool:
+                # A job that failed on ENOSPC is gone (QEMU dismisses it).
+                assert any(j["device"] == job for j in vm.qmp("query-block-jobs")), \
+                    "the job ended before its target was grown"
+                return lv_sizes(vg)[target] >= held + AHEAD_DATA
+
+            wait_until(grown, JOB_TIMEOUT, "the target grown to hold the job")
+            # The data starts at GiB: chunk by chunk behind threshold events,
+            # the target would be about the size of what the job had copied.
+            progress = _job(vm, job)
+            assert progress["offset"] < GiB + AHEAD_DATA // 2, progress
+            vm.qmp("block-job-set-speed", device=job, speed=0)
+            assert vm.job_completed_cleanly(timeout=JOB_TIMEOUT), vm.qmp("query-block-jobs")
+            assert vm.qmp("query-status")["status"] == "running"
+        assert qcow2_check(vg.lv_path(target))["exit"] == 0
+        qemu_io(vg, target, f"read -P 0x11 0 {BASE_DATA}")
+        qemu_io(vg, target, f"read -P 0x22 {GiB} {AHEAD_DATA}")
+        # Once, by the data: not by the job's length (the whole disk), and
+        # no second helping as it copied.
+        assert lv_sizes(vg)[target] <= held + AHEAD_DATA + 2 * CHUNK
+        assert lv_sizes(vg)[SNAP2] == AHEAD_DATA + INITIAL  # the source, never grown
 
 
 def _paused_on_enospc(vm: QemuVM, job: str) -> bool:
