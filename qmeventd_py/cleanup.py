@@ -55,12 +55,13 @@ async def run_cleanup(command: Sequence[str], vmid: int, graceful: bool, guest: 
     :return: whether the command succeeded.
     """
     argv = [*command, str(vmid), "1" if graceful else "0", "1" if guest else "0"]
-    extra = fields(VMID=vmid)
-    log.info("VM %d: running cleanup: %s", vmid, " ".join(argv), extra=extra)
+    log.info("VM %d: running cleanup: %s", vmid, " ".join(argv),
+             extra=fields(VMID=vmid, CLEANUP="started"))
     try:
         await run_async(argv, timeout=CLEANUP_TIMEOUT)
     except CommandError as err:
-        log.error("VM %d: cleanup failed: %s", vmid, err, extra=extra)
+        log.error("VM %d: cleanup failed: %s", vmid, err,
+                  extra=fields(VMID=vmid, CLEANUP="failed"))
         return False
     return True
 
@@ -109,18 +110,20 @@ async def terminate(vmid: int, pid: int, pidfd: int, kill_timeout: float) -> Non
     ``pidfd`` stays owned by the caller; we duplicate it so that the caller
     closing its copy (the connection ending) does not cut our wait short.
     """
-    extra = fields(VMID=vmid)
+    def extra(sent: str) -> dict[str, str]:
+        return fields(VMID=vmid, QEMU_PID=pid, TERMINATE=sent)
+
     fd = os.dup(pidfd)
     try:
-        log.info("VM %d: terminating QEMU pid %d", vmid, pid, extra=extra)
+        log.info("VM %d: terminating QEMU pid %d", vmid, pid, extra=extra("sigterm"))
         if not signal_pidfd(fd, signal.SIGTERM):
-            log.info("VM %d: QEMU pid %d already exited", vmid, pid, extra=extra)
+            log.info("VM %d: QEMU pid %d already exited", vmid, pid, extra=extra("gone"))
             return
         if await exits_within(fd, kill_timeout):
             return
         if signal_pidfd(fd, signal.SIGKILL):
             log.warning("VM %d: QEMU pid %d ignored SIGTERM for %g s; sent SIGKILL",
-                        vmid, pid, kill_timeout, extra=extra)
+                        vmid, pid, kill_timeout, extra=extra("sigkill"))
     finally:
         with contextlib.suppress(OSError):
             os.close(fd)

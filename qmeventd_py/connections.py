@@ -66,26 +66,29 @@ class Connections:
         try:
             peer = identify(conn)
             if peer.uid != 0:
-                raise PeerError(f"uid {peer.uid} is not root")
+                raise PeerError(f"uid {peer.uid} is not root", why="not-root")
             try:
                 hello, rest = await asyncio.wait_for(
                     read_hello(conn), self.options.hello_timeout)
             except TimeoutError:
-                raise PeerError(f"said nothing usable within {self.options.hello_timeout:g} s"
-                                ) from None
+                raise PeerError(f"said nothing usable within {self.options.hello_timeout:g} s",
+                                why="silent") from None
             kind = events.hello_kind(hello)
             if kind == "qmp":
                 if rest.strip():
-                    raise PeerError("sent data after its QMP greeting, before negotiation")
+                    raise PeerError("sent data after its QMP greeting, before negotiation",
+                                    why="early-data")
                 await self._serve_qemu(conn, peer, hello)
             elif kind == "vzdump":
                 await self._serve_vzdump(conn, peer, hello)
             else:
                 raise PeerError(f"first message is neither a QMP greeting nor a vzdump"
-                                f" hello: {short(hello)}")
+                                f" hello: {short(hello)}", why="unknown-hello")
         except PeerError as err:
             who = peer.describe() if peer else "unknown peer"
-            log.warning("dropped peer (%s): %s", who, err)
+            extra = (fields(DROPPED=err.why, PEER_PID=peer.pid, PEER_UID=peer.uid) if peer
+                     else fields(DROPPED=err.why))
+            log.warning("dropped peer (%s): %s", who, err, extra=extra)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -99,7 +102,8 @@ class Connections:
         try:
             Greeting(hello)  # type: ignore[arg-type]
         except (KeyError, TypeError) as err:
-            raise PeerError(f"malformed QMP greeting {short(hello)}: {err!r}") from err
+            raise PeerError(f"malformed QMP greeting {short(hello)}: {err!r}",
+                            why="bad-greeting") from err
         vmid = vmid_of(peer)
         client = QMPClient(f"vm{vmid}", readbuflen=READ_LIMIT)
         client.await_greeting = False
@@ -110,7 +114,8 @@ class Connections:
         except (QMPError, TimeoutError, OSError) as err:
             with contextlib.suppress(QMPError, EOFError, OSError):
                 await client.disconnect()
-            raise PeerError(f"VM {vmid}: QMP negotiation failed: {err!r}") from err
+            raise PeerError(f"VM {vmid}: QMP negotiation failed: {err!r}",
+                            why="negotiation") from err
         session = VmSession(vmid, peer, client, origin=self.options.origin,
                             kill_timeout=self.options.kill_timeout, submit=self._submit,
                             spawn=self._spawn)
@@ -153,20 +158,22 @@ class Connections:
     async def _serve_vzdump(self, conn: socket.socket, peer: Peer, hello: object) -> None:
         vmid = events.vzdump_vmid(hello)
         if vmid is None:
-            raise PeerError(f"invalid vzdump hello {short(hello)}")
+            raise PeerError(f"invalid vzdump hello {short(hello)}", why="bad-hello")
         vm = self.vms.get(vmid)
         if vm is None:
             log.info("VM %d: vzdump started a backup of a VM with no QEMU connected", vmid,
                      extra=fields(VMID=vmid))
         else:
             vm.backup = True
-            log.info("VM %d: vzdump backup started", vmid, extra=vm.extra)
+            log.info("VM %d: vzdump backup started", vmid,
+                     extra={**vm.extra, **fields(BACKUP="started")})
         loop = asyncio.get_running_loop()
         # vzdump says nothing more; the backup lasts until it hangs up.
         while await loop.sock_recv(conn, 4096):
             pass
         vm = self.vms.get(vmid)
         if vm is not None:
-            log.info("VM %d: vzdump backup ended", vmid, extra=vm.extra)
+            log.info("VM %d: vzdump backup ended", vmid,
+                     extra={**vm.extra, **fields(BACKUP="ended")})
             vm.backup = False
             self._spawn(vm.terminate_check())

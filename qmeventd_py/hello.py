@@ -33,20 +33,21 @@ async def read_hello(conn: socket.socket) -> tuple[object, str]:
         chunk = await loop.sock_recv(conn, HELLO_LIMIT - len(buf))
         if not chunk:
             raise PeerError(f"closed the connection after {len(buf)} bytes, before a"
-                            " complete first message")
+                            " complete first message", why="closed")
         buf += chunk
         text = buf.decode(errors="replace").lstrip()
         if text and not text.startswith("{"):
-            raise PeerError(f"sent garbage: {buf[:60]!r}")
+            raise PeerError(f"sent garbage: {buf[:60]!r}", why="garbage")
         try:
             message, end = decoder.raw_decode(text)
         except (ValueError, RecursionError):
             # RecursionError: nesting deeper than the decoder's stack (found by
             # fuzzing); as invalid as any other JSON we cannot read.
             if b"\n" in buf:
-                raise PeerError(f"sent invalid JSON: {buf[:60]!r}") from None
+                raise PeerError(f"sent invalid JSON: {buf[:60]!r}", why="garbage") from None
             if len(buf) >= HELLO_LIMIT:
-                raise PeerError(f"first message is longer than {HELLO_LIMIT} bytes") from None
+                raise PeerError(f"first message is longer than {HELLO_LIMIT} bytes",
+                                why="too-long") from None
             continue
         return message, text[end:]
 

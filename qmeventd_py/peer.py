@@ -34,7 +34,18 @@ _VMID = re.compile(r"[1-9][0-9]{0,9}")
 
 
 class PeerError(PvestordError):
-    """A peer we cannot or will not serve; the message says why."""
+    """A peer we cannot or will not serve; the message says why.
+
+    :attr:`why` says it in one word, for the journal's ``DROPPED`` field
+    (``journalctl -u qmeventd-py DROPPED=not-root``): ``credentials``,
+    ``gone``, ``identity``, ``not-a-vm``, ``not-root``, ``silent``,
+    ``closed``, ``garbage``, ``too-long``, ``early-data``, ``unknown-hello``,
+    ``bad-greeting``, ``negotiation`` or ``bad-hello``.
+    """
+
+    def __init__(self, message: str, *, why: str) -> None:
+        super().__init__(message)
+        self.why = why
 
 
 @dataclass
@@ -73,10 +84,10 @@ def identify(conn: socket.socket) -> Peer:
     try:
         raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     except OSError as err:
-        raise PeerError(f"no peer credentials: {err}") from err
+        raise PeerError(f"no peer credentials: {err}", why="credentials") from err
     pid, uid, gid = struct.unpack("3i", raw)
     if pid <= 0:
-        raise PeerError("peer credentials carry no pid")
+        raise PeerError("peer credentials carry no pid", why="credentials")
     pidfd: int | None
     try:
         pidfd = conn.getsockopt(socket.SOL_SOCKET, SO_PEERPIDFD)
@@ -84,9 +95,10 @@ def identify(conn: socket.socket) -> Peer:
         try:
             pidfd = os.pidfd_open(pid)
         except ProcessLookupError as err:
-            raise PeerError(f"peer pid {pid} exited before it could be pinned") from err
+            raise PeerError(f"peer pid {pid} exited before it could be pinned",
+                            why="gone") from err
         except OSError as err:
-            raise PeerError(f"cannot pin peer pid {pid}: {err}") from err
+            raise PeerError(f"cannot pin peer pid {pid}: {err}", why="credentials") from err
     return Peer(pid, uid, gid, pidfd)
 
 
@@ -122,13 +134,16 @@ def vmid_of(peer: Peer, proc: Path = Path("/proc")) -> int:
     try:
         raw = (proc / str(peer.pid) / "cmdline").read_bytes()
     except OSError as err:
-        raise PeerError(f"cannot read the command line of pid {peer.pid}: {err}") from err
+        raise PeerError(f"cannot read the command line of pid {peer.pid}: {err}",
+                        why="identity") from err
     if not peer.alive():
-        raise PeerError(f"peer pid {peer.pid} exited while we identified it")
+        raise PeerError(f"peer pid {peer.pid} exited while we identified it", why="gone")
     argv = [a.decode(errors="replace") for a in raw.split(b"\0")]
     vmid = vmid_from_argv(argv)
     if vmid is None:
+        # Quoted: a peer's command line is its own to write, newlines and
+        # all, and must not forge lines of our log.
         shown = " ".join(argv)[:300]
         raise PeerError(f"pid {peer.pid} has no usable -id or -pidfile <vmid>.pid"
-                        f" argument: {shown}")
+                        f" argument: {shown!r}", why="not-a-vm")
     return vmid

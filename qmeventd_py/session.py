@@ -135,7 +135,7 @@ class VmSession:
                 return
             if self.backup:
                 log.info("VM %d: not active, but a backup runs: kept alive", self.vmid,
-                         extra=self.extra)
+                         extra={**self.extra, **fields(BACKUP="keeps-alive")})
                 return
             if self.peer.pidfd is None:
                 return

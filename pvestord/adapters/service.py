@@ -36,7 +36,9 @@ FIELDS = ("VMID", "BLOCK_NODE", "LV", "VG", "OLD_SIZE", "NEW_SIZE", "DURATION_MS
           # what was unpaused (settle.py); a failure cleared, or failing again (failures.py)
           "RESUMED", "RECOVERED", "STILL_FAILING",
           # a QEMU's event connection and the queue entries it brought (qmeventd_py)
-          "QEMU_PID", "QMP_SESSION", "ENTRY")
+          "QEMU_PID", "QMP_SESSION", "ENTRY",
+          # a refused peer, a vzdump backup, a QEMU's end and cleanup (qmeventd_py)
+          "DROPPED", "PEER_PID", "PEER_UID", "BACKUP", "TERMINATE", "CLEANUP")
 
 
 class _FieldsFormatter(logging.Formatter):

@@ -179,16 +179,16 @@ class Daemon:
         return records(self.log_text(), level, **fields)
 
     def wait_record(self, what: str, timeout: float | None = None, level: str | None = None,
-                    **fields: str) -> LogLine:
-        """The first log record with these journal fields, once there is one."""
+                    count: int = 1, **fields: str) -> LogLine:
+        """The ``count``-th log record with these journal fields, once there is one."""
         found: list[LogLine] = []
 
         def logged() -> bool:
             found[:] = self.records(level, **fields)
-            return bool(found)
+            return len(found) >= count
 
         self._wait(f"{what} ({fields})", logged, timeout)
-        return found[0]
+        return found[count - 1]
 
     def _wait(self, what: str, condition: Callable[[], bool], timeout: float | None) -> None:
         """Poll ``condition`` while the daemon runs, for ``timeout`` (default

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import os
-import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -16,7 +14,8 @@ from typing import Any
 import pytest
 
 from pvestord.adapters.queue import Entry, ExtendQueue
-from tests.harness.polling import wait_until
+from tests.harness.daemonlog import LogLine
+from tests.harness.daemons import Daemon
 from tests.harness.qemu import QEMU_ENV
 
 
@@ -49,17 +48,20 @@ def run_dir() -> Iterator[Path]:
 
 # -- qmeventd-py as a real subprocess --------------------------------------------
 
-#: How long the daemon may take to create its socket, and to exit on SIGTERM.
-DAEMON_START_TIMEOUT = 90.0  # a bound: generous for a loaded machine
-DAEMON_STOP_TIMEOUT = 30.0
+#: How long the daemon may take to be ready, and to log what a test waits for.
+DAEMON_START_TIMEOUT = 90.0  # bounds: generous for a loaded machine
+DAEMON_WAIT_TIMEOUT = 90.0
 
 
 
-class Daemon:
-    """``qmeventd-py`` run from the venv, its log kept in a file."""
+class Qmeventd:
+    """``qmeventd-py`` run from the venv as :class:`tests.harness.daemons.Daemon`
+    runs it: up once it notifies ``READY=1``, its log records known by their
+    journal fields, never by their wording."""
 
     def __init__(self, run_dir: Path, *, name: str = "qmeventd", extra: Sequence[str] = (),
                  cleanup_cmd: str | None = None) -> None:
+        self.name = name
         self.socket = run_dir / "qmeventd.sock"
         self.queue_path = run_dir / "extend-queue"
         self.log_path = run_dir / f"{name}.log"
@@ -67,56 +69,43 @@ class Daemon:
                      "--socket", str(self.socket), "--queue", str(self.queue_path),
                      "--node", "testnode", "-v", *extra]
         self.argv += ["--cleanup-cmd", cleanup_cmd] if cleanup_cmd else ["--no-cleanup"]
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.process: Daemon | None = None
 
-    def start(self) -> Daemon:
-        log = open(self.log_path, "ab")  # noqa: SIM115 - closed with the process
-        proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log,  # noqa: S603
-                                stderr=subprocess.STDOUT)
-        self.proc = proc
-        log.close()
-        wait_until(lambda: "listening on" in self.log() or proc.poll() is not None,
-                   DAEMON_START_TIMEOUT, "qmeventd-py to listen")
-        assert proc.poll() is None, f"qmeventd-py exited:\n{self.log()}"
+    def start(self) -> Qmeventd:
+        self.process = Daemon(self.name, self.argv, self.log_path)
+        self.process.wait_ready(DAEMON_START_TIMEOUT)
         return self
 
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+    @property
+    def proc(self) -> subprocess.Popen[bytes]:
+        assert self.process is not None, "not started"
+        return self.process.proc
 
-    def wait_log(self, pattern: str, timeout: float = 90.0, count: int = 1) -> None:
-        regex = re.compile(pattern)
-        try:
-            wait_until(lambda: len(regex.findall(self.log())) >= count, timeout,
-                       f"log line /{pattern}/ x{count}")
-        except TimeoutError as err:
-            raise AssertionError(f"{err}\n--- daemon log ---\n{self.log()[-6000:]}") from None
+    def wait_record(self, what: str, *, count: int = 1, **fields: str) -> LogLine:
+        """The ``count``-th log record with these journal fields, once there is one."""
+        assert self.process is not None, "not started"
+        return self.process.wait_record(what, DAEMON_WAIT_TIMEOUT, count=count, **fields)
 
     def entries(self) -> list[Entry]:
         return ExtendQueue(self.queue_path).list()
 
-    def kill(self, sig: int = signal.SIGKILL) -> int:
-        assert self.proc is not None
-        self.proc.send_signal(sig)
-        return self.proc.wait(DAEMON_STOP_TIMEOUT)
+    def kill(self) -> int:
+        """SIGKILL, as a crash would; its exit status."""
+        assert self.process is not None, "not started"
+        self.process.kill()
+        return self.proc.returncode
 
     def stop(self) -> int | None:
-        if self.proc is None or self.proc.poll() is not None:
-            return None if self.proc is None else self.proc.returncode
-        self.proc.terminate()
-        try:
-            return self.proc.wait(DAEMON_STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(DAEMON_STOP_TIMEOUT)
-            raise AssertionError(f"qmeventd-py ignored SIGTERM:\n{self.log()}") from None
+        """SIGTERM; its exit status, None when it never started."""
+        return None if self.process is None else self.process.stop()
 
 
 @pytest.fixture
-def daemon_factory(run_dir: Path) -> Iterator[Callable[..., Daemon]]:
-    started: list[Daemon] = []
+def daemon_factory(run_dir: Path) -> Iterator[Callable[..., Qmeventd]]:
+    started: list[Qmeventd] = []
 
-    def start(**kwargs: Any) -> Daemon:
-        daemon = Daemon(run_dir, name=f"qmeventd{len(started)}", **kwargs)
+    def start(**kwargs: Any) -> Qmeventd:
+        daemon = Qmeventd(run_dir, name=f"qmeventd{len(started)}", **kwargs)
         started.append(daemon)
         return daemon.start()
 

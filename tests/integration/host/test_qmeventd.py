@@ -62,7 +62,8 @@ def _cross_threshold(vm: QemuVM, disk: int = 0) -> None:
 
 
 def _connected(daemon: Any, vm: QemuVM, count: int = 1) -> None:
-    daemon.wait_log(rf"VM {vm.vmid}: QEMU pid {vm.pid} connected", count=count)
+    daemon.wait_record("QEMU's event connection", count=count, VMID=str(vm.vmid),
+                       QEMU_PID=str(vm.pid), QMP_SESSION="connected")
 
 
 def _keys(daemon: Any) -> list[tuple[int, str]]:
@@ -85,7 +86,8 @@ def test_one_crossed_threshold_gives_one_entry(run_dir: Path,
         wait_until(lambda: daemon.entries(), 60, "a queue entry")
         # Another write well past the (now disarmed) threshold adds nothing.
         vm.write_pattern("drive-scsi0", 4 * MiB, 2 * MiB)
-        daemon.wait_log(r"VM 4242: queued 4242:file-scsi0 reason=threshold")
+        daemon.wait_record("the entry queued", VMID="4242", BLOCK_NODE="file-scsi0",
+                           REASON="threshold", ENTRY="queued")
     [entry] = daemon.entries()
     assert entry.key == (4242, "file-scsi0")
     assert entry.reason is Reason.THRESHOLD
@@ -119,7 +121,7 @@ def test_daemon_killed_and_restarted_loses_nothing(run_dir: Path,
         _connected(first, vm)
         _cross_threshold(vm, disk=0)
         wait_until(lambda: first.entries(), 60, "the first entry")
-        assert first.kill(signal.SIGKILL) == -signal.SIGKILL
+        assert first.kill() == -signal.SIGKILL
         second = daemon_factory(cleanup_cmd=str(_recorder(run_dir)))
         # QEMU's chardev reconnects on its own (reconnect=1).
         _connected(second, vm)
@@ -127,7 +129,7 @@ def test_daemon_killed_and_restarted_loses_nothing(run_dir: Path,
         wait_until(lambda: len(second.entries()) == 2, 60, "the second entry")
         assert _keys(second) == [(4242, "file-scsi0"), (4242, "file-scsi1")]
     # The VM never exited while the daemons came and went: exactly one cleanup, at the end.
-    second.wait_log(r"VM 4242: running cleanup")
+    second.wait_record("the cleanup", VMID="4242", CLEANUP="started")
     wait_until(lambda: _recorded(run_dir), 60, "the cleanup command")
     assert _recorded(run_dir) == ["4242 1 0"]
 
@@ -164,23 +166,23 @@ def test_bad_peers_are_dropped_and_others_served(run_dir: Path,
 
         with _client(daemon.socket) as s:  # garbage
             s.sendall(b"hello, this is not JSON\n")
-            daemon.wait_log(r"dropped peer \(pid \d+ uid 0\): sent garbage")
+            daemon.wait_record("garbage dropped", DROPPED="garbage", PEER_UID="0")
             assert s.recv(16) == b""
 
         with _client(daemon.socket) as s:  # one 1 MiB line
             with contextlib.suppress(OSError):
                 s.sendall(b'{"QMP": "' + b"x" * MiB + b'"}\n')
-            daemon.wait_log(r"dropped peer \(pid \d+ uid 0\): first message is longer than")
+            daemon.wait_record("a long line dropped", DROPPED="too-long", PEER_UID="0")
 
         with _client(daemon.socket) as s:  # says nothing at all
-            daemon.wait_log(rf"dropped peer \(pid {os.getpid()} uid 0\): said nothing usable"
-                            rf" within {HELLO_TIMEOUT:g} s")
+            daemon.wait_record("a silent peer dropped", DROPPED="silent",
+                               PEER_PID=str(os.getpid()))
             assert s.recv(16) == b""
 
         fake = _fake_qemu(daemon.socket)  # a QMP greeting, but no VMID on its command line
         try:
-            daemon.wait_log(rf"dropped peer \(pid {fake.pid} uid 0\): pid {fake.pid} has no"
-                            r" usable -id or -pidfile")
+            daemon.wait_record("a peer without a VMID dropped", DROPPED="not-a-vm",
+                               PEER_PID=str(fake.pid))
             assert fake.wait(10) == 0  # the daemon hung up on it
         finally:
             _reap(fake)
@@ -191,8 +193,8 @@ def test_bad_peers_are_dropped_and_others_served(run_dir: Path,
         os.chmod(daemon.socket, 0o666)
         nobody = _fake_qemu(daemon.socket, user=65534, group=65534)
         try:
-            daemon.wait_log(rf"dropped peer \(pid {nobody.pid} uid 65534\): uid 65534 is not"
-                            r" root")
+            daemon.wait_record("a non-root peer dropped", DROPPED="not-root",
+                               PEER_PID=str(nobody.pid), PEER_UID="65534")
             assert nobody.wait(10) == 0
         finally:
             _reap(nobody)
@@ -244,10 +246,10 @@ def test_cleanup_runs_once_per_vm_exit(run_dir: Path, daemon_factory: DaemonFact
         _connected(daemon, killed)
         killed.send_signal(signal.SIGKILL)
         killed.wait(10)
-        daemon.wait_log(r"VM 4243: running cleanup")
+        daemon.wait_record("the killed VM's cleanup", VMID="4243", CLEANUP="started")
         quitting.qmp("quit")
         quitting.wait(10)
-        daemon.wait_log(r"VM 4242: running cleanup")
+        daemon.wait_record("the quit VM's cleanup", VMID="4242", CLEANUP="started")
     wait_until(lambda: len(_recorded(run_dir)) >= 2, 60, "two cleanups")
     assert daemon.stop() == 0
     # 4243 died without a SHUTDOWN event: not graceful; quit is graceful, not the guest.
@@ -267,8 +269,9 @@ def test_shut_down_vm_is_terminated_then_cleaned_up(run_dir: Path,
         vm.qmp("system_reset")
         # The daemon sees status "shutdown" and sends SIGTERM; QEMU exits.
         assert vm.wait(20) == 0
-        daemon.wait_log(r"VM 4244: terminating QEMU pid")
-        daemon.wait_log(r"VM 4244: running cleanup")
+        daemon.wait_record("QEMU terminated", VMID="4244", TERMINATE="sigterm",
+                           QEMU_PID=str(vm.pid))
+        daemon.wait_record("the cleanup", VMID="4244", CLEANUP="started")
     wait_until(lambda: _recorded(run_dir), 60, "the cleanup command")
     assert _recorded(run_dir) == ["4244 1 0"]
 
@@ -281,14 +284,15 @@ def test_backup_keeps_a_shut_down_vm_alive_until_vzdump_hangs_up(
         with _client(daemon.socket) as vzdump:
             # vzdump's hello, as PVE::VZDump::QemuServer sends it (no newline).
             vzdump.sendall(json.dumps({"vzdump": {"vmid": "4245"}}).encode())
-            daemon.wait_log(r"VM 4245: vzdump backup started")
+            daemon.wait_record("the backup", VMID="4245", BACKUP="started")
             vm.qmp("system_reset")
-            daemon.wait_log(r"VM 4245: not active, but a backup runs: kept alive")
+            daemon.wait_record("the VM kept for its backup", VMID="4245",
+                               BACKUP="keeps-alive")
             assert vm.is_running()
             assert vm.qmp("query-status")["status"] == "shutdown"
-        daemon.wait_log(r"VM 4245: vzdump backup ended")
+        daemon.wait_record("the backup's end", VMID="4245", BACKUP="ended")
         assert vm.wait(20) == 0
-        daemon.wait_log(r"VM 4245: running cleanup")
+        daemon.wait_record("the cleanup", VMID="4245", CLEANUP="started")
     wait_until(lambda: _recorded(run_dir), 60, "the cleanup command")
     assert _recorded(run_dir) == ["4245 1 0"]
 
