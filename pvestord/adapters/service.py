@@ -38,7 +38,11 @@ FIELDS = ("VMID", "BLOCK_NODE", "LV", "VG", "OLD_SIZE", "NEW_SIZE", "DURATION_MS
           # a QEMU's event connection and the queue entries it brought (qmeventd_py)
           "QEMU_PID", "QMP_SESSION", "ENTRY",
           # a refused peer, a vzdump backup, a QEMU's end and cleanup (qmeventd_py)
-          "DROPPED", "PEER_PID", "PEER_UID", "BACKUP", "TERMINATE", "CLEANUP")
+          "DROPPED", "PEER_PID", "PEER_UID", "BACKUP", "TERMINATE", "CLEANUP",
+          # the storage configuration, a watched folder, a VM seen (engine, watch.py)
+          "CONFIG", "STORAGES", "FOLDER", "WATCH", "VM_STATE",
+          # what kind of failure a pass met (failures.py)
+          "FAILURE")
 
 
 class _FieldsFormatter(logging.Formatter):

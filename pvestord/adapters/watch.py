@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from pvestord.adapters.service import fields
+
 log = logging.getLogger(__name__)
 
 
@@ -70,7 +72,8 @@ class FolderWatch:
             return
         parent_wd = self._add(folder.parent)
         if parent_wd is None:
-            log.warning("cannot watch %s or its parent with inotify: polling it", folder)
+            log.warning("cannot watch %s or its parent with inotify: polling it", folder,
+                        extra=fields(FOLDER=folder, WATCH="polling"))
             return
         # It may have appeared between the two calls.
         if self._add(folder) is not None:
@@ -78,7 +81,8 @@ class FolderWatch:
             self._drop_parent_watch(folder.parent, parent_wd)
             return
         self._awaited[folder] = parent_wd
-        log.info("%s does not exist yet: watching for it, and polling it meanwhile", folder)
+        log.info("%s does not exist yet: watching for it, and polling it meanwhile", folder,
+                 extra=fields(FOLDER=folder, WATCH="awaiting"))
 
     def _drop_parent_watch(self, parent: Path, wd: int) -> None:
         """Stop watching ``parent`` unless it is watched for itself or for
@@ -99,6 +103,7 @@ class FolderWatch:
                 del self._awaited[awaited]
                 self._watched.add(awaited)
                 self._drop_parent_watch(awaited.parent, parent_wd)
-                log.info("%s appeared: watching it", awaited)
+                log.info("%s appeared: watching it", awaited,
+                         extra=fields(FOLDER=awaited, WATCH="watching"))
                 # Files may have been made in it before the watch was added.
                 self._wake()

@@ -182,7 +182,7 @@ class Daemon:
         current = {vm.vmid for vm in local_vms(self.settings.run_dir)}
         for vmid in sorted(current - self._known_vms):
             log.info("VM %d runs here: reconciling its thin drives", vmid,
-                     extra=fields(VMID=vmid))
+                     extra=fields(VMID=vmid, VM_STATE="arrived"))
             self._reconcile_due.add(vmid)
         for vmid in self._known_vms - current:
             self.failures.forget(vmid)
@@ -213,7 +213,8 @@ class Daemon:
             for entry in moot:
                 log.info("VM %d is not running on this node: entry %d:%s dropped", entry.vmid,
                          entry.vmid, entry.block_node,
-                         extra=fields(VMID=entry.vmid, BLOCK_NODE=entry.block_node))
+                         extra=fields(VMID=entry.vmid, BLOCK_NODE=entry.block_node,
+                                      ENTRY="dropped"))
             log.debug("removed %d moot entries", removed)
 
     def _start_pass(self, vm: LocalVm, entries: Sequence[Entry]) -> bool:

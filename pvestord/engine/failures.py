@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -112,11 +113,23 @@ class Failures:
                 log.info("VM %d is migrating away: its extensions are deferred", vmid,
                          extra=fields(VMID=vmid, DEFERRED="migrating"))
                 return
-        log.debug("%s; next attempt in %g s", err, delay)
+        deferred = "busy"  # a VM in a migration's state: nothing to do before it ends
+        if isinstance(err, ExtensionsDeferred):
+            deferred = "paused" if err.paused else "migrating"
+        log.debug("%s; next attempt in %g s", err, delay,
+                  extra=fields(VMID=vmid, DEFERRED=deferred))
 
-    def note_error(self, key: tuple[int, str], message: str,
-                   level: int = logging.ERROR) -> None:
-        where = _where(key)
+    def note_error(self, key: tuple[int, str], error: str | BaseException,
+                   level: int = logging.ERROR, **journal: str) -> None:
+        """Log ``error`` once at ``level``, the same again at debug level.
+        An exception's kind goes into the ``FAILURE`` field, in words
+        (``LockTimeout`` is ``lock-timeout``): the journal finds every lock
+        timeout of a night without matching messages. ``journal`` adds
+        fields of the caller's (the ``VG`` of a VG's problem)."""
+        message = str(error)
+        where = {**_where(key), **fields(**journal)}
+        if isinstance(error, BaseException):
+            where = {**where, **fields(FAILURE=failure_kind(error))}
         if self._errors.get(key) != message:
             self._errors[key] = message
             log.log(level, "%s (will retry)", message, extra=where)
@@ -126,6 +139,13 @@ class Failures:
     def clear_error(self, key: tuple[int, str], message: str) -> None:
         if self._errors.pop(key, None) is not None:
             log.info("%s", message, extra={**_where(key), **fields(RECOVERED="yes")})
+
+
+def failure_kind(error: BaseException) -> str:
+    """``error``'s class name in lower-case words: ``CommandError`` is
+    ``command``, ``LockTimeout`` ``lock-timeout``."""
+    name = type(error).__name__.removesuffix("Error") or type(error).__name__
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "-", name).lower()
 
 
 def _where(key: tuple[int, str]) -> dict[str, str]:

@@ -48,7 +48,7 @@ async def report_loop(settings: DaemonSettings, config: Callable[[], StorageConf
                     failures.clear_error((0, f"vg {view.vg}"), f"VG {view.vg} healthy again")
                 else:
                     failures.note_error((0, f"vg {view.vg}"), f"storage {storeid}: {problem}",
-                                        logging.WARNING)
+                                        logging.WARNING, VG=view.vg)
         await asyncio.sleep(settings.report_interval)
 
 

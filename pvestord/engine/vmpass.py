@@ -40,18 +40,19 @@ async def run_pass(vm: LocalVm, entries: list[Entry], *, extender: Extender,
             if entries:
                 await queue.complete_async(entries)
                 log.info("VM %d stopped: %d entr%s dropped", vm.vmid, len(entries),
-                         "y" if len(entries) == 1 else "ies", extra=fields(VMID=vm.vmid))
+                         "y" if len(entries) == 1 else "ies",
+                         extra=fields(VMID=vm.vmid, ENTRY="dropped"))
             return
         # The pidfile is written before the QMP socket exists: a VM that
         # is starting up looks like this for a moment.
-        failures.note_error((vm.vmid, ""), str(err), level=logging.WARNING)
+        failures.note_error((vm.vmid, ""), err, level=logging.WARNING)
         failures.backoff(vm.vmid)
         return
     except VmBusyError as err:
         failures.busy_backoff(vm.vmid, err)
         return
     except PvestordError as err:
-        failures.note_error((vm.vmid, ""), str(err))
+        failures.note_error((vm.vmid, ""), err)
         failures.backoff(vm.vmid)
         return
     failures.not_busy(vm.vmid)
@@ -64,7 +65,7 @@ async def complete_entries(queue: ExtendQueue, failures: Failures, vm: LocalVm,
     """Say what failed or works again; drop the entries whose work is done or moot."""
     done: list[Entry] = []
     for node, err in outcome.errors.items():
-        failures.note_error((vm.vmid, node), str(err))
+        failures.note_error((vm.vmid, node), err)
     for node in outcome.drives - set(outcome.errors):
         failures.clear_error((vm.vmid, node), f"VM {vm.vmid} {node}: extensions work again")
     for entry in entries:
@@ -74,7 +75,8 @@ async def complete_entries(queue: ExtendQueue, failures: Failures, vm: LocalVm,
         if fate is EntryFate.NO_SUCH_NODE:
             log.warning("VM %d has no block node %r: entry dropped", vm.vmid,
                         entry.block_node,
-                        extra=fields(VMID=vm.vmid, BLOCK_NODE=entry.block_node))
+                        extra=fields(VMID=vm.vmid, BLOCK_NODE=entry.block_node,
+                                     ENTRY="dropped"))
         if fate is not EntryFate.RETRY:
             done.append(entry)  # a failed one stays queued, retried after the backoff
     if outcome.errors:

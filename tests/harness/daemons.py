@@ -23,7 +23,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -136,7 +136,8 @@ class Daemon:
     daemon's ``sd_notify`` blocks once a datagram socket's queue is full.
     """
 
-    def __init__(self, name: str, argv: Sequence[str], log_path: Path) -> None:
+    def __init__(self, name: str, argv: Sequence[str], log_path: Path,
+                 env: Mapping[str, str] | None = None) -> None:
         self.name = name
         self.argv = list(argv)
         self.log_path = log_path
@@ -154,8 +155,8 @@ class Daemon:
         self._reader.start()
         self.proc = subprocess.Popen(  # noqa: S603 - argument list
             self.argv, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-            env=dict(os.environ, PYTHONUNBUFFERED="1",
-                     NOTIFY_SOCKET=str(self._notify_dir / "sock")))
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {}),
+                 "NOTIFY_SOCKET": str(self._notify_dir / "sock")})
 
     def _read_notifications(self) -> None:
         while self._listening:

@@ -12,8 +12,10 @@ a long one (a migration, a paced writer) does not hold up the others.
 Requests (``op`` and its fields):
 
 * ``run``: ``argv``, ``cmd_timeout`` -> ``rc``, ``stdout``, ``stderr``, ``duration``;
-* ``spawn`` / ``stop``: a long-lived process (a daemon) by ``name``, its output in ``log``;
-  ``stop`` sends SIGTERM and returns its exit status;
+* ``spawn`` / ``stop``: a long-lived process (a daemon) by ``name``, its output in ``log``,
+  run as :class:`tests.harness.daemons.Daemon` runs it (with ``NOTIFY_SOCKET``);
+  ``ready`` waits for its ``READY=1``; ``stop`` sends SIGTERM (SIGKILL with
+  ``kill``) and returns its exit status;
 * ``vm_launch`` / ``vm`` / ``vm_shutdown``: a :class:`tests.harness.qemu.QemuVM`
   kept here by VMID; ``vm`` calls one of its methods with JSON arguments;
 * ``quit``: the agent exits and the guest powers off.
@@ -25,10 +27,10 @@ reply; the host raises it there. This is test code: threads are fine here.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -38,11 +40,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tests.harness.daemons import Daemon
 from tests.harness.qemu import Pve9Disk, QemuVM
 
 #: How often the request folder is looked at (9p reports no changes).
 POLL = 0.05
-STOP_TIMEOUT = 60.0
 
 
 def _jsonable(value: Any) -> Any:
@@ -62,14 +64,15 @@ class Agent:
         self.folder = folder
         for sub in ("req", "work", "res"):
             (folder / sub).mkdir(parents=True, exist_ok=True)
-        self.procs: dict[str, tuple[subprocess.Popen[bytes], Any]] = {}
+        self.procs: dict[str, Daemon] = {}
         self.vms: dict[int, QemuVM] = {}
         self.lock = threading.Lock()
         self.done = threading.Event()
         self.ops: dict[str, Callable[[dict[str, Any]], Any]] = {
             "ping": lambda r: {"node": os.uname().nodename, "pid": os.getpid()},
             "run": self.op_run, "spawn": self.op_spawn, "stop": self.op_stop,
-            "alive": self.op_alive, "vm_launch": self.op_vm_launch, "vm": self.op_vm,
+            "alive": self.op_alive, "ready": self.op_ready,
+            "vm_launch": self.op_vm_launch, "vm": self.op_vm,
             "vm_shutdown": self.op_vm_shutdown, "quit": self.op_quit,
         }
 
@@ -90,35 +93,35 @@ class Agent:
     def op_spawn(self, req: dict[str, Any]) -> dict[str, Any]:
         name = req["name"]
         with self.lock:
-            if name in self.procs and self.procs[name][0].poll() is None:
+            if name in self.procs and self.procs[name].proc.poll() is None:
                 raise RuntimeError(f"process {name} already runs")
-        log = open(req["log"], "ab")  # noqa: SIM115 - closed in op_stop
-        proc = subprocess.Popen(  # noqa: S603 - argument list
-            req["argv"], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", **req.get("env", {})})
+        daemon = Daemon(name, req["argv"], Path(req["log"]), env=req.get("env", {}))
         with self.lock:
-            self.procs[name] = (proc, log)
-        return {"pid": proc.pid}
+            self.procs[name] = daemon
+        return {"pid": daemon.proc.pid}
 
     def op_stop(self, req: dict[str, Any]) -> dict[str, Any]:
         with self.lock:
-            proc, log = self.procs.pop(req["name"])
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL if req.get("kill") else signal.SIGTERM)
-            try:
-                proc.wait(timeout=req.get("timeout", STOP_TIMEOUT))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=STOP_TIMEOUT)
-                log.close()
-                return {"rc": None, "hung": True}
-        log.close()
-        return {"rc": proc.returncode, "hung": False}
+            daemon = self.procs.pop(req["name"])
+        if req.get("kill"):
+            daemon.kill()
+            return {"rc": daemon.proc.returncode, "hung": False}
+        try:
+            return {"rc": daemon.stop(), "hung": False}
+        except RuntimeError:  # deaf to SIGTERM: killed (daemons.STOP_TIMEOUT)
+            return {"rc": None, "hung": True}
 
     def op_alive(self, req: dict[str, Any]) -> bool:
         with self.lock:
-            entry = self.procs.get(req["name"])
-        return entry is not None and entry[0].poll() is None
+            daemon = self.procs.get(req["name"])
+        return daemon is not None and daemon.proc.poll() is None
+
+    def op_ready(self, req: dict[str, Any]) -> bool:
+        """Until the process notifies ``READY=1``; an error if it exits first."""
+        with self.lock:
+            daemon = self.procs[req["name"]]
+        daemon.wait_ready(req.get("wait"))
+        return True
 
     def op_vm_launch(self, req: dict[str, Any]) -> dict[str, Any]:
         disks = [Pve9Disk.for_volume(d["path"], d["volid"], d["drive_id"])
@@ -182,14 +185,9 @@ class Agent:
     def cleanup(self) -> None:
         for vm in list(self.vms.values()):
             vm.shutdown()
-        for proc, log in list(self.procs.values()):
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=STOP_TIMEOUT)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-            log.close()
+        for daemon in list(self.procs.values()):
+            with contextlib.suppress(RuntimeError):  # a hung one is killed
+                daemon.stop()
 
 
 def setup_link(mac: str, address: str) -> str:

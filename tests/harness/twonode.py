@@ -38,7 +38,9 @@ from pathlib import Path
 from typing import Any
 
 from pvestord.adapters.lvm import FAST_CONFIG
+from tests.harness.daemonlog import records
 from tests.harness.nodeguest import VENV_BIN, GuestError, vng_argv
+from tests.harness.polling import wait_until
 from tests.harness.qemu import Pve9Disk
 
 REPO = Path(__file__).resolve().parents[2]
@@ -150,8 +152,8 @@ class Node:
                       timeout: float = 300.0, wait: bool = True) -> None:
         """qmeventd-py and pvestord on this node, with the cluster's queue and lock dirs.
 
-        ``wait=False`` returns before pvestord has said it started, so that both
-        nodes' daemons start together (each takes about 30 s under TCG); then
+        ``wait=False`` returns before pvestord is ready, so that both nodes'
+        daemons start together (each takes about 30 s under TCG); then
         :meth:`wait_started`."""
         self.logs.mkdir(parents=True, exist_ok=True)
         pve = cluster.pve
@@ -165,7 +167,7 @@ class Node:
                        log: str = "pvestord", env: dict[str, str] | None = None,
                        report_interval: float = 10.0, wait: bool = True) -> None:
         """pvestord on this node, logging to ``logs/<log>.log`` (a restarted one
-        gets a file of its own, so that waiting for its lines never matches its
+        gets a file of its own, so that its records are never its
         predecessor's). Each node report costs a ``vgs``, seconds of emulated
         CPU: the ranking test asks for them more often than the default."""
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -177,10 +179,11 @@ class Node:
             "--lock-dir", str(cluster.lock_dir), "--node", self.name, "--no-journal",
             "--poll-interval", str(poll), "--report-interval", str(report_interval)])
         if wait:
-            self.wait_started(timeout=timeout, log=log)
+            self.wait_started(timeout=timeout)
 
-    def wait_started(self, timeout: float = 300.0, log: str = "pvestord") -> None:
-        self.wait_log("pvestord", "pvestord started", timeout=timeout, log=log)
+    def wait_started(self, timeout: float = 300.0) -> None:
+        """Until pvestord notifies ``READY=1``, as systemd hears it."""
+        self.call("ready", name="pvestord", timeout=timeout + CALL_TIMEOUT, wait=timeout)
 
     def stop_daemons(self) -> dict[str, int | None]:
         return {name: self.call("stop", name=name)["rc"] for name in ("pvestord", "qmeventd")}
@@ -188,20 +191,6 @@ class Node:
     def log_text(self, log: str) -> str:
         path = self.logs / f"{log}.log"
         return path.read_text(errors="replace") if path.exists() else ""
-
-    def wait_log(self, daemon: str, needle: str, timeout: float = 60.0,
-                 log: str | None = None) -> None:
-        """Wait for ``needle`` in the log ``log`` (default: the daemon's name)."""
-        log = log or daemon
-        deadline = time.monotonic() + timeout
-        while needle not in self.log_text(log):
-            if not self.call("alive", name=daemon):
-                raise RuntimeError(f"{self.name} {daemon} exited before logging {needle!r}:\n"
-                                   f"{self.log_text(log)[-3000:]}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{self.name} {daemon} did not log {needle!r} within "
-                                   f"{timeout:g} s:\n{self.log_text(log)[-3000:]}")
-            time.sleep(0.2)
 
 
 @dataclass
@@ -445,6 +434,18 @@ def file_node(vmid: int) -> str:
 def fmt_node(vmid: int) -> str:
     """The qcow2 node of VM ``vmid``'s disk: what a test writes and reads."""
     return vm_disk(vmid).block_node
+
+
+def deferred_twice(node: Node, vmid: int, seen: int, timeout: float = 120.0) -> None:
+    """Until ``node``'s pvestord has held VM ``vmid``'s extensions back twice
+    (records with ``DEFERRED``) past offset ``seen`` of its log: the second
+    pass began after the first had ended, so after whatever came before
+    ``seen``, and saw it too."""
+    def deferred() -> bool:
+        text = node.log_text("pvestord")[seen:]
+        return sum("DEFERRED" in line.fields for line in records(text, VMID=str(vmid))) >= 2
+
+    wait_until(deferred, timeout, f"{node.name} deferring VM {vmid}'s extensions twice")
 
 
 def launch_vm(node: Node, vmid: int, path: str, *, incoming: str | None = None,

@@ -3,10 +3,9 @@ start, clean stop, bad input in its configuration and its queue."""
 
 from __future__ import annotations
 
-import signal
+import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,38 +13,31 @@ import pytest
 
 from pvestord.adapters.queue import Entry, ExtendQueue
 from pvestord.policy import Reason
+from tests.harness.daemonlog import LogLine
+from tests.harness.daemons import Daemon
 
 PVESTORD = str(Path(sys.executable).parent / "pvestord")
 TIMEOUT = 60.0
 
 
-class Run:
+class Run(Daemon):
+    """``pvestord -v run`` on files in ``tmp`` (tests/harness/daemons.py:
+    up at ``READY=1``, its records known by their journal fields)."""
+
     def __init__(self, tmp: Path, *extra: str, make_run_dir: bool = True) -> None:
         self.tmp = tmp
         self.queue = tmp / "extend-queue"
-        self.log = tmp / "pvestord.log"
         if make_run_dir:
             (tmp / "run").mkdir(exist_ok=True)
-        self.argv = [PVESTORD, "--queue", str(self.queue), "run", "--storage-config",
-                     str(tmp / "storage.cfg"), "--run-dir", str(tmp / "run"), "--node", "n1",
-                     "--poll-interval", "0.2", "--no-journal", *extra]
-        with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(  # noqa: S603 - argument list
-                self.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+        super().__init__("pvestord", [
+            PVESTORD, "-v", "--queue", str(self.queue), "run",
+            "--storage-config", str(tmp / "storage.cfg"), "--run-dir", str(tmp / "run"),
+            "--node", "n1", "--poll-interval", "0.2", "--no-journal", *extra],
+            tmp / "pvestord.log")
 
-    def text(self) -> str:
-        return self.log.read_text()
-
-    def wait_log(self, needle: str) -> None:
-        deadline = time.monotonic() + TIMEOUT
-        while needle not in self.text():
-            assert self.proc.poll() is None, self.text()
-            assert time.monotonic() < deadline, f"{needle!r} not logged:\n{self.text()}"
-            time.sleep(0.05)
-
-    def stop(self) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=TIMEOUT)
+    def record(self, what: str, *, level: str | None = None, **fields: str) -> LogLine:
+        """The first record with these journal fields, within TIMEOUT."""
+        return self.wait_record(what, TIMEOUT, level, 1, **fields)
 
 
 @pytest.fixture
@@ -55,52 +47,62 @@ def daemon(tmp_path: Path) -> Iterator[Run]:
     run = Run(tmp_path)
     yield run
     if run.proc.poll() is None:
-        run.proc.kill()
-        run.proc.wait(timeout=TIMEOUT)
+        run.kill()
 
 
 def test_starts_and_stops_cleanly_on_sigterm(daemon: Run) -> None:
-    daemon.wait_log("pvestord started on node n1")
-    assert "thin storages: thin1" in daemon.text()
+    daemon.wait_ready(TIMEOUT)
+    daemon.record("the configuration read", CONFIG="loaded", STORAGES="thin1")
     assert daemon.stop() == 0
-    assert "pvestord stopped" in daemon.text()
+    assert "STOPPING=1" in daemon.notified
 
 
 def test_entries_of_vms_not_running_here_leave_only_if_ours(daemon: Run) -> None:
-    daemon.wait_log("pvestord started")
+    daemon.wait_ready(TIMEOUT)
     queue = ExtendQueue(daemon.queue)
     queue.append([Entry(101, "drive-scsi0", Reason.THRESHOLD, origin="n1"),
                   Entry(102, "drive-scsi0", Reason.THRESHOLD, origin="othernode")])
-    daemon.wait_log("entry 101:drive-scsi0 dropped")
+    daemon.record("our entry dropped", VMID="101", ENTRY="dropped")
     # Another node's VM: left for that node to take.
     assert [e.key for e in queue.list()] == [(102, "drive-scsi0")]
     assert daemon.stop() == 0
 
 
 def test_malformed_queue_lines_are_set_aside_not_lost(daemon: Run) -> None:
-    daemon.wait_log("pvestord started")
+    daemon.wait_ready(TIMEOUT)
     daemon.queue.write_bytes(b"not a queue line; rm -rf /\n\xff\xfe\x00garbage\n"
                              b"103:drive-scsi0 reason=threshold origin=othernode\n")
     ExtendQueue(daemon.queue).append([Entry(104, "d0", Reason.THRESHOLD, origin="othernode")])
     rejected = ExtendQueue(daemon.queue).rejected()
     assert len(rejected) == 2
+    # One of ours behind them: once it is dropped, the daemon has read past
+    # the garbage, and runs on.
+    ExtendQueue(daemon.queue).append([Entry(105, "d0", Reason.THRESHOLD, origin="n1")])
+    daemon.record("the entry behind the garbage dropped", VMID="105", ENTRY="dropped")
     assert {e.vmid for e in ExtendQueue(daemon.queue).list()} == {103, 104}
-    time.sleep(1)
     assert daemon.proc.poll() is None
     assert daemon.stop() == 0
 
 
+def _rewrite(path: Path, text: str) -> None:
+    """``text`` into ``path`` with an mtime a second past the last: changed
+    for the daemon's stat even within one tick of the file system's clock."""
+    before = path.stat().st_mtime_ns
+    path.write_text(text)
+    os.utime(path, ns=(before + 1_000_000_000, before + 1_000_000_000))
+
+
 def test_invalid_storage_config_keeps_the_last_good_one(daemon: Run) -> None:
-    daemon.wait_log("thin storages: thin1")
-    time.sleep(0.05)  # a new mtime
-    (daemon.tmp / "storage.cfg").write_text(
-        "lvm: thin1\n\tvgname vg1\n\tchunksize 1G\n\tchunk-percentage 1.5\n")
-    daemon.wait_log("chunk-percentage = 1.5")
-    daemon.wait_log("keeping the previous configuration")
-    time.sleep(1)  # several polls later...
-    assert daemon.text().count("chunk-percentage = 1.5") == 1  # ...logged once
-    (daemon.tmp / "storage.cfg").write_text("lvm: thin1\n\tvgname vg1\n\tchunksize 2G\n")
-    daemon.wait_log("is valid again")
+    config = daemon.tmp / "storage.cfg"
+    daemon.record("the configuration read", CONFIG="loaded", STORAGES="thin1")
+    bad = "lvm: thin1\n\tvgname vg1\n\tchunksize 1G\n\tchunk-percentage 1.5\n"
+    _rewrite(config, bad)
+    daemon.record("the bad configuration rejected", level="ERROR", CONFIG="rejected")
+    _rewrite(config, bad)  # the same mistake, read again...
+    daemon.record("the bad configuration read again", CONFIG="rejected", STILL_FAILING="yes")
+    assert len(daemon.records(level="ERROR", CONFIG="rejected")) == 1  # ...logged once
+    _rewrite(config, "lvm: thin1\n\tvgname vg1\n\tchunksize 2G\n")
+    daemon.record("the configuration valid again", CONFIG="loaded", RECOVERED="yes")
     assert daemon.proc.poll() is None
     assert daemon.stop() == 0
 
@@ -130,17 +132,16 @@ def test_run_folder_made_after_start_is_watched(tmp_path: Path) -> None:
     vm = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)",  # noqa: S603
                            "-pidfile", str(pidfile)])
     try:
-        run.wait_log(f"{run_dir} does not exist yet")
+        run.record("the run folder awaited", FOLDER=str(run_dir), WATCH="awaiting")
         # Normal at boot: said once at INFO, never as an error.
-        assert "ERROR" not in run.text()
+        assert run.records(level="ERROR") == []
         run_dir.mkdir()
-        run.wait_log(f"{run_dir} appeared: watching it")
+        run.record("the run folder watched", FOLDER=str(run_dir), WATCH="watching")
         pidfile.write_text(f"{vm.pid}\n")
-        run.wait_log("VM 101 runs here")
+        run.record("the VM seen", VMID="101", VM_STATE="arrived")
         assert run.stop() == 0
     finally:
         vm.kill()
         vm.wait(timeout=TIMEOUT)
         if run.proc.poll() is None:
-            run.proc.kill()
-            run.proc.wait(timeout=TIMEOUT)
+            run.kill()

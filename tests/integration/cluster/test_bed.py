@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 from tests.harness.twonode import Cluster
 
 
@@ -16,7 +14,7 @@ def test_nodes_answer_and_see_each_other(cluster: Cluster) -> None:
                                   "import socket;s=socket.create_server(('0.0.0.0',4499));"
                                   "c,_=s.accept();c.sendall(c.recv(64)[::-1])"])
     assert server["pid"] > 0
-    time.sleep(1)
+    # The client tries again until the server listens.
     out = cluster.a.sh("python3", "-c",
                        "import socket,time\n"
                        "for _ in range(50):\n"

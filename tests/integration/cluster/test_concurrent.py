@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 
+from tests.harness.daemonlog import extensions
 from tests.harness.polling import wait_until
 from tests.harness.twonode import (
     Cluster,
@@ -80,7 +81,7 @@ def test_extensions_from_both_nodes_at_once_are_all_kept(daemons: Cluster, full:
                 assert lv_size(seen_from, cluster.vg, lv) == final, (node.name, seen_from.name)
             assert device_size(node, cluster.vg, lv) == final
             assert node.vm(vmid, "read_verify", fmt_node(vmid), 0, written, vmid % 256, timeout=300)
-            assert node.log_text("pvestord").count(" extended ") >= rounds
+            assert len(extensions(node.log_text("pvestord"), VMID=str(vmid))) >= rounds
     finally:
         checks = {}
         for node, vmid in vms.items():

@@ -20,7 +20,6 @@ pre-extension by a chunk, and the fill goes to the new end.
 from __future__ import annotations
 
 import dataclasses
-import time
 
 import pytest
 
@@ -31,6 +30,7 @@ from tests.harness.twonode import (
     Cluster,
     MiB,
     create_thin_volume,
+    deferred_twice,
     file_node,
     fmt_node,
     launch_vm,
@@ -97,9 +97,10 @@ def test_guest_filling_its_lv_while_migrating_pauses_once_and_runs_on_b(
         a.vm(vmid, "qmp", "cont")
         error = a.vm(vmid, "wait_event", "BLOCK_IO_ERROR", timeout=IO_TIMEOUT)
         assert error["data"]["nospace"] is True and error["data"]["action"] == "stop", error
+        seen = len(a.log_text("pvestord"))
         a.vm(vmid, "wait_event", "STOP", timeout=60)
         assert migration_status(a, vmid) == "active", "the migration ended before the pause"
-        time.sleep(3)  # several polls of A's daemon: it must still defer
+        deferred_twice(a, vmid, seen)  # A's daemon saw the pause, and still defers
         assert lv_size(a, cluster.vg, lv) == end
 
         a.vm(vmid, "qmp", "migrate-set-parameters", {"max-bandwidth": 1 << 30})

@@ -13,6 +13,7 @@ import secrets
 import time
 from typing import Any
 
+from tests.harness.daemonlog import extensions, records
 from tests.harness.nodeguest import VENV_BIN
 from tests.harness.polling import wait_until
 from tests.harness.twonode import (
@@ -132,11 +133,11 @@ def test_pvestord_waits_for_the_storage_lock_held_by_the_other_node(daemons: Clu
         holder = Holder(cluster, cluster.b, "storage-san", "--hold-until", str(release),
                         "--timeout", "60")
         holder.wait("acquired")
-        seen = len(a.log_text("pvestord"))
         r = a.vm(vmid, "write_pattern", fmt_node(vmid), 0, 56 * MiB, 0x2B, check=False)
         assert r["ok"], r
         # A's pass waits cfs_lock's 10 s for the lock, gives up, keeps the entry.
-        wait_until(lambda: "waiting for lock storage-san" in a.log_text("pvestord")[seen:],
+        wait_until(lambda: records(a.log_text("pvestord"), VMID=str(vmid),
+                                   FAILURE="lock-timeout"),
                    90, "A's pvestord timed out on the lock B holds")
         assert lv_size(a, cluster.vg, lv) == 64 * MiB
         release.touch()
@@ -145,7 +146,8 @@ def test_pvestord_waits_for_the_storage_lock_held_by_the_other_node(daemons: Clu
         wait_until(lambda: lv_size(a, cluster.vg, lv) == 96 * MiB, 120, "extended after release")
         # pvestord logs the extension once it has re-armed, after LVM shows the
         # new size: wait for the line rather than expect it already there.
-        wait_until(lambda: f"VM {vmid} {file_node(vmid)}: LV" in a.log_text("pvestord"), 60,
+        wait_until(lambda: extensions(a.log_text("pvestord"), VMID=str(vmid),
+                                      BLOCK_NODE=file_node(vmid)), 60,
                    "A's pvestord logged the extension")
     finally:
         release.touch()

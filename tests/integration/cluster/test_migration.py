@@ -22,13 +22,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.harness.daemonlog import parse
+from tests.harness.daemonlog import extensions, parse, records
 from tests.harness.polling import wait_until
 from tests.harness.twonode import (
     Cluster,
     MiB,
     Node,
     create_thin_volume,
+    deferred_twice,
     device_size,
     file_node,
     fmt_node,
@@ -163,7 +164,8 @@ def test_extension_before_migration_verifies_on_b(guest: Guest, hint: bool) -> N
     wait_until(lambda: lv_size(b, cluster.vg, guest.lv) == size + CHUNK, EXTEND_TIMEOUT,
                "extended on B")
     assert run_status(b, guest.vmid) == "running"
-    assert f"VM {guest.vmid} {file_node(guest.vmid)}: LV" in b.log_text("pvestord")
+    assert extensions(b.log_text("pvestord"), VMID=str(guest.vmid),
+                      BLOCK_NODE=file_node(guest.vmid))
     assert b.vm(guest.vmid, "read_verify", fmt_node(guest.vmid), 76 * MiB,
                 size - CHUNK // 2 + 4 * MiB - 76 * MiB, 0x4D, timeout=300)
 
@@ -186,8 +188,9 @@ def test_threshold_crossed_at_switchover_is_extended_on_b(guest: Guest, hint: bo
     wait_until(lambda: migration_status(a, guest.vmid) == "pre-switchover", MIGRATE_TIMEOUT,
                "source paused before the switchover")
     crossing = grown - CHUNK // 2 + 4 * MiB
+    seen = len(a.log_text("pvestord"))
     write(a, guest.vmid, 0, crossing, 0x5E)
-    time.sleep(5)  # several polls of A's daemon: it must not extend now
+    deferred_twice(a, guest.vmid, seen)  # A's daemon saw the crossing, and held it back
     assert guest.size() == grown
     a.vm(guest.vmid, "qmp", "migrate-continue", {"state": "pre-switchover"})
     guest.finish_migration()
@@ -203,7 +206,8 @@ def test_threshold_crossed_at_switchover_is_extended_on_b(guest: Guest, hint: bo
     wait_until(lambda: threshold(b, guest.vmid) == grown + CHUNK - CHUNK // 2, 60,
                "re-armed on B")
     assert b.vm(guest.vmid, "read_verify", fmt_node(guest.vmid), 0, crossing, 0x5E, timeout=300)
-    assert "deferred" in a.log_text("pvestord") or "later" in a.log_text("pvestord")
+    assert any("DEFERRED" in line.fields
+               for line in records(a.log_text("pvestord"), VMID=str(guest.vmid)))
 
 
 def test_qemu_servers_lock_defers_from_target_start_to_switchover(guest: Guest) -> None:
