@@ -166,6 +166,20 @@ def _job(vm: QemuVM, job: str) -> dict[str, Any]:
     return dict(found)
 
 
+def _grown_while_it_runs(vm: QemuVM, vg: VG, job: str, target: str, size: int
+                         ) -> dict[str, Any]:
+    """Until LV ``target`` holds ``size``, failing if ``job`` ends first; the
+    job's progress then."""
+    def grown() -> bool:
+        # A job that failed on ENOSPC is gone (QEMU dismisses it).
+        assert any(j["device"] == job for j in vm.qmp("query-block-jobs")), \
+            f"{job} ended before {target} was grown"
+        return lv_sizes(vg)[target] >= size
+
+    wait_until(grown, JOB_TIMEOUT, f"{target} grown to hold {job}")
+    return _job(vm, job)
+
+
 @pytest.mark.parametrize("lock", [None, "snapshot-delete"], ids=["admin", "snapshot-delete"])
 def test_an_active_commit_has_its_base_grown_ahead_of_it(
         sources: upstream.Upstream, out_dir: Path, tmp_path: Path, lock: str | None) -> None:
@@ -187,18 +201,10 @@ def test_an_active_commit_has_its_base_grown_ahead_of_it(
         disk = Pve9Disk.for_volume(vg.lv_path(VOLNAME), VOLID)
         with _armed_then_locked(_bed(sources, out_dir, tmp_path), disk, out_dir, lock) as vm:
             job = _start_commit(vm, disk, vg.lv_path(SNAP1), speed=SLOW)
-
-            def grown() -> bool:
-                # A job that failed on ENOSPC is gone (QEMU dismisses it).
-                assert any(j["device"] == job for j in vm.qmp("query-block-jobs")), \
-                    "the commit ended before its base was grown"
-                return lv_sizes(vg)[SNAP1] >= BASE_DATA + AHEAD_DATA
-
-            wait_until(grown, JOB_TIMEOUT, "the base grown to hold the commit")
+            progress = _grown_while_it_runs(vm, vg, job, SNAP1, BASE_DATA + AHEAD_DATA)
             # Grown while the job had most of its work ahead: chunk by chunk
             # behind threshold events, the base would be about the size of what
             # the job had copied.
-            progress = _job(vm, job)
             assert progress["offset"] < progress["len"] // 2, progress
             vm.qmp("block-job-set-speed", device=job, speed=0)
             assert vm.run_job_to_completion(job, timeout=JOB_TIMEOUT), vm.qmp("query-block-jobs")
@@ -279,17 +285,9 @@ def test_a_copy_within_the_chain_has_its_target_grown_ahead_of_it(
         disk = Pve9Disk.for_volume(vg.lv_path(VOLNAME), VOLID)
         with _armed_then_locked(_bed(sources, out_dir, tmp_path), disk, out_dir, lock) as vm:
             job, target, held = _start_chain_copy(vm, disk, vg, kind)
-
-            def grown() -> bool:
-                # A job that failed on ENOSPC is gone (QEMU dismisses it).
-                assert any(j["device"] == job for j in vm.qmp("query-block-jobs")), \
-                    "the job ended before its target was grown"
-                return lv_sizes(vg)[target] >= held + AHEAD_DATA
-
-            wait_until(grown, JOB_TIMEOUT, "the target grown to hold the job")
+            progress = _grown_while_it_runs(vm, vg, job, target, held + AHEAD_DATA)
             # The data starts at GiB: chunk by chunk behind threshold events,
             # the target would be about the size of what the job had copied.
-            progress = _job(vm, job)
             assert progress["offset"] < GiB + AHEAD_DATA // 2, progress
             vm.qmp("block-job-set-speed", device=job, speed=0)
             assert vm.job_completed_cleanly(timeout=JOB_TIMEOUT), vm.qmp("query-block-jobs")
