@@ -81,7 +81,8 @@ demo: deps
 	$(PY) -m tests.harness.nodeguest --out $(OUT)/demo --demo
 
 bench: deps
-	$(PY) -m tests.harness.nodeguest --out $(OUT)/bench --bench $(if $(QUICK),--quick)
+	$(PY) -m tests.harness.nodeguest --out $(OUT)/bench --bench $(if $(QUICK),--quick) \
+		$(foreach s,$(ONLY),--only $(s))
 
 # pvestord placement's speed: pure Python, on the host (no guest).
 bench-placement: deps

@@ -25,7 +25,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import blockjobs, fleet, latency, lvm_shell, pausefree, placement, qmp_sessions
+from bench import (
+    blockjobs,
+    fleet,
+    jobahead,
+    latency,
+    lvm_shell,
+    pausefree,
+    placement,
+    qmp_sessions,
+)
 from bench.report import Figure, build_report, ratio, table
 
 
@@ -42,7 +51,8 @@ class Sizes:
     placement_runs: int
     #: Extensions under the QMP proxy (scenario 8).
     qmp_extensions: int
-    #: Rounds of scenario 9 (both jobs on both sides each) and the data each job copies.
+    #: Rounds of scenarios 9 (both jobs on both sides each) and 10 (a stream
+    #: at each rate), and the data each job copies.
     blockjob_rounds: int
     blockjob_data: int
 
@@ -106,6 +116,7 @@ def figures_for(results: dict[str, Any]) -> list[Figure]:
     rows += placement.figures(results.get("placement"))
     rows += qmp_sessions.figures(results.get("qmp_sessions"))
     rows += blockjobs.figures(results.get("blockjobs"))
+    rows += jobahead.figures(results.get("jobahead"))
     return rows
 
 
@@ -193,6 +204,8 @@ def scenarios(out: Path, sizes: Sizes) -> list[tuple[str, Scenario]]:
         ("qmp_sessions", lambda: {"qmp_sessions": qmp_sessions.run(out, sizes.qmp_extensions)}),
         ("blockjobs", lambda: {"blockjobs": blockjobs.run(
             sizes.blockjob_rounds, sizes.blockjob_data)}),
+        ("jobahead", lambda: {"jobahead": jobahead.run(
+            out, sizes.blockjob_rounds, sizes.blockjob_data)}),
     ]
 
 
@@ -207,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", default=None, metavar="SCENARIO",
                         help="run only this scenario (repeatable): latency (with floor, "
                         "naive floor and original), lvm_shell, pause_free, fleet, placement, "
-                        "qmp_sessions, blockjobs")
+                        "qmp_sessions, blockjobs, jobahead")
     args = parser.parse_args(argv)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,7 @@ Usage (the Makefile's ``node``, ``demo`` and ``bench`` targets)::
 
     python -m tests.harness.nodeguest --out out/node -- tests/integration/node [pytest args]
     python -m tests.harness.nodeguest --out out/demo --demo
-    python -m tests.harness.nodeguest --out out/bench --bench [--quick]
+    python -m tests.harness.nodeguest --out out/bench --bench [--quick] [--only SCENARIO]
 """
 
 from __future__ import annotations
@@ -245,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--exec", dest="exec_argv", nargs=argparse.REMAINDER,
                       help="run this command in the guest")
     parser.add_argument("--quick", action="store_true", help="benchmarks: quick mode")
+    parser.add_argument("--only", action="append", default=[], metavar="SCENARIO",
+                        help="benchmarks: run only this scenario (repeatable; bench.run)")
     parser.add_argument("pytest_args", nargs="*", help="pytest arguments (after --)")
     args = parser.parse_args(argv)
     out: Path = args.out.resolve()
@@ -252,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.demo:
             return run_guest(["demo"], out, timeout=args.timeout).returncode
         if args.bench:
-            return run_guest(["bench", *(["--quick"] if args.quick else [])], out,
+            only = [arg for name in args.only for arg in ("--only", name)]
+            return run_guest(["bench", *(["--quick"] if args.quick else []), *only], out,
                              timeout=args.timeout).returncode
         if args.exec_argv:
             return run_guest(["exec", *args.exec_argv], out, timeout=args.timeout).returncode
