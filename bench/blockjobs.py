@@ -98,13 +98,13 @@ def _commit(vg: VG, run_dir: Path, kind: str, data: int, maximum: int) -> JobRun
     thin = kind == "pvestord"
     vg.create_lv(base, INITIAL if thin else maximum)
     create_qcow2(vg.lv_path(base), DISK, options=() if thin else ("preallocation=metadata",))
-    _qemu_io(vg.lv_path(base), f"write -P 0x11 0 {BASE_DATA}")
+    qemu_io(vg.lv_path(base), f"write -P 0x11 0 {BASE_DATA}")
     # The top as the daemon left it: grown chunk by chunk to hold what the guest wrote.
     vg.create_lv(top, data + INITIAL)
     create_qcow2(vg.lv_path(top), DISK,
                  options=(f"backing_file={base}", "backing_fmt=qcow2",
                           "cluster_size=128k", "extended_l2=on"))
-    _qemu_io(vg.lv_path(top), f"write -P 0x22 {DATA_OFFSET} {data}")
+    qemu_io(vg.lv_path(top), f"write -P 0x22 {DATA_OFFSET} {data}")
     disk = Pve9Disk.for_volume(vg.lv_path(top), f"{STORE}:{top}")
     try:
         with QemuVM(VMID, run_dir, disks=[disk]) as vm:
@@ -130,7 +130,7 @@ def _mirror(vg: VG, run_dir: Path, kind: str, data: int, maximum: int) -> JobRun
     source, target = "vm-9100-disk-0.qcow2", "vm-9100-disk-1.qcow2"
     vg.create_lv(source, data + INITIAL)
     create_qcow2(vg.lv_path(source), DISK)
-    _qemu_io(vg.lv_path(source), f"write -P 0x33 {DATA_OFFSET} {data}")
+    qemu_io(vg.lv_path(source), f"write -P 0x33 {DATA_OFFSET} {data}")
     disk = Pve9Disk.for_volume(vg.lv_path(source), f"{STORE}:{source}")
     try:
         with QemuVM(VMID, run_dir, disks=[disk]) as vm:
@@ -179,7 +179,8 @@ def _grow(vg: VG, lv: str, plan: dict[str, Any]) -> None:
         sh("lvextend", "-q", "--size", f"{int(plan['lv_size'])}b", vg.lv_path(lv))
 
 
-def _qemu_io(path: str, command: str) -> None:
+def qemu_io(path: str, command: str) -> None:
+    """``qemu-io -c command`` on the image at ``path``; a failed one raises."""
     out = sh("qemu-io", "-f", "qcow2", "-c", command, path, timeout=QEMU_IO_TIMEOUT)
     if "failed" in out:
         raise RuntimeError(f"qemu-io {command} on {path}: {out}")

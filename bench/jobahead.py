@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.blockjobs import qemu_io
 from bench.report import Figure, summary
 from pvestord.policy.blockjobs import WRITING
 from tests.harness.daemons import NodeBed, ThinStorageSpec, daemons
@@ -56,7 +57,6 @@ SAFE_RATE = 64 * MiB
 POLL = 0.05
 JOB_TIMEOUT = 900.0
 START_TIMEOUT = 300.0
-QEMU_IO_TIMEOUT = 900.0
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,7 @@ def _stream(bed: NodeBed, vg: VG, data: int, rate: int) -> StreamRun:
     create_qcow2(vg.lv_path(base), DISK)
     vg.create_lv(snap, data + INITIAL)
     create_qcow2(vg.lv_path(snap), DISK, options=(f"backing_file={base}", "backing_fmt=qcow2"))
-    _qemu_io(vg.lv_path(snap), f"write -P 0x44 {DATA_OFFSET} {data}")
+    qemu_io(vg.lv_path(snap), f"write -P 0x44 {DATA_OFFSET} {data}")
     vg.create_lv(top, INITIAL)
     create_qcow2(vg.lv_path(top), DISK, options=(f"backing_file={snap}", "backing_fmt=qcow2"))
     disk = Pve9Disk.for_volume(vg.lv_path(top), f"{STORE}:{top}")
@@ -149,12 +149,6 @@ def _wait(condition: Any, timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"no {what} within {timeout:g} s")
         time.sleep(POLL)
-
-
-def _qemu_io(path: str, command: str) -> None:
-    out = sh("qemu-io", "-f", "qcow2", "-c", command, path, timeout=QEMU_IO_TIMEOUT)
-    if "failed" in out:
-        raise RuntimeError(f"qemu-io {command} on {path}: {out}")
 
 
 def figures(result: dict[str, Any] | None) -> list[Figure]:
