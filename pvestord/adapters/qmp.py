@@ -255,6 +255,10 @@ class VmMonitor:
         jobs = await self.execute("query-block-jobs")
         return run_state_from(status, block, jobs)
 
+    async def block_jobs(self) -> tuple[BlockJob, ...]:
+        """``query-block-jobs`` alone: the jobs' progress as it is now."""
+        return block_jobs_from(await self.execute("query-block-jobs"))
+
     async def job_graph(self) -> dict[str, JobEdges]:
         """Each block job's edges in QEMU's job graph (:func:`job_graph_from`),
         by job id; empty when this QEMU has no ``x-debug-query-block-graph``

@@ -161,11 +161,16 @@ class Extender:
         # pass without one.
         graph = (await monitor.job_graph()
                  if any(policy.needs_job_graph(job) for job in run.jobs) else {})
-        copies = [copy for job in run.jobs if job.id in graph
+        # Their progress read again, after the allocations: what a job copies
+        # between the two replies then counts in neither, where read the
+        # other way round it counted in both (a whole first burst of an
+        # active commit, seen as a base grown 12 MiB past what it needed).
+        progress = await monitor.block_jobs() if graph else run.jobs
+        copies = [copy for job in progress if job.id in graph
                   if (copy := policy.chain_copy(job, graph[job.id])) is not None]
         images = await monitor.node_filenames() if copies else {}
         return Look(run, in_flight, self.bindings.bind(vm, self.found(views)), names,
-                    policy.room_for_jobs(run.jobs, graph),
+                    policy.room_for_jobs(progress, graph),
                     tuple((copy, images[copy.mapped]) for copy in copies
                           if copy.mapped in images))
 
