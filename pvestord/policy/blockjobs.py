@@ -143,7 +143,7 @@ def room_for_jobs(jobs: Iterable[BlockJob], graph: Mapping[str, JobEdges]) -> di
 class JobEdges:
     """A block job's edges in QEMU's job graph, by the nodes' names.
 
-    As QEMU (7.2 and 10) names them: a mirror and an active commit write
+    As QEMU 7.2 names them (QEMU 10 still to check): a mirror and an active commit write
     through ``target``; ``block-stream`` into its ``active node``; a commit
     of a backing layer into its ``base``. A stream's and a commit's
     ``intermediate node`` edges are the layers whose data the job copies
