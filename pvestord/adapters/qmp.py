@@ -434,6 +434,7 @@ def job_graph_from(graph: object) -> dict[str, JobEdges]:
         elif parent_id in block_nodes and name in ("backing", "file"):
             children.setdefault(block_nodes[parent_id], set()).add(child)
     return {job: JobEdges(target=named.get(job, {}).get("target"),
+                          source=named.get(job, {}).get("source"),
                           active=named.get(job, {}).get("active node"),
                           base=named.get(job, {}).get("base"),
                           intermediates=top_first(intermediates.get(job, []), children))

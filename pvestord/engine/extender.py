@@ -157,8 +157,8 @@ class Extender:
         in_flight = (migration_check and run.status not in MIGRATION_STATES
                      and await migration.migrating_away(monitor))
         views, names = await monitor.thin_drives()
-        # The job graph only while a commit or a stream runs: no cost to a
-        # pass without one.
+        # The job graph only while a commit, a stream or a mirror runs: no
+        # cost to a pass without one.
         graph = (await monitor.job_graph()
                  if any(policy.needs_job_graph(job) for job in run.jobs) else {})
         # Their progress read again, after the allocations: what a job copies

@@ -1,12 +1,13 @@
-"""The room a stream or a commit of a backing layer still needs in its target.
+"""The room a stream, a commit of a backing layer or a mirror still needs in its target.
 
 An active commit's room is its progress (:func:`pvestord.policy.room_for_jobs`,
-read in the pass's QMP session). A ``block-stream`` and a commit of a backing
-layer step over every offset of the virtual disk, so their progress says
-nothing about data; what they still copy is in their layers' allocation map
-(:func:`pvestord.policy.data_left_to_copy`). The map comes from ``qemu-img
-map`` run after the QMP session has ended: qemu-server and pvestatd share the
-VM's only QMP socket, and no ``qemu-img`` runs while pvestord holds it.
+read in the pass's QMP session). A ``block-stream``, a commit of a backing
+layer and a full mirror step over every offset of the virtual disk, so their
+progress says nothing about data; what they still copy is in their source's
+allocation map (:func:`pvestord.policy.room_for_copy`). The map comes from
+``qemu-img map`` run after the QMP session has ended: qemu-server and
+pvestatd share the VM's only QMP socket, and no ``qemu-img`` runs while
+pvestord holds it.
 
 A map that cannot be read leaves the job to threshold events (a chunk at a
 time behind it): logged once per change, never fatal to the pass.
@@ -35,10 +36,8 @@ async def room_for_chain_copies(vm: LocalVm, copies: Iterable[tuple[ChainCopy, s
     for copy, image in copies:
         key = (vm.vmid, copy.target, "job-map")
         try:
-            # The deepest layer copied, and those above it: a commit's own,
-            # which QEMU holds locked against readers.
             extents = await qemu_img.allocation_map(image, timeout=map_timeout,
-                                                    unlocked_backings=copy.depths.stop - 1)
+                                                    unlocked_backings=copy.unlocked_backings)
         except PvestordError as err:
             said.say(key, logging.WARNING,
                      "VM %d: block job %s: cannot read the map of %s (%s); its target %s "
@@ -47,6 +46,5 @@ async def room_for_chain_copies(vm: LocalVm, copies: Iterable[tuple[ChainCopy, s
                      extra=fields(VMID=vm.vmid, JOB=copy.job.id, BLOCK_NODE=copy.target))
             continue
         said.over(key)
-        left = policy.data_left_to_copy(extents, copy.depths, copy.job.offset)
-        total[copy.target] = total.get(copy.target, 0) + left
+        total[copy.target] = total.get(copy.target, 0) + policy.room_for_copy(copy, extents)
     return total

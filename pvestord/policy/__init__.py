@@ -22,6 +22,7 @@ needs from here; the submodules group them by question:
 """
 
 from pvestord.policy.blockjobs import (
+    EVERY_LAYER,
     BlockJob,
     ChainCopy,
     Extent,
@@ -32,6 +33,7 @@ from pvestord.policy.blockjobs import (
     job_target_size,
     jobs_to_resume,
     needs_job_graph,
+    room_for_copy,
     room_for_jobs,
     room_made_since_resume,
     writes_drives,
@@ -78,6 +80,7 @@ from pvestord.policy.resume import (
 from pvestord.policy.table import TableState, table_state
 
 __all__ = [
+    "EVERY_LAYER",
     "MAX_ROUNDS",
     "Arm",
     "AtMaximum",
@@ -123,6 +126,7 @@ __all__ = [
     "reason_for",
     "requests_from",
     "resume_blocker",
+    "room_for_copy",
     "room_for_jobs",
     "room_made_since_resume",
     "table_state",

@@ -20,9 +20,9 @@ And two rules for a job that runs, what it can still write into its
 target, which the target must have beyond its allocation
 (``DriveState.job_room``): the target is kept ahead of the job, not a chunk
 behind a threshold event. :func:`room_for_jobs` counts an active commit's
-progress; :func:`data_left_to_copy` counts, for a stream or a commit of a
-backing layer (:func:`chain_copy`), the data its layers still hold past the
-job's offset, from their allocation map.
+progress; :func:`room_for_copy` counts, for a stream, a commit of a backing
+layer or a mirror (:func:`chain_copy`), the data its source layers still
+hold past the job's offset, from their allocation map.
 """
 
 from __future__ import annotations
@@ -122,8 +122,8 @@ def room_for_jobs(jobs: Iterable[BlockJob], graph: Mapping[str, JobEdges]) -> di
     covers the whole virtual disk (QEMU marks it all dirty when it must zero
     the target, as with Proxmox's ``discard=ignore``), and ``block-stream``
     and a commit of a backing layer count every offset too: growing by those
-    would make a sparse disk thick. The last two are counted from the data
-    they copy instead (:func:`chain_copy`, :func:`data_left_to_copy`).
+    would make a sparse disk thick. The three are counted from the data
+    they copy instead (:func:`chain_copy`, :func:`room_for_copy`).
 
     The figure is idempotent across passes: as the job copies, the target's
     allocation grows by what the remaining work loses, so ``allocation +
@@ -144,14 +144,16 @@ class JobEdges:
     """A block job's edges in QEMU's job graph, by the nodes' names.
 
     As QEMU 7.2 names them (QEMU 10 still to check): a mirror and an active commit write
-    through ``target``; ``block-stream`` into its ``active node``; a commit
-    of a backing layer into its ``base``. A stream's and a commit's
-    ``intermediate node`` edges are the layers whose data the job copies
-    (a stream's: those below its active node, down to its base; a commit's:
-    its top down to the layer over its base).
+    through ``target`` and read their ``source`` (for qemu-server's mirror,
+    the drive's throttle node); ``block-stream`` writes into its ``active
+    node``; a commit of a backing layer into its ``base``. A stream's and a
+    commit's ``intermediate node`` edges are the layers whose data the job
+    copies (a stream's: those below its active node, down to its base; a
+    commit's: its top down to the layer over its base).
     """
 
     target: str | None = None
+    source: str | None = None
     active: str | None = None
     base: str | None = None
     #: The intermediate nodes, the top of the chain first.
@@ -160,37 +162,56 @@ class JobEdges:
 
 @dataclass(frozen=True)
 class ChainCopy:
-    """A job that copies layers of one backing chain into another layer of
-    it, in offset order: a ``block-stream`` (into the layer over them) or a
-    ``block-commit`` of a backing layer (into the layer under them)."""
+    """A job that copies the data of backing-chain layers into a target, in
+    offset order: a ``block-stream`` (into the layer over them), a
+    ``block-commit`` of a backing layer (into the layer under them), or a
+    mirror (a whole chain into a new image: qemu-server's move disk)."""
 
     job: BlockJob
     #: The format node the job writes.
     target: str
-    #: The format node whose allocation map (``qemu-img map``) shows, by
-    #: depth, which layer holds each range: the stream's target itself, the
-    #: commit's top.
+    #: The node whose allocation map (``qemu-img map``) shows, by depth,
+    #: which layer holds each range: the stream's target itself, the
+    #: commit's top, the mirror's source.
     mapped: str
     #: The depths of that map whose data the job copies.
     depths: range
+    #: How many backing layers under the mapped image are opened without
+    #: locks, as well as the image itself: those a commit holds against
+    #: readers (see :func:`pvestord.adapters.qemu_img.allocation_map`).
+    unlocked_backings: int = 0
+
+
+#: The depths of a map a mirror of a whole chain copies (``sync=full``, the
+#: only mode qemu-server uses): every layer. A mirror of the top alone
+#: copies less; counting all errs on the side of room.
+EVERY_LAYER = range(0, 1 << 16)
 
 
 def chain_copy(job: BlockJob, edges: JobEdges) -> ChainCopy | None:
-    """``job`` as a copy of layers within a chain, or None when it is none
-    (a mirror, an active commit, a job that no longer writes).
+    """``job`` as a copy of layers into a target, or None when it is none
+    (an active commit, whose progress counts data itself; a job that no
+    longer writes; one whose edges QEMU did not show).
 
     A stream's map is its target's own: depth 0 is what the target holds
     already (the stream copies only what it lacks), depths 1 to k the k
     intermediate layers. A commit's map is its top's: depths 0 to k-1 its
-    k intermediate layers, depth k the base it writes.
+    k intermediate layers, depth k the base it writes. A mirror's map is its
+    source's, every depth of it.
     """
-    if job.status not in WRITING or not edges.intermediates:
+    if job.status not in WRITING:
+        return None
+    if job.type == "mirror" and edges.target is not None and edges.source is not None:
+        return ChainCopy(job, edges.target, edges.source, EVERY_LAYER)
+    if not edges.intermediates:
         return None
     layers = len(edges.intermediates)
     if job.type == "stream" and edges.active is not None:
-        return ChainCopy(job, edges.active, edges.active, range(1, 1 + layers))
+        return ChainCopy(job, edges.active, edges.active, range(1, 1 + layers),
+                         unlocked_backings=layers)
     if job.type == "commit" and edges.base is not None and edges.target is None:
-        return ChainCopy(job, edges.base, edges.intermediates[0], range(layers))
+        return ChainCopy(job, edges.base, edges.intermediates[0], range(layers),
+                         unlocked_backings=layers - 1)
     return None
 
 
@@ -223,6 +244,26 @@ def data_left_to_copy(extents: Sequence[Extent], depths: range, offset: int) -> 
                for extent in extents if extent.data and extent.depth in depths)
 
 
+def room_for_copy(copy: ChainCopy, extents: Sequence[Extent]) -> int:
+    """What ``copy`` can still write into its target, given the allocation
+    map of its mapped image: the lesser of two bounds on it.
+
+    :func:`data_left_to_copy` past the job's offset bounds every job that
+    walks the disk once in offset order, with an offset that never passes
+    its position: a stream, a commit, and a mirror whose first pass covers
+    the whole disk (QEMU marks it all dirty when it must zero a target that
+    cannot unmap, as with Proxmox's ``discard=ignore``; its offset then
+    runs with the position, zeroes included). A mirror whose dirty bitmap
+    starts as the source's data alone (a zero-initialised target) has
+    ``len - offset`` as the exact figure instead, and its offset lags its
+    position, so the first bound is loose but still a bound. What the guest
+    writes during the job behind its position is left to threshold events:
+    it comes at the guest's speed, not the job's.
+    """
+    return min(copy.job.remaining,
+               data_left_to_copy(extents, copy.depths, copy.job.offset))
+
+
 #: The job types that write into a VM's own drives: a commit into its base, a
 #: stream into the layer it fills, a mirror into its target.
 DRIVE_WRITING_TYPES = frozenset({"commit", "stream", "mirror"})
@@ -242,11 +283,12 @@ def counts_data(job: BlockJob) -> bool:
 
 
 #: The job types whose target only the job graph names.
-GRAPH_TYPES = frozenset({"commit", "stream"})
+GRAPH_TYPES = frozenset({"commit", "stream", "mirror"})
 
 
 def needs_job_graph(job: BlockJob) -> bool:
     """Whether ``job``'s room can be known only from QEMU's job graph: a
-    commit or a stream that may still write. The engine reads the graph only
-    while such a job exists, so a pass without one costs nothing more."""
+    commit, a stream or a mirror that may still write. The engine reads the
+    graph only while such a job exists, so a pass without one costs nothing
+    more."""
     return job.type in GRAPH_TYPES and job.status in WRITING

@@ -42,13 +42,18 @@ def own_filename(file: object) -> str | None:
     and then ``blockdev-snapshot``s it over the old one) gets a
     ``json:{"backing": {...}, "driver": "qcow2", "file": {"driver":
     "host_device", "filename": ...}}`` pseudo-filename: its own data is the
-    top-level ``file`` member's ``filename``, never the backing's.
+    top-level ``file`` member's ``filename``, never the backing's. A filter
+    (qemu-server's throttle node, the source of its mirror) names the
+    options of the node under it as its ``file``: its image is that node's.
     """
     if not isinstance(file, str) or not file:
         return None
     if not file.startswith("json:"):
         return file
     tree = _json_options(file)
+    while isinstance(tree, dict) and isinstance(tree.get("file"), dict) \
+            and isinstance(tree["file"].get("file"), dict):
+        tree = tree["file"]
     child = tree.get("file") if isinstance(tree, dict) else None
     filename = child.get("filename") if isinstance(child, dict) else None
     return filename if isinstance(filename, str) and filename else None

@@ -9,6 +9,7 @@ from pvestord.adapters.qemu_img import parse_map
 from pvestord.adapters.qmp import block_jobs_from, filenames_from, job_graph_from, run_state_from
 from pvestord.features import plugin
 from pvestord.policy import (
+    EVERY_LAYER,
     BlockJob,
     ChainCopy,
     DriveState,
@@ -20,6 +21,7 @@ from pvestord.policy import (
     decide,
     job_target_size,
     jobs_to_resume,
+    room_for_copy,
     room_for_jobs,
     writes_drives,
 )
@@ -98,7 +100,8 @@ def test_block_jobs_from_never_raises(reply: object) -> None:
 # -- an active commit's target kept ahead of the job
 
 #: x-debug-query-block-graph as QEMU 7.2 gives it for an active commit of
-#: the top "f-top" into its base "#block117", next to a mirror "m0".
+#: the top "f-top" into its base "#block117", next to a mirror "m0" (whose
+#: source edge is left out).
 GRAPH = {
     "nodes": [{"id": 1, "type": "block-job", "name": "commit0"},
               {"id": 2, "type": "block-driver", "name": "#block361"},
@@ -116,7 +119,7 @@ GRAPH = {
 
 
 def test_job_targets_read_from_the_graph() -> None:
-    assert job_graph_from(GRAPH) == {"commit0": JobEdges(target="#block117"),
+    assert job_graph_from(GRAPH) == {"commit0": JobEdges(target="#block117", source="f-top"),
                                      "m0": JobEdges(target="tgt")}
     assert job_graph_from({"nodes": "x", "edges": []}) == {}
     assert job_graph_from([]) == {}
@@ -130,7 +133,7 @@ def test_job_targets_read_from_the_graph() -> None:
 def test_job_graph_from_never_raises(graph: object) -> None:
     for job, edges in job_graph_from(graph).items():
         assert isinstance(job, str)
-        for node in (edges.target, edges.active, edges.base):
+        for node in (edges.target, edges.source, edges.active, edges.base):
             assert node is None or isinstance(node, str)
         assert all(isinstance(node, str) for node in edges.intermediates)
 
@@ -241,7 +244,9 @@ def test_a_stream_and_a_backing_commit_read_from_the_graph() -> None:
     stream = job_graph_from(STREAM_GRAPH)["j"]
     assert stream == JobEdges(active="top", intermediates=("#block248", "#block429"))
     job = running("j", "stream", 1 << 30, 0)
-    assert chain_copy(job, stream) == ChainCopy(job, "top", "top", range(1, 3))
+    # Its layers are read with locking=off, as a commit's must be.
+    assert chain_copy(job, stream) == ChainCopy(job, "top", "top", range(1, 3),
+                                                unlocked_backings=2)
 
     commit = job_graph_from(COMMIT_GRAPH)["j"]
     assert commit == JobEdges(base="#block497", intermediates=("#block213",))
@@ -249,9 +254,32 @@ def test_a_stream_and_a_backing_commit_read_from_the_graph() -> None:
     assert chain_copy(job, commit) == ChainCopy(job, "#block497", "#block213", range(1))
 
 
-def test_only_streams_and_backing_commits_that_write_are_chain_copies() -> None:
-    assert chain_copy(running("c", "commit", 5, 0), JobEdges(target="b")) is None
+#: x-debug-query-block-graph of QEMU 7.2 for a ``blockdev-mirror`` with
+#: ``sync=full`` of "ftop" (over a backing layer) into "ftgt", as printed on
+#: this machine.
+MIRROR_GRAPH = _graph(
+    {1: ("block-job", "mirror-scsi0"), 2: ("block-driver", "#block233"),
+     3: ("block-driver", "ftop"), 4: ("block-driver", "ftgt"), 5: ("block-driver", "etgt"),
+     6: ("block-driver", "#block199"), 7: ("block-driver", "#block096"),
+     8: ("block-driver", "etop"), 9: ("block-backend", "")},
+    [(2, "backing", 3), (4, "file", 5), (6, "file", 7), (3, "file", 8), (3, "backing", 6),
+     (1, "main node", 2), (1, "source", 3), (1, "target", 4), (9, "root", 4)])
+
+
+def test_a_mirror_copies_its_whole_source_chain_into_its_target() -> None:
+    edges = job_graph_from(MIRROR_GRAPH)["mirror-scsi0"]
+    assert edges == JobEdges(target="ftgt", source="ftop")
+    job = running("mirror-scsi0", "mirror", 1 << 30, 0)
+    assert chain_copy(job, edges) == ChainCopy(job, "ftgt", "ftop", EVERY_LAYER)
+    assert 7 in EVERY_LAYER  # however deep the chain
+
+
+def test_only_jobs_that_copy_layers_and_write_are_chain_copies() -> None:
+    # An active commit counts its own progress; a mirror needs both its edges.
+    assert chain_copy(running("c", "commit", 5, 0), JobEdges(target="b", source="t")) is None
     assert chain_copy(running("m", "mirror", 5, 0), JobEdges(target="t")) is None
+    ready = BlockJob("m", "mirror", "concluded", False, "ok", length=5, offset=5)
+    assert chain_copy(ready, JobEdges(target="t", source="s")) is None
     done = BlockJob("s", "stream", "concluded", False, "ok", length=5, offset=5)
     assert chain_copy(done, JobEdges(active="t", intermediates=("m",))) is None
     # A stream of a layer with nothing between it and its base copies nothing.
@@ -283,9 +311,15 @@ def test_filenames_of_the_nodes() -> None:
              {"node-name": "f2", "file": 'json:{"backing": {}, "driver": "qcow2", '
                                           '"file": {"driver": "host_device", '
                                           '"filename": "/dev/vg/snap.qcow2"}}'},
+             # QEMU 7.2's name of Proxmox's throttle node: its qcow2 child's image.
+             {"node-name": "drive-scsi0", "file": 'json:{"throttle-group": "throttle-drive-scsi0",'
+                                                   ' "driver": "throttle", "file": {"driver": '
+                                                   '"qcow2", "file": {"driver": "file", '
+                                                   '"filename": "/dev/vg/top.qcow2"}}}'},
              {"node-name": 3, "file": "/x"}, "junk", {"node-name": "nofile"}]
     assert filenames_from(nodes) == {"f1": "/dev/vg/vm-100-disk-0.qcow2",
-                                     "f2": "/dev/vg/snap.qcow2"}
+                                     "f2": "/dev/vg/snap.qcow2",
+                                     "drive-scsi0": "/dev/vg/top.qcow2"}
     assert filenames_from({"return": []}) == {}
 
 
@@ -326,3 +360,18 @@ def test_a_stream_target_needs_its_room_once_however_far_the_job_has_got(
         assert data_left_to_copy(done, depths, offset) + gained <= room
         assert data_left_to_copy(done, depths, offset) + gained >= room - sum(
             e.length for e in extents if e.start < offset < e.start + e.length)
+
+
+@given(chains(), st.integers(0, 1 << 31), st.integers(0, 1 << 31))
+def test_a_copy_is_given_the_lesser_of_its_data_and_its_work_left(
+        chain: tuple[list[Extent], int, int], length: int, offset: int) -> None:
+    """A mirror whose bitmap holds only the source's data has ``len -
+    offset`` exact and the map loose; one that walks the whole disk the
+    other way round. Either bound is kept, never more than the data left."""
+    extents, _, _ = chain
+    job = BlockJob("m", "mirror", "running", False, "ok", length=length, offset=offset)
+    copy = ChainCopy(job, "ftgt", "ftop", EVERY_LAYER)
+    room = room_for_copy(copy, extents)
+    assert room == min(job.remaining, data_left_to_copy(extents, EVERY_LAYER, offset))
+    assert room <= sum(e.length for e in extents if e.data)
+    assert room <= max(0, length - offset)

@@ -14,13 +14,14 @@ import pytest
 
 from pvestord.adapters import command, qemu_img
 from pvestord.adapters.qemu_img import Bitmap, CheckStatus, QemuImgError
+from pvestord.adapters.qmp import VmMonitor
 from pvestord.adapters.vms import LocalVm
 from pvestord.engine.jobroom import room_for_chain_copies
 from pvestord.engine.oncelog import OncePerChange
 from pvestord.errors import CommandError
-from pvestord.policy import BlockJob, ChainCopy, maximum_size
+from pvestord.policy import EVERY_LAYER, BlockJob, ChainCopy, chain_copy, maximum_size
 from pvestord.policy.sizes import GiB, MiB
-from tests.harness.qemu import Disk, QemuVM
+from tests.harness.qemu import Disk, Pve9Disk, QemuVM
 
 #: Every qemu-img/qemu-io call the test makes itself.
 TOOL_TIMEOUT = 120.0
@@ -252,18 +253,57 @@ async def test_the_room_a_stream_and_a_backing_commit_still_need(
             tool("qemu-img", "map", "-U", "--output=json", str(mid2))
 
         # mid2 and mid1 committed: their data, not its zeroes, from mid2's own map.
-        commit = ChainCopy(job("commit"), "fbase", "fmid2", range(2))
+        commit = ChainCopy(job("commit"), "fbase", "fmid2", range(2), unlocked_backings=1)
         assert await room(commit, mid2) == {"other": 5, "fbase": 6 * MiB}
-        assert await room(ChainCopy(job("commit", 32 * MiB), "fbase", "fmid2", range(2)),
-                          mid2) == {"other": 5, "fbase": 2 * MiB}
+        assert await room(ChainCopy(job("commit", 32 * MiB), "fbase", "fmid2", range(2),
+                                    unlocked_backings=1), mid2) == {"other": 5, "fbase": 2 * MiB}
         # Streamed into the top over base: its layers' data but the MiB the
         # top has; without a base, the base's too.
-        stream = ChainCopy(job("stream"), "ftop", "ftop", range(1, 3))
+        stream = ChainCopy(job("stream"), "ftop", "ftop", range(1, 3), unlocked_backings=2)
         assert await room(stream, top) == {"other": 5, "ftop": 5 * MiB}
-        assert await room(ChainCopy(job("stream"), "ftop", "ftop", range(1, 4)), top) == \
-            {"other": 5, "ftop": 13 * MiB}
+        assert await room(ChainCopy(job("stream"), "ftop", "ftop", range(1, 4),
+                                    unlocked_backings=3), top) == {"other": 5, "ftop": 13 * MiB}
+        # Read as a mirror's source, the layers the commit holds are locked to -U.
+        with caplog.at_level(logging.WARNING, logger="pvestord"):
+            assert await room(ChainCopy(job("stream"), "ftop", "ftop", range(1, 3)), top) == \
+                {"other": 5}
+        caplog.clear()
 
         with caplog.at_level(logging.WARNING, logger="pvestord"):
             assert await room(commit, tmp_path / "gone.qcow2") == {"other": 5}
         [warned] = [r for r in caplog.records if getattr(r, "JOB", None) == "j"]
         assert (warned.levelno, getattr(warned, "BLOCK_NODE", None)) == (logging.WARNING, "fbase")
+
+
+async def test_the_room_a_mirror_still_needs(tmp_path: Path, run_dir: Path) -> None:
+    """qemu-server's move disk of a running VM, a ``blockdev-mirror`` with
+    ``sync=full`` of the drive's throttle node into a new image: its edges
+    from QEMU's job graph, its source's image from the node's filename, and
+    the data its whole chain still has past the job's offset from ``qemu-img
+    map`` of a chain QEMU has open (pvestord.engine.extender's path)."""
+    base = create(tmp_path / "base.qcow2", "1G")
+    tool("qemu-io", "-f", "qcow2", "-c", f"write -P 1 0 {8 * MiB}", str(base))
+    top = create(tmp_path / "top.qcow2", "1G", backing=base)
+    tool("qemu-io", "-f", "qcow2", "-c", f"write -P 2 {512 * MiB} {4 * MiB}", str(top))
+    target = create(tmp_path / "target.qcow2", "1G")
+    disk = Pve9Disk(top, "ftop", "etop")
+    with QemuVM(100, run_dir, disks=[disk]) as qemu:
+        qemu.qmp("blockdev-add", {**Pve9Disk(target, "ftgt", "etgt").format_blockdev()})
+        # At a byte a second after QEMU's first burst: it runs all along.
+        qemu.qmp("blockdev-mirror", {"job-id": "mirror-scsi0", "device": disk.top_node,
+                                     "target": "ftgt", "sync": "full", "replaces": "ftop",
+                                     "speed": 1, "auto-dismiss": False})
+        async with VmMonitor(qemu.qmp_path, "VM 100") as monitor:
+            [mirror] = await monitor.block_jobs()
+            graph = await monitor.job_graph()
+            images = await monitor.node_filenames()
+        copy = chain_copy(mirror, graph[mirror.id])
+        assert copy == ChainCopy(mirror, "ftgt", disk.top_node, EVERY_LAYER)
+        assert images[copy.mapped] == str(top)  # the throttle node names its child's image
+        room = await room_for_chain_copies(LocalVm(100, qemu.pid, qemu.qmp_path),
+                                           [(copy, images[copy.mapped])], {},
+                                           map_timeout=TOOL_TIMEOUT, said=OncePerChange())
+        # Both layers' data past the job's offset, which runs with the zeroes too.
+        data_left = max(0, 8 * MiB - mirror.offset) + 4 * MiB
+        assert room == {"ftgt": min(mirror.remaining, data_left)}
+        assert mirror.length == GiB  # the whole disk, zeroes and all: no bound on data

@@ -251,10 +251,26 @@ def test_a_stream_under_snapshot_delete_is_served_through_the_lock(
         assert lv_sizes(vg)[SNAP2] == 3 * INITIAL  # the stream's source, never grown
 
 
-def _start_chain_copy(vm: QemuVM, disk: Pve9Disk, vg: VG, kind: str) -> tuple[str, str, int]:
-    """A ``block-stream`` of snap2 into the top, or a ``block-commit`` of
-    snap2 into snap1, at SLOW and QEMU's default ``on-error=report``: the
-    job id, the LV it writes, and the data that LV holds already."""
+def _start_chain_copy(pve: upstream.PerlSession, vm: QemuVM, disk: Pve9Disk, vg: VG,
+                      kind: str) -> tuple[str, str, int]:
+    """A ``block-stream`` of snap2 into the top, a ``block-commit`` of snap2
+    into snap1, or a mirror of the whole chain into a new volume, at SLOW
+    and QEMU's default ``on-error=report``: the job id, the LV it writes,
+    and the data that LV holds, or is brought, besides snap2's."""
+    if kind == "mirror":
+        # As qemu-server's move disk of a running VM (BlockJob.pm
+        # blockdev_mirror): a new volume, attached without a throttle node under
+        # node names hashed from its volid, and a full mirror of the drive's
+        # throttle node that replaces the node below it. But the volume is thin:
+        # the plugin makes qemu-server's own copy target thick (COPY_FLOWS).
+        volid = alloc_disk(pve)
+        volname = volid.split(":", 1)[1]
+        target = Pve9Disk.for_volume(vg.lv_path(volname), volid)
+        vm.qmp("blockdev-add", target.format_blockdev())
+        vm.qmp("blockdev-mirror", {"job-id": "mirror-scsi0", "device": disk.top_node,
+                                   "target": target.block_node, "sync": "full",
+                                   "replaces": disk.block_node, "speed": SLOW})
+        return "mirror-scsi0", volname, BASE_DATA
     snap1 = vm.format_node_on(vg.lv_path(SNAP1))
     if kind == "stream":
         vm.qmp("block-stream", {"job-id": "stream0", "device": disk.block_node,
@@ -266,20 +282,26 @@ def _start_chain_copy(vm: QemuVM, disk: Pve9Disk, vg: VG, kind: str) -> tuple[st
     return "commit0", SNAP1, BASE_DATA
 
 
-@pytest.mark.parametrize(("kind", "lock"), [("stream", "snapshot-delete"), ("commit", None)],
-                         ids=["stream-under-snapshot-delete", "commit-of-a-backing-layer"])
-def test_a_copy_within_the_chain_has_its_target_grown_ahead_of_it(
+@pytest.mark.parametrize(("kind", "lock"), [("stream", "snapshot-delete"), ("commit", None),
+                                            ("mirror", None)],
+                         ids=["stream-under-snapshot-delete", "commit-of-a-backing-layer",
+                              "mirror-into-a-thin-volume"])
+def test_a_copy_of_layers_has_its_target_grown_ahead_of_it(
         sources: upstream.Upstream, out_dir: Path, tmp_path: Path, kind: str,
         lock: str | None) -> None:
-    """A ``block-stream``, or a ``block-commit`` of a backing layer, on QEMU's
-    default ``on-error=report``: the first ENOSPC would fail the job, and
-    its progress counts every offset of the virtual disk, not data. Its
-    target is grown by the data its layers still hold past its offset (their
-    ``qemu-img map``) as soon as it runs, while most of that data is ahead.
+    """A ``block-stream``, a ``block-commit`` of a backing layer, or a full
+    mirror, on QEMU's default ``on-error=report``: the first ENOSPC would
+    fail the job, and its progress counts every offset of the virtual disk,
+    not data. Its target is grown by the data its source layers still hold
+    past its offset (their ``qemu-img map``) as soon as it runs, while most
+    of that data is ahead.
 
     The stream under ``lock: snapshot-delete`` is qemu-server's delete of an
     intermediate snapshot once it must write more than the plugin granted
-    (here nothing was granted); the commit is an admin's, nobody announced.
+    (here nothing was granted); the commit is an admin's, nobody announced;
+    the mirror is shaped as qemu-server's move disk but into a thin volume
+    of the storage (an admin's, or a tool's: the plugin makes the target of
+    qemu-server's own thick), which starts at its initial size.
     """
     with thin_storage(sources, out_dir, chunksize=CHUNK, initial_size=INITIAL) as (pve, vg):
         _chain(pve, vg, top_data=AHEAD_DATA)
@@ -287,13 +309,15 @@ def test_a_copy_within_the_chain_has_its_target_grown_ahead_of_it(
         assert lv_sizes(vg)[VOLNAME] == lv_sizes(vg)[SNAP1] == INITIAL
         disk = Pve9Disk.for_volume(vg.lv_path(VOLNAME), VOLID)
         with _armed_then_locked(_bed(sources, out_dir, tmp_path), disk, out_dir, lock) as vm:
-            job, target, held = _start_chain_copy(vm, disk, vg, kind)
+            job, target, held = _start_chain_copy(pve, vm, disk, vg, kind)
             progress = _grown_while_it_runs(vm, vg, job, target, held + AHEAD_DATA)
             # The data starts at GiB: chunk by chunk behind threshold events,
             # the target would be about the size of what the job had copied.
             assert progress["offset"] < GiB + AHEAD_DATA // 2, progress
             vm.qmp("block-job-set-speed", device=job, speed=0)
-            assert vm.job_completed_cleanly(timeout=JOB_TIMEOUT), vm.qmp("query-block-jobs")
+            done = (vm.run_job_to_completion(job, timeout=JOB_TIMEOUT) if kind == "mirror"
+                    else vm.job_completed_cleanly(timeout=JOB_TIMEOUT))
+            assert done, vm.qmp("query-block-jobs")
             assert vm.qmp("query-status")["status"] == "running"
         assert qcow2_check(vg.lv_path(target))["exit"] == 0
         qemu_io(vg, target, f"read -P 0x11 0 {BASE_DATA}")
