@@ -263,7 +263,7 @@ async def _floor_once(vm: QemuVM, vg: str, lv: str, target: int,
     async with VmMonitor(vm.qmp_path, "floor") as monitor:  # the round's observation
         await monitor.run_state()
         await monitor.execute("query-migrate")
-        await monitor.thin_drives()
+        await monitor.block_nodes()
     async with VmMonitor(vm.qmp_path, "floor") as monitor:  # the check under the lock
         await monitor.execute("query-migrate")
     lvm_began = time.perf_counter()
@@ -272,7 +272,7 @@ async def _floor_once(vm: QemuVM, vg: str, lv: str, target: int,
     await lvm.extend(vg, lv, target, shells=shells)
     lvm_ended = time.perf_counter()
     async with VmMonitor(vm.qmp_path, "floor") as monitor:  # the re-arm
-        await monitor.thin_drives()
+        await monitor.block_nodes()
         await monitor.run_state()
         await monitor.set_threshold(FILE_NODE, target - int(CHUNK * PERCENTAGE))
     ended = time.perf_counter()

@@ -93,6 +93,19 @@ class ThinDriveView:
 
 
 @dataclass(frozen=True)
+class BlockNodes:
+    """What one ``query-named-block-nodes`` (and its blockstats) tells of a VM."""
+
+    #: The candidate thin drives, with their figures.
+    drives: list[ThinDriveView]
+    #: Every node-name the VM has (to tell a stale queue entry).
+    names: set[str]
+    #: The image each named node opens (:func:`filenames_from`): what
+    #: ``qemu-img`` is pointed at to read a layer's allocation map.
+    filenames: dict[str, str]
+
+
+@dataclass(frozen=True)
 class RunState:
     running: bool
     status: str
@@ -235,14 +248,14 @@ class VmMonitor:
             log.debug("%s: %s", self.name, err)
             return None
 
-    async def thin_drives(self) -> tuple[list[ThinDriveView], set[str]]:
+    async def block_nodes(self) -> BlockNodes:
         """Every ``host_device`` file node under a writable qcow2 node, with its
-        figures; and every node-name the VM has (to tell a stale entry)."""
+        figures; every node-name the VM has; and each node's image file."""
         nodes = await self.execute("query-named-block-nodes", {"flat": True})
         stats = await self.execute("query-blockstats", {"query-nodes": True})
         names = {n["node-name"] for n in nodes if isinstance(n, dict)
                  and isinstance(n.get("node-name"), str)} if isinstance(nodes, list) else set()
-        return thin_drives_from(nodes, stats), names
+        return BlockNodes(thin_drives_from(nodes, stats), names, filenames_from(nodes))
 
     async def set_threshold(self, file_node: str, offset: int) -> None:
         """Arm (``offset`` > 0) or disarm (0) the one-shot write threshold."""
@@ -265,13 +278,6 @@ class VmMonitor:
         (a debug command: the targets are then kept ahead by threshold events
         alone)."""
         return job_graph_from(await self.execute_optional("x-debug-query-block-graph"))
-
-    async def node_filenames(self) -> dict[str, str]:
-        """The image file each named node opens (its ``file`` in
-        ``query-named-block-nodes``), by node-name: what ``qemu-img`` is
-        pointed at to read a layer's allocation map."""
-        nodes = await self.execute("query-named-block-nodes", {"flat": True})
-        return filenames_from(nodes)
 
     async def cont(self) -> None:
         await self.execute("cont")

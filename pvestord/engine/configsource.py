@@ -46,10 +46,10 @@ class StorageConfigSource:
                 self._last_problem = None
                 for warning in self._config.warnings:
                     log.warning("%s", warning, extra=fields(CONFIG="warning"))
-                thin = ",".join(sorted(self._config.thin_storages))
+                thin = sorted(self._config.thin_storages)
                 log.info("storage configuration %s: thin storages: %s", self.path,
-                         thin.replace(",", ", ") or "none",
-                         extra=fields(CONFIG="loaded", STORAGES=thin))
+                         ", ".join(thin) or "none",
+                         extra=fields(CONFIG="loaded", STORAGES=",".join(thin)))
             except ConfigError as err:
                 self._stamp = stamp  # the same file is not read again until it changes
                 self._problem(f"{err}; keeping the previous configuration", "rejected")

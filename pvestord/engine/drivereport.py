@@ -15,8 +15,7 @@ from pvestord.policy import ExtensionState, TableState
 async def drive_reports(extender: Extender, vm: LocalVm) -> list[DriveReport]:
     """Every thin-drive candidate of ``vm`` with its LV read from LVM."""
     async with extender.monitor(vm) as monitor:
-        views, _ = await monitor.thin_drives()
-        found = extender.found(views)
+        found = extender.found((await monitor.block_nodes()).drives)
         run = await monitor.run_state()
         werror = await werror_risks(monitor, found)
     # LVM and qemu-img after the session: the VM's QMP socket serves one client.

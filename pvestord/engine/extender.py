@@ -156,7 +156,7 @@ class Extender:
         run = await monitor.run_state()
         in_flight = (migration_check and run.status not in MIGRATION_STATES
                      and await migration.migrating_away(monitor))
-        views, names = await monitor.thin_drives()
+        nodes = await monitor.block_nodes()
         # The job graph only while a commit, a stream or a mirror runs: no
         # cost to a pass without one.
         graph = (await monitor.job_graph()
@@ -168,19 +168,18 @@ class Extender:
         progress = await monitor.block_jobs() if graph else run.jobs
         copies = [copy for job in progress if job.id in graph
                   if (copy := policy.chain_copy(job, graph[job.id])) is not None]
-        images = await monitor.node_filenames() if copies else {}
-        return Look(run, in_flight, self.bindings.bind(vm, self.found(views)), names,
-                    policy.room_for_jobs(progress, graph),
-                    tuple((copy, images[copy.mapped]) for copy in copies
-                          if copy.mapped in images))
+        return Look(run, in_flight, self.bindings.bind(vm, self.found(nodes.drives)),
+                    nodes.names, policy.room_for_jobs(progress, graph),
+                    tuple((copy, nodes.filenames[copy.mapped]) for copy in copies
+                          if copy.mapped in nodes.filenames))
 
     async def thin_block_nodes(self, vm: LocalVm) -> tuple[set[str], set[str]]:
         """(every node-name of ``vm``, the node-names of its thin drives), from
         QMP and storage.cfg only: ``pvestord extend`` checks its argument with
         this before any LVM command."""
         async with self.monitor(vm) as monitor:
-            views, names = await monitor.thin_drives()
-        return names, thin_block_nodes(self.found(views))
+            nodes = await monitor.block_nodes()
+        return nodes.names, thin_block_nodes(self.found(nodes.drives))
 
     # -- the pass
 

@@ -143,7 +143,9 @@ def room_for_jobs(jobs: Iterable[BlockJob], graph: Mapping[str, JobEdges]) -> di
 class JobEdges:
     """A block job's edges in QEMU's job graph, by the nodes' names.
 
-    As QEMU 7.2 names them (QEMU 10 still to check): a mirror and an active commit write
+    As QEMU names them: seen in 7.2's graph, and read in its source as of
+    June 2025, after 10.0 (``block_job_add_bdrv`` in ``block/mirror.c``,
+    ``stream.c`` and ``commit.c``): a mirror and an active commit write
     through ``target`` and read their ``source`` (for qemu-server's mirror,
     the drive's throttle node); ``block-stream`` writes into its ``active
     node``; a commit of a backing layer into its ``base``. A stream's and a

@@ -296,7 +296,7 @@ async def test_the_room_a_mirror_still_needs(tmp_path: Path, run_dir: Path) -> N
         async with VmMonitor(qemu.qmp_path, "VM 100") as monitor:
             [mirror] = await monitor.block_jobs()
             graph = await monitor.job_graph()
-            images = await monitor.node_filenames()
+            images = (await monitor.block_nodes()).filenames
         copy = chain_copy(mirror, graph[mirror.id])
         assert copy == ChainCopy(mirror, "ftgt", disk.top_node, EVERY_LAYER)
         assert images[copy.mapped] == str(top)  # the throttle node names its child's image
