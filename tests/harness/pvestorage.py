@@ -17,7 +17,7 @@ from typing import Any
 
 from tests.harness.daemons import VENV_BIN
 from tests.harness.lvmbed import VG, GiB, MiB, loop_vg, qcow2_check, sh
-from tests.harness.qemu import Pve9Disk, QemuVM
+from tests.harness.qemu import Pve9Disk, QemuVM, image_io
 from tests.proxmox import upstream
 
 EXTENT = 4 * MiB
@@ -96,8 +96,8 @@ def image_end(vg: VG, lv: str) -> int:
 
 
 def qemu_io(vg: VG, lv: str, command: str) -> None:
-    out = sh("qemu-io", "-f", "qcow2", "-c", command, vg.lv_path(lv), timeout=QEMU_IO_TIMEOUT)
-    assert "failed" not in out and "mismatch" not in out, out
+    """One ``qemu-io`` command on an LV no QEMU has open; any failure raises."""
+    image_io(vg.lv_path(lv), command, timeout=QEMU_IO_TIMEOUT)
 
 
 def overlay_maximum() -> int:

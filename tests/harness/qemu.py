@@ -7,7 +7,11 @@ failure carries the exit code, the full command line and the captured output.
 
 The VM runs with Proxmox's runtime layout: ``<run_dir>/<vmid>.pid`` and a QMP
 server socket ``<run_dir>/<vmid>.qmp``; it can also connect as a client to a
-qmeventd socket exactly as qemu-server starts it.
+qmeventd socket exactly as qemu-server starts it, and, as qemu-server starts
+it, with ``-daemonize`` (``daemonize=True``): the QEMU then running is no child
+of the test, so it is watched through a pidfd, and its stdout is /dev/null, so
+``qemu-io`` through its monitor is refused (write the image before the launch
+and read it after the quit with :func:`image_io`).
 
 Everything here is synchronous (plain sockets and a reader thread for QEMU's
 output) so that sync and async tests can both use it; from an async test that
@@ -33,6 +37,7 @@ import json
 import logging
 import os
 import re
+import select
 import signal
 import socket
 import stat
@@ -364,11 +369,12 @@ class QemuVM:
     def __init__(self, vmid: int, run_dir: str | Path, *, disks: Sequence[Disk] = (),
                  machine: str = "none", event_socket: str | Path | None = None,
                  reconnect: int = 1, extra_args: Sequence[str] = (),
-                 log_path: str | Path | None = None,
+                 log_path: str | Path | None = None, daemonize: bool = False,
                  launch_timeout: float = LAUNCH_TIMEOUT,
                  shutdown_timeout: float = SHUTDOWN_TIMEOUT) -> None:
         self.vmid = vmid
-        self.run_dir = Path(run_dir)
+        # Absolute: a daemonized QEMU changes its directory to /.
+        self.run_dir = Path(run_dir).absolute()
         self.pid_path = self.run_dir / f"{vmid}.pid"
         self.qmp_path = self.run_dir / f"{vmid}.qmp"
         #: The harness's own monitor. ``<vmid>.qmp`` serves one client at a
@@ -381,6 +387,7 @@ class QemuVM:
         self.event_socket = event_socket
         self.reconnect = reconnect
         self.extra_args = list(extra_args)
+        self.daemonize = daemonize
         self.launch_timeout = launch_timeout
         self.shutdown_timeout = shutdown_timeout
         self.output: list[str] = []
@@ -390,13 +397,18 @@ class QemuVM:
         self._qmp: QmpConnection | None = None
         self._signals_sent: set[int] = set()
         self._io_lock = threading.Lock()
+        #: A daemonized QEMU's pid (from its pidfile) and a pidfd on it.
+        self._daemon_pid: int | None = None
+        self._pidfd: int | None = None
 
     # -- process ---------------------------------------------------------------
 
     @property
     def argv(self) -> list[str]:
         argv = [os.environ.get(QEMU_ENV, "qemu-system-x86_64"),
-                "-machine", self.machine, "-nodefaults", "-nographic", "-display", "none",
+                "-machine", self.machine, "-nodefaults",
+                # qemu-server's -daemonize excludes -nographic; -display none stays.
+                *(["-daemonize"] if self.daemonize else ["-nographic"]), "-display", "none",
                 "-accel", "tcg",
                 "-pidfile", str(self.pid_path),
                 "-qmp", f"unix:{self.qmp_path},server=on,wait=off",
@@ -411,16 +423,22 @@ class QemuVM:
 
     @property
     def pid(self) -> int:
+        if self._daemon_pid is not None:
+            return self._daemon_pid
         if self._proc is None:
             raise QemuError("QEMU is not running")
         return self._proc.pid
 
     @property
     def returncode(self) -> int | None:
-        return None if self._proc is None else self._proc.poll()
+        """QEMU's exit code; always None for a daemonized QEMU, whose exit
+        status only init sees."""
+        return None if self._proc is None or self.daemonize else self._proc.poll()
 
     def is_running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
+        if self._pidfd is not None:
+            return not _exited(self._pidfd, 0)
+        return self._proc is not None and not self.daemonize and self._proc.poll() is None
 
     def launch(self) -> QemuVM:
         """Start QEMU and connect to its QMP socket.
@@ -446,12 +464,14 @@ class QemuVM:
                                         name=f"qemu-{self.vmid}-output")
         self._reader.start()
         deadline = time.monotonic() + self.launch_timeout
+        if self.daemonize:
+            self._await_daemon(argv)
         last_err: Exception | None = None
         while True:
-            if self._proc.poll() is not None:
+            if not self.is_running():
                 self._reader.join(5)
                 raise QemuLaunchError("QEMU exited during start-up", argv,
-                                      self._proc.returncode, self.output)
+                                      self.returncode, self.output)
             if time.monotonic() > deadline:
                 self._kill_quietly()
                 raise QemuLaunchError(
@@ -464,6 +484,24 @@ class QemuVM:
                 except (OSError, EOFError, ValueError) as err:
                     last_err = err
             time.sleep(0.02)
+
+    def _await_daemon(self, argv: Sequence[str]) -> None:
+        """Wait for the daemonizing parent: it exits 0 once its child has
+        written the pidfile and opened its monitors, or with the error."""
+        assert self._proc is not None
+        try:
+            code = self._proc.wait(self.launch_timeout)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait(self.shutdown_timeout)
+            raise QemuLaunchError(f"not daemonized after {self.launch_timeout:g} s", argv,
+                                  None, self.output) from None
+        if code != 0:
+            if self._reader is not None:
+                self._reader.join(5)
+            raise QemuLaunchError("QEMU exited during start-up", argv, code, self.output)
+        self._daemon_pid = int(self.pid_path.read_text())
+        self._pidfd = os.pidfd_open(self._daemon_pid)
 
     def _read_output(self) -> None:
         assert self._proc is not None and self._proc.stdout is not None
@@ -479,31 +517,43 @@ class QemuVM:
     def send_signal(self, sig: int) -> None:
         """Signal QEMU; the shutdown check then knows the test meant it."""
         self._signals_sent.add(sig)
-        if self._proc is not None:
+        if self._pidfd is not None:
+            signal.pidfd_send_signal(self._pidfd, sig)
+        elif self._proc is not None:
             self._proc.send_signal(sig)
 
-    def wait(self, timeout: float) -> int:
-        """Wait for QEMU to exit on its own; returns its exit code."""
+    def wait(self, timeout: float) -> int | None:
+        """Wait for QEMU to exit on its own; returns its exit code (None for a
+        daemonized QEMU: see :attr:`returncode`).
+
+        :raise subprocess.TimeoutExpired: QEMU still runs after ``timeout``.
+        """
+        if self._pidfd is not None:
+            if not _exited(self._pidfd, timeout):
+                raise subprocess.TimeoutExpired(f"QEMU {self.vmid}", timeout)
+            return None
         if self._proc is None:
             raise QemuError("QEMU was never launched")
         return self._proc.wait(timeout)
 
     def _kill_quietly(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._signals_sent.add(signal.SIGKILL)
-            self._proc.kill()
-            self._proc.wait(self.shutdown_timeout)
+        if self.is_running():
+            self.send_signal(signal.SIGKILL)
+            self.wait(self.shutdown_timeout)
 
     def shutdown(self) -> None:
         """QMP ``quit``, wait, then kill; idempotent. Warns about unexpected deaths."""
         proc = self._proc
         if proc is None:
             return
-        if proc.poll() is None and self._qmp is not None:
+        if self.is_running() and self._qmp is not None:
             with contextlib.suppress(OSError, EOFError, QemuError, ValueError):
                 self._qmp.execute("quit", {}, self.shutdown_timeout)
         try:
-            proc.wait(self.shutdown_timeout)
+            if self.daemonize and self._pidfd is None:   # its launch failed
+                proc.wait(self.shutdown_timeout)
+            else:
+                self.wait(self.shutdown_timeout)
         except subprocess.TimeoutExpired:
             log.warning("QEMU %s did not exit %g s after quit; killing it",
                         self.vmid, self.shutdown_timeout)
@@ -513,11 +563,14 @@ class QemuVM:
             self._qmp = None
         if self._reader is not None:
             self._reader.join(5)
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
         self._log_file.close()
         for path in (self.qmp_path, self.harness_qmp_path):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
-        rc = proc.returncode
+        rc = None if self.daemonize else proc.returncode
         if rc is not None and rc < 0 and -rc not in self._signals_sent:
             warnings.warn(f"QEMU {self.vmid} died from signal {-rc} the test did not send;"
                           f" output:\n" + "\n".join(self.output[-50:]), stacklevel=2)
@@ -618,6 +671,9 @@ class QemuVM:
         """
         if '"' in command:
             raise ValueError("qemu-io command must not contain '\"'")
+        if self.daemonize:
+            raise QemuError("a daemonized QEMU prints qemu-io's results to /dev/null;"
+                            " use image_io on the image before the launch or after the quit")
         with self._io_lock:
             with self._output_cond:
                 start = len(self.output)
@@ -674,6 +730,39 @@ class QemuVM:
         if result.error == "pattern mismatch":
             return False
         raise QemuIoError(result)
+
+
+def _exited(pidfd: int, timeout: float) -> bool:
+    """Whether the process behind ``pidfd`` has exited, waiting up to
+    ``timeout`` seconds: a pidfd polls readable once its process is gone,
+    reaped or not, so this also serves a process that is no child of ours."""
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(timeout * 1000))
+
+
+def image_io(path: str | Path, command: str, *, timeout: float = QMP_TIMEOUT,
+             check: bool = True) -> QemuIoResult:
+    """Run one command of the ``qemu-io`` tool on a qcow2 image no QEMU has
+    open (or ``-U`` would be needed): the test's writes and checks around a
+    VM, a daemonized one above all.
+
+    :raise QemuIoError: the command failed (a pattern mismatch included) and
+        ``check`` is set.
+    """
+    from pvestord.adapters.command import binary
+
+    done = subprocess.run(  # noqa: S603 - argument list, no shell
+        [binary("qemu-io"), "-f", "qcow2", "-c", command, str(path)],
+        capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+        check=False)
+    result = parse_qemu_io(str(path), command, (done.stdout + done.stderr).splitlines())
+    if done.returncode != 0 and result.ok:
+        result = QemuIoResult(result.node, command, result.lines, False,
+                              f"qemu-io exited {done.returncode}")
+    if check and not result.ok:
+        raise QemuIoError(result)
+    return result
 
 
 @contextlib.contextmanager

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 from pathlib import Path
 
@@ -11,10 +12,12 @@ import pytest
 from tests.harness.qemu import (
     Disk,
     QemuError,
+    QemuIoError,
     QemuLaunchError,
     QemuVM,
     QmpCommandError,
     create_qcow2,
+    image_io,
     parse_qemu_io,
 )
 
@@ -103,6 +106,52 @@ def test_unexpected_death_warns(run_dir: Path) -> None:
 
         os.kill(vm.pid, signal.SIGKILL)
         vm.wait(10)
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[1])
+
+
+def test_a_daemonized_vm_is_watched_through_its_pidfile(run_dir: Path) -> None:
+    """As qemu-server starts it: the launcher returns once QEMU is ready, and
+    the QEMU left running is no child of the test. Its data is written and
+    read with the qemu-io tool around it, never through its monitor (whose
+    qemu-io results go to /dev/null)."""
+    disk = _disk(run_dir, 16 * MiB)
+    image_io(disk.path, "write -P 0x3c 0 1M")
+    with QemuVM(4244, run_dir, disks=[disk], daemonize=True) as vm:
+        assert int((run_dir / "4244.pid").read_text()) == vm.pid
+        assert _parent(vm.pid) != os.getpid()
+        assert vm.is_running() and vm.returncode is None
+        assert vm.qmp("query-status")["status"] == "running"
+        vm.hmp('qemu-io drive-scsi0 "write -P 0x3d 1M 1M"')   # done, unreported
+        with pytest.raises(QemuError, match="daemonized"):
+            vm.write_pattern("drive-scsi0", 0, 4096)
+    assert not vm.is_running()
+    image_io(disk.path, "read -P 0x3c 0 1M")
+    image_io(disk.path, "read -P 0x3d 1M 1M")
+    with pytest.raises(QemuIoError, match="pattern mismatch"):
+        image_io(disk.path, "read -P 0x3c 1M 4k")
+
+
+def test_a_daemonized_vm_that_dies_is_seen_gone(run_dir: Path) -> None:
+    with QemuVM(4245, run_dir, daemonize=True) as vm:
+        vm.send_signal(signal.SIGKILL)
+        assert vm.wait(10) is None        # its exit status is init's
+        assert not vm.is_running()
+
+
+@pytest.mark.parametrize(("extra_args", "said"), [
+    (["-no-such-option"], "no-such-option"),                      # before it forks
+    (["-blockdev", "driver=file,filename=/nonexistent,node-name=x"], "/nonexistent"),  # after
+], ids=["option", "blockdev"])
+def test_a_daemonized_launch_failure_carries_its_output(
+        run_dir: Path, extra_args: list[str], said: str) -> None:
+    vm = QemuVM(4246, run_dir, daemonize=True, extra_args=extra_args)
+    with pytest.raises(QemuLaunchError) as err:
+        vm.launch()
+    assert err.value.returncode == 1
+    assert any(said in line for line in err.value.output)
 
 
 async def test_usable_from_async_tests(run_dir: Path) -> None:

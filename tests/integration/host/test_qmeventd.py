@@ -27,7 +27,7 @@ from pvestord.adapters.queue import ExtendQueue
 from pvestord.adapters.vms import local_vm
 from pvestord.policy import Reason
 from tests.harness.polling import wait_until
-from tests.harness.qemu import Disk, QemuVM, QmpConnection, create_qcow2
+from tests.harness.qemu import Disk, QemuVM, create_qcow2
 
 pytestmark = pytest.mark.root
 
@@ -44,11 +44,11 @@ LAUNCH_BUDGET = 120.0
 
 
 def _vm(run_dir: Path, vmid: int, daemon: Any, *, disks: int = 1, size: int = 16 * MiB,
-        extra_args: tuple[str, ...] = ()) -> QemuVM:
+        extra_args: tuple[str, ...] = (), daemonize: bool = False) -> QemuVM:
     images = [create_qcow2(run_dir / f"{vmid}-{i}.qcow2", size) for i in range(disks)]
     # Bounds, not timings: generous so a loaded 2-core machine does not fail them.
     return QemuVM(vmid, run_dir, event_socket=daemon.socket, extra_args=extra_args,
-                  launch_timeout=LAUNCH_BUDGET, disks=[
+                  launch_timeout=LAUNCH_BUDGET, daemonize=daemonize, disks=[
         Disk(path, block_node=f"drive-scsi{i}", file_block_node=f"file-scsi{i}")
         for i, path in enumerate(images)])
 
@@ -421,12 +421,6 @@ def test_queue_lock_held_past_its_timeout_loses_nothing(
     assert daemon.stop() == 0
 
 
-def _process_gone(pid: int) -> bool:
-    # A daemonized QEMU is no child of ours: its /proc entry is what tells.
-    return not Path(f"/proc/{pid}").exists() or \
-        Path(f"/proc/{pid}/stat").read_text().split(") ")[-1].startswith("Z")
-
-
 def test_a_daemonized_qemu_is_found_and_its_events_queued(
         run_dir: Path, daemon_factory: DaemonFactory) -> None:
     """qemu-server starts QEMU with ``-daemonize``: the process that connects
@@ -435,32 +429,14 @@ def test_a_daemonized_qemu_is_found_and_its_events_queued(
     on its command line) and queues its threshold, and pvestord's view of
     running VMs (``local_vm``) finds it by its pidfile."""
     daemon = daemon_factory()
-    vm = _vm(run_dir, 4250, daemon)
-    # What QemuVM would run, but daemonized (-nographic and -daemonize exclude
-    # each other; -display none stays).
-    argv = [arg for arg in vm.argv if arg != "-nographic"] + ["-daemonize"]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=LAUNCH_BUDGET,  # noqa: S603
-                          check=False, stdin=subprocess.DEVNULL)
-    assert done.returncode == 0, (argv, done.stdout, done.stderr)
-    # The parent returned once the child was ready: its pidfile and sockets exist.
-    pid = int(vm.pid_path.read_text())
-    try:
+    vm = _vm(run_dir, 4250, daemon, daemonize=True)
+    with vm:
         found = local_vm(run_dir, 4250)
-        assert found is not None and (found.pid, found.qmp_socket) == (pid, vm.qmp_path)
-        monitor = QmpConnection(vm.harness_qmp_path, 30.0)
-        try:
-            monitor.execute("block-set-write-threshold",
-                            {"node-name": "file-scsi0", "write-threshold": 1 * MiB}, 30.0)
-            # qemu-io's report goes to the closed stdout; the write happens all the same.
-            monitor.execute("human-monitor-command",
-                            {"command-line": 'qemu-io drive-scsi0 "write -P 0x5a 0 2M"'}, 60.0)
-            wait_until(lambda: daemon.entries(), 60, "the daemonized VM's entry")
-            [entry] = daemon.entries()
-            assert (entry.key, entry.reason) == ((4250, "file-scsi0"), Reason.THRESHOLD)
-            monitor.execute("quit", {}, 30.0)
-        finally:
-            monitor.close()
-        wait_until(lambda: _process_gone(pid), 60, "the daemonized QEMU gone")
-    finally:
-        if not _process_gone(pid):
-            os.kill(pid, signal.SIGKILL)
+        assert found is not None and (found.pid, found.qmp_socket) == (vm.pid, vm.qmp_path)
+        vm.set_write_threshold("file-scsi0", 1 * MiB)
+        # qemu-io's report goes to the closed stdout; the write happens all the same.
+        vm.hmp('qemu-io drive-scsi0 "write -P 0x5a 0 2M"', timeout=60)
+        wait_until(lambda: daemon.entries(), 60, "the daemonized VM's entry")
+        [entry] = daemon.entries()
+        assert (entry.key, entry.reason) == ((4250, "file-scsi0"), Reason.THRESHOLD)
+    assert not vm.is_running()

@@ -25,12 +25,16 @@ the guest until it has been retried and succeeded, so there is no such
 window; virtio (``virtio-scsi`` or ``virtio-blk``) is also what Proxmox VMs
 use. docs/operations.md names the IDE PIO case for operators.
 
-How the pause is made deterministic: QEMU starts with ``-S``; the harness
-fills the qcow2 through HMP ``qemu-io`` until the image ends ~1.7 MiB short of
-the LV's end; then ``cont``, and the guest writes 3 MiB just past the filled
-region, so its write must cross the LV's end. The guest's data disk has
-``share-rw=on`` only so that the harness's ``qemu-io`` (a second
-BlockBackend on the node) may write to it while the device is attached.
+The VMs run as qemu-server starts them, with ``-daemonize``: the QEMU that
+pvestord and qmeventd-py meet is no child of anything but init, known by its
+pidfile. Its stdout is /dev/null, so the harness writes and reads the image
+with the ``qemu-io`` tool, before the launch and after the quit, never
+through the VM's monitor.
+
+How the pause is made deterministic: the harness fills the qcow2 until the
+image ends ~1.7 MiB short of the LV's end; QEMU starts with ``-S``; then
+``cont``, and the guest writes 3 MiB just past the filled region, so its
+write must cross the LV's end.
 
 Two ways pvestord meets the paused VM:
 
@@ -70,7 +74,7 @@ from tests.harness.daemonlog import extensions, parse, records
 from tests.harness.daemons import VENV_BIN, NodeBed, ThinStorageSpec, daemons
 from tests.harness.lvmbed import VG, GiB, MiB, loop_vg, qcow2_check, qcow2_create
 from tests.harness.polling import wait_until
-from tests.harness.qemu import Pve9Disk, QemuVM, pve9_disk
+from tests.harness.qemu import Pve9Disk, QemuVM, image_io, pve9_disk
 from tests.harness.writerguest import WriterGuest, build_writer
 
 LV_SIZE = 64 * MiB
@@ -105,17 +109,21 @@ LAUNCH_TIMEOUT = 120.0
 # -- the VM ---------------------------------------------------------------------
 
 def writer_vm(bed: NodeBed, vg: VG, vmid: int, guest: WriterGuest, *,
-              lv_size: int = LV_SIZE, extra_args: tuple[str, ...] = ()) -> tuple[QemuVM, str]:
-    """A VM with the writer guest and a qcow2 on a new LV; started with -S."""
+              lv_size: int = LV_SIZE, prefilled: int = PREFILL,
+              extra_args: tuple[str, ...] = ()) -> tuple[QemuVM, str, int]:
+    """A VM with the writer guest and a qcow2 on a new LV, its first
+    ``prefilled`` bytes written (:func:`prefill`); daemonized and started
+    with -S. Returns the VM, its LV and the room the image leaves on it."""
     lv = f"vm-{vmid}-disk-0.qcow2"
     path = vg.create_lv(lv, lv_size)
     qcow2_create(path, VIRTUAL)
+    room = prefill(path, prefilled, lv_size)
     disk = thin_disk(path, lv, 0)
     vm = QemuVM(vmid, bed.run_dir, disks=[disk], machine="pc",
                 event_socket=bed.event_socket, log_path=bed.logs / f"qemu-{vmid}.log",
                 extra_args=["-S", *guest.args(disk.top_node), *extra_args],
-                launch_timeout=LAUNCH_TIMEOUT)
-    return vm, lv
+                daemonize=True, launch_timeout=LAUNCH_TIMEOUT)
+    return vm, lv, room
 
 
 def thin_disk(path: str, lv: str, index: int) -> Pve9Disk:
@@ -149,13 +157,10 @@ def allocation(vm: QemuVM) -> int:
     raise AssertionError("no blockstats for the data disk's file node")
 
 
-def prefill(vm: QemuVM, length: int, lv_size: int) -> int:
+def prefill(path: str, length: int, lv_size: int) -> int:
     """Fill the image from 0; return the room left on the LV."""
-    step = 16 * MiB
-    for offset in range(0, length, step):
-        vm.write_pattern(pve9_disk(vm).block_node, offset, min(step, length - offset),
-                         PREFILL_PATTERN, timeout=IO_TIMEOUT)
-    room = lv_size - allocation(vm)
+    image_io(path, f"write -P {PREFILL_PATTERN:#x} 0 {length}", timeout=IO_TIMEOUT)
+    room = lv_size - int(str(qcow2_check(path)["image-end-offset"]))
     # The scenario's premise: the guest's write cannot fit, and fills what fits first.
     assert 512 * 1024 <= room <= 2 * MiB, room
     assert room < GUEST_WRITE
@@ -242,8 +247,7 @@ def run_guest_until_paused(vm: QemuVM, guest: WriterGuest) -> dict[str, Any]:
     return stop
 
 
-def assert_resumed_and_written(vm: QemuVM, guest: WriterGuest, *, prefilled: int) -> dict[
-        str, Any]:
+def assert_resumed_and_written(vm: QemuVM, guest: WriterGuest) -> dict[str, Any]:
     """Wait for pvestord's ``cont``; check the guest's write completed; return RESUME."""
     resume = vm.wait_event("RESUME", timeout=RESUME_TIMEOUT)
     out = guest.wait_finished(FINISH_TIMEOUT)
@@ -255,10 +259,17 @@ def assert_resumed_and_written(vm: QemuVM, guest: WriterGuest, *, prefilled: int
     # qemu-server's keeps "nospace" while the VM runs again.
     # Every guest byte went through the guest device's BlockBackend.
     assert device_stats(vm, "data0")["wr_bytes"] >= guest.length
-    data = pve9_disk(vm).block_node
-    assert vm.read_verify(data, guest.start, guest.length, guest.pattern, timeout=IO_TIMEOUT)
-    assert vm.read_verify(data, 0, prefilled, PREFILL_PATTERN, timeout=IO_TIMEOUT)
     return resume
+
+
+def assert_image_holds(vg: VG, lv: str, guest: WriterGuest, *, prefilled: int) -> None:
+    """Once QEMU has quit: every byte the harness and the guest wrote reads
+    back, and the image is consistent."""
+    path = vg.lv_path(lv)
+    image_io(path, f"read -P {guest.pattern:#x} {guest.start} {guest.length}",
+             timeout=IO_TIMEOUT)
+    image_io(path, f"read -P {PREFILL_PATTERN:#x} 0 {prefilled}", timeout=IO_TIMEOUT)
+    assert qcow2_check(path)["exit"] == 0
 
 
 def record(out_dir: Path, name: str, figures: dict[str, float]) -> None:
@@ -288,15 +299,14 @@ def test_start_reconcile_resumes_a_vm_paused_on_enospc(
         bed: NodeBed, vg: VG, tmp_path: Path, out_dir: Path) -> None:
     guest = build_writer(tmp_path, out_dir, "writer-901", start=PREFILL, length=GUEST_WRITE,
                          pattern=GUEST_PATTERN)
-    vm, lv = writer_vm(bed, vg, 901, guest)
+    vm, lv, room = writer_vm(bed, vg, 901, guest)
     with vm:
-        room = prefill(vm, PREFILL, LV_SIZE)
         stop = run_guest_until_paused(vm, guest)
         assert vg.lv_size(lv) == LV_SIZE
         expected = extended_size(allocation(vm))
         started = time.time()
         with daemons(bed, start_timeout=DAEMON_START_TIMEOUT) as (_, pvestord):
-            resume = assert_resumed_and_written(vm, guest, prefilled=PREFILL)
+            resume = assert_resumed_and_written(vm, guest)
             record(out_dir, "start_reconcile", {
                 "room_before_pause_mib": room / MiB,
                 "stop_to_resume_s": timestamp(resume) - timestamp(stop),
@@ -309,7 +319,7 @@ def test_start_reconcile_resumes_a_vm_paused_on_enospc(
             log = pvestord.log_text()
         assert_extended_once(log, "901", pve9_disk(vm).file_block_node, lv, expected)
         assert len(records(log, VMID="901", RESUMED="nospace")) == 1
-    assert qcow2_check(vg.lv_path(lv))["exit"] == 0
+    assert_image_holds(vg, lv, guest, prefilled=PREFILL)
 
 
 def test_running_daemons_resume_a_vm_that_outran_them(
@@ -322,12 +332,12 @@ def test_running_daemons_resume_a_vm_that_outran_them(
     guest = build_writer(tmp_path, out_dir, "writer-902", start=PREFILL, length=GUEST_WRITE,
                          pattern=GUEST_PATTERN)
     with daemons(bed, start_timeout=DAEMON_START_TIMEOUT) as (qmeventd, pvestord):
-        vm, lv = writer_vm(bed, vg, 902, guest)
+        vm, lv, room = writer_vm(bed, vg, 902, guest)
+        assert LV_SIZE - room < threshold
         with vm:
+            # The daemonized QEMU, not the process the harness started.
             qmeventd.wait_record("QEMU's connection", 60, VMID="902", QEMU_PID=str(vm.pid),
                                  QMP_SESSION="connected")
-            room = prefill(vm, PREFILL, LV_SIZE)
-            assert allocation(vm) < threshold
             disk = pve9_disk(vm)
             wait_until(lambda: vm.named_node(disk.file_block_node)["write_threshold"]
                        == threshold, 60,
@@ -345,7 +355,7 @@ def test_running_daemons_resume_a_vm_that_outran_them(
             finally:
                 released = time.time()
                 pvestord.proc.send_signal(signal.SIGCONT)
-            resume = assert_resumed_and_written(vm, guest, prefilled=PREFILL)
+            resume = assert_resumed_and_written(vm, guest)
             record(out_dir, "running_daemons", {
                 "room_before_pause_mib": room / MiB,
                 "stop_to_resume_s": timestamp(resume) - timestamp(stop),
@@ -361,7 +371,7 @@ def test_running_daemons_resume_a_vm_that_outran_them(
             log = pvestord.log_text()
     assert_extended_once(log, "902", disk.file_block_node, lv, expected)
     assert len(records(log, VMID="902", RESUMED="nospace")) == 1
-    assert qcow2_check(vg.lv_path(lv))["exit"] == 0
+    assert_image_holds(vg, lv, guest, prefilled=PREFILL)
 
 
 @contextlib.contextmanager
@@ -398,10 +408,9 @@ def test_a_paused_vm_runs_once_proxmox_lets_go_of_the_storage_lock(
     guest = build_writer(tmp_path, out_dir, "writer-903", start=PREFILL, length=GUEST_WRITE,
                          pattern=GUEST_PATTERN)
     reporting = reporting_disk(vg, 903)
-    vm, lv = writer_vm(bed, vg, 903, guest, extra_args=reporting_device(reporting))
+    vm, lv, _ = writer_vm(bed, vg, 903, guest, extra_args=reporting_device(reporting))
     release = tmp_path / "release-storage-lock"
     with vm:
-        prefill(vm, PREFILL, LV_SIZE)
         stop = run_guest_until_paused(vm, guest)
         expected = extended_size(allocation(vm))
         with proxmox_holding_the_storage_lock("thin1", release), \
@@ -412,7 +421,7 @@ def test_a_paused_vm_runs_once_proxmox_lets_go_of_the_storage_lock(
             assert vg.lv_size(lv) == LV_SIZE
             release.touch()
             released = time.time()
-            resume = assert_resumed_and_written(vm, guest, prefilled=PREFILL)
+            resume = assert_resumed_and_written(vm, guest)
             wait_until(lambda: any("NEW_SIZE" in line.fields
                                    for line in parse(pvestord.log_text())), 30,
                      "the extension logged")
@@ -442,7 +451,7 @@ def test_a_paused_vm_runs_once_proxmox_lets_go_of_the_storage_lock(
         # Paused no longer than the hold and one extension after it.
         assert timestamp(resume) - released <= int(extension["LVM_MS"]) / 1000 + 5
         assert vg.lv_size(lv) == expected
-    assert qcow2_check(vg.lv_path(lv))["exit"] == 0
+    assert_image_holds(vg, lv, guest, prefilled=PREFILL)
 
 
 def test_vm_paused_on_enospc_off_thin_storage_is_not_resumed(
@@ -452,11 +461,11 @@ def test_vm_paused_on_enospc_off_thin_storage_is_not_resumed(
     guest = build_writer(tmp_path, out_dir, "writer-903", start=prefilled,
                          length=GUEST_WRITE, pattern=GUEST_PATTERN)
     with daemons(bed, start_timeout=DAEMON_START_TIMEOUT) as (qmeventd, pvestord):
-        vm, lv = writer_vm(bed, other_vg, 903, guest, lv_size=lv_size)
+        vm, lv, _ = writer_vm(bed, other_vg, 903, guest, lv_size=lv_size,
+                              prefilled=prefilled)
         with vm:
             qmeventd.wait_record("QEMU's connection", 60, VMID="903", QEMU_PID=str(vm.pid),
                                  QMP_SESSION="connected")
-            prefill(vm, prefilled, lv_size)
             run_guest_until_paused(vm, guest)
             top = pve9_disk(vm).top_node
             qmeventd.wait_record("the ENOSPC queued", 60, VMID="903", ENTRY="queued",

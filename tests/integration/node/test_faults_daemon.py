@@ -44,9 +44,9 @@ from tests.integration.node.test_enospc_guest import (
     GUEST_PATTERN,
     GUEST_WRITE,
     PREFILL,
+    assert_image_holds,
     assert_resumed_and_written,
     extended_size,
-    prefill,
     run_guest_until_paused,
     timestamp,
     writer_vm,
@@ -184,9 +184,8 @@ def test_leftover_migration_mark_does_not_keep_a_vm_paused(
                          length=GUEST_WRITE, pattern=GUEST_PATTERN)
     bed.storages[0] = ThinStorageSpec("thin1", vg.name)  # 256 MiB chunks, as the guest needs
     bed.write_storage_config()
-    vm, lv = writer_vm(bed, vg, vmid, guest)
+    vm, lv, _ = writer_vm(bed, vg, vmid, guest)
     with vm:
-        prefill(vm, PREFILL, 64 * MiB)
         stop = run_guest_until_paused(vm, guest)
         expected = extended_size(guest_allocation(vm))
         mark = migration.mark_path(bed.run_dir, vmid)
@@ -207,7 +206,7 @@ def test_leftover_migration_mark_does_not_keep_a_vm_paused(
                 past = time.time() - migration.MARK_GRACE - 1
                 os.utime(mark, (past, past))
                 aged = time.time()
-                resume = assert_resumed_and_written(vm, guest, prefilled=PREFILL)
+                resume = assert_resumed_and_written(vm, guest)
                 assert vg.lv_size(lv) == expected
                 assert not mark.exists()
                 wait_until(lambda: len(log_lines(pvestord, "WARNING", VMID=str(vmid))) >= 3, 30,
@@ -219,6 +218,7 @@ def test_leftover_migration_mark_does_not_keep_a_vm_paused(
                 })
         finally:
             proxy.close()
+    assert_image_holds(vg, lv, guest, prefilled=PREFILL)
 
 
 # -- 4.1: busy VMs, no busy loop ---------------------------------------------------

@@ -268,6 +268,7 @@ def two_disk_writer_vm(bed: NodeBed, vg: VG, other: VG, vmid: int, boot_image: P
     82h (boot order), both virtio-blk with qemu-server's ``werror=enospc``."""
     thin = vg.create_lv(f"vm-{vmid}-disk-0.qcow2", LV_SIZE)
     qcow2_create(thin, VIRTUAL)
+    prefill(thin, PREFILL, LV_SIZE)
     local = other.create_lv(f"vm-{vmid}-disk-1.qcow2", LOCAL_LV)
     qcow2_create(local, VIRTUAL)
     disks = [Pve9Disk.for_volume(thin, f"thin1:vm-{vmid}-disk-0.qcow2", "virtio0"),
@@ -312,7 +313,6 @@ def test_a_vm_whose_resume_is_blocked_gets_one_extension_per_new_enospc(
     vm, lv = two_disk_writer_vm(bed, vg, other_vg, 131, thin_writer.boot_image,
                                 thin_writer.debugcon)
     with vm:
-        prefill(vm, PREFILL, LV_SIZE)
         write(vm, pve9_disk(vm, 1).block_node, LOCAL_PREFILL, 0x22)
         run_guest_until_paused(vm, thin_writer)
         expected = extended_size(allocation(vm, pve9_disk(vm).file_block_node))

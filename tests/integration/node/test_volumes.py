@@ -29,7 +29,7 @@ from tests.harness.lvmbed import (
     sh,
 )
 from tests.harness.polling import wait_until
-from tests.harness.qemu import Pve9Disk, QemuVM, pve9_disk
+from tests.harness.qemu import Pve9Disk, QemuVM, image_io, pve9_disk
 
 CLI_TIMEOUT = 300.0
 EXTEND_TIMEOUT = 180.0
@@ -59,10 +59,8 @@ def shrink(bed: NodeBed, volid: str, *extra: str, check: bool = True
                     str(bed.root / "pve"), volid, *extra, check=check)
 
 
-def qemu_io(path: str, command: str) -> str:
-    out = sh("qemu-io", "-f", "qcow2", "-c", command, path, timeout=CLI_TIMEOUT)
-    assert "failed" not in out and "mismatch" not in out, out
-    return out
+def qemu_io(path: str, command: str) -> None:
+    image_io(path, command, timeout=CLI_TIMEOUT)
 
 
 def lvs(vg: VG, lv: str) -> dict[str, str]:
