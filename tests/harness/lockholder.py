@@ -5,9 +5,14 @@ goes through :class:`pvestord.adapters.locks.LockDirLock` exactly as the daemons
 and prints one JSON line per step on stdout, flushed, so that the host can
 follow it from the node's log::
 
+    {"event": "refused"}
     {"event": "acquired", "waited": 0.01}
     {"event": "released"}
     {"event": "timeout", "waited": 10.02, "message": "..."}
+
+``refused`` comes once, the first time the lock is found held by another:
+where pvestord asks for an unlock (an expiry check here, pmxcfs's request on
+a real node), so the host knows the holder waits without giving it time.
 
 ``--hold-until FILE`` keeps the lock until FILE exists (the host creates it
 in the shared folder); ``--expire-after`` shortens pmxcfs's 120 s expiry of
@@ -23,11 +28,30 @@ import sys
 import time
 from pathlib import Path
 
-from pvestord.adapters.locks import EmulatedPmxcfsExpiry, LockDirLock, LockTimeout
+from pvestord.adapters.locks import (
+    EmulatedPmxcfsExpiry,
+    LockDirLock,
+    LockTimeout,
+    UnlockRequest,
+)
 
 
 def say(event: str, **fields: object) -> None:
     print(json.dumps({"event": event, **fields}), flush=True)
+
+
+class SayRefused:
+    """An unlock request that first says ``refused``, once."""
+
+    def __init__(self, request: UnlockRequest) -> None:
+        self.request = request
+        self.said = False
+
+    def __call__(self, lock_path: Path) -> None:
+        if not self.said:
+            say("refused")
+            self.said = True
+        self.request(lock_path)
 
 
 def main() -> int:
@@ -43,7 +67,7 @@ def main() -> int:
     args = parser.parse_args()
     expiry = EmulatedPmxcfsExpiry() if args.expire_after is None else EmulatedPmxcfsExpiry(
         args.expire_after)
-    lock = LockDirLock(args.lock_dir, args.id, unlock_request=expiry)
+    lock = LockDirLock(args.lock_dir, args.id, unlock_request=SayRefused(expiry))
     started = time.monotonic()
     try:
         with lock.acquire(args.timeout):

@@ -109,7 +109,7 @@ async def test_another_process_never_enters_while_the_holder_renews(tmp_path: Pa
         took = time.monotonic()
         # Four lifetimes of waiting, each long enough for its expiry to strike.
         assert await events_of(await waiter(tmp_path, "storage-san1",
-                                            wait=4 * LIFE)) == ["timeout"]
+                                            wait=4 * LIFE)) == ["refused", "timeout"]
         assert time.monotonic() - took > 2 * LIFE
         held.require(0.1)  # still ours, and renewed
 
@@ -126,7 +126,7 @@ def test_an_unrenewed_lock_is_expired_by_the_same_waiter(tmp_path: Path,
              "--id", "storage-san1", "--timeout", str(4 * LIFE), "--expire-after", str(LIFE)],
             cwd=ROOT, capture_output=True, text=True, timeout=PATIENCE, check=True)
     assert [json.loads(line)["event"] for line in done.stdout.splitlines()] == [
-        "acquired", "released"]
+        "refused", "acquired", "released"]
 
 
 def test_require_refuses_what_could_outlive_the_lock(tmp_path: Path) -> None:
@@ -227,7 +227,7 @@ async def test_a_stuck_command_keeps_the_locks_until_it_is_gone(tmp_path: Path) 
         # Held and renewed by the custodian: another node waiting four
         # lifetimes does not get in.
         assert await events_of(await waiter(locks, "storage-thick1",
-                                            wait=4 * LIFE)) == ["timeout"]
+                                            wait=4 * LIFE)) == ["refused", "timeout"]
         assert (locks / "storage-thin1").is_dir()
     finally:
         stuck.kill()
