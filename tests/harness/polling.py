@@ -6,6 +6,7 @@ fixed sleep; on timeout the error names what it waited for and how long.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 
@@ -23,3 +24,15 @@ def wait_until(condition: Callable[..., object], timeout: float, what: str,
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
         time.sleep(interval)
+
+
+async def wait_until_async(
+        condition: Callable[..., object],
+        timeout: float,  # noqa: ASYNC109 - the same signature as wait_until's
+        what: str, interval: float = 0.05) -> None:
+    """:func:`wait_until` for async tests: the event loop runs meanwhile."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
+        await asyncio.sleep(interval)

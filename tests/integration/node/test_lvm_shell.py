@@ -27,6 +27,7 @@ import pytest
 from pvestord.adapters import lvm
 from pvestord.adapters.lvmshell import LvmShells
 from tests.harness.lvmbed import VG, MiB, sh
+from tests.harness.polling import wait_until_async
 
 #: LVM's lock file of a VG (global/locking_dir of lvm.conf: the default).
 LVM_LOCK_DIR = Path("/run/lock/lvm")
@@ -54,9 +55,17 @@ def running(pid: int) -> bool:
 
 
 async def wait_gone(pid: int) -> None:
-    async with asyncio.timeout(10):
-        while running(pid):  # noqa: ASYNC110 - a process exit has no event to wait on
-            await asyncio.sleep(0.05)
+    await wait_until_async(lambda: not running(pid), 10, f"lvm shell {pid} gone")
+
+
+def waiting_on_a_file_lock(pid: int) -> bool:
+    """Whether ``pid`` is blocked on a file lock: a ``->`` line of
+    ``/proc/locks`` (``N: -> FLOCK ADVISORY WRITE <pid> ...``)."""
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()
+        if len(fields) > 5 and fields[1] == "->" and fields[5] == str(pid):
+            return True
+    return False
 
 
 @pytest.fixture
@@ -152,7 +161,8 @@ async def test_a_shell_killed_during_a_command_fails_that_command_only(
     first = await shell_serving_lv_a(vg, shells)
     with holding_vg_lock(vg):
         extension = asyncio.create_task(lvm.extend(vg.name, "a", 16 * MiB, shells=shells))
-        await asyncio.sleep(2)  # lvextend now waits for the VG lock in the shell
+        await wait_until_async(lambda: waiting_on_a_file_lock(first), 60,
+                               "lvextend in the shell waiting for the VG lock")
         assert not extension.done()
         os.kill(first, signal.SIGKILL)
         # Whether it had its effect is unknown to the shell's caller: an error, not a retry.
