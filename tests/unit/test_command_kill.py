@@ -28,6 +28,7 @@ import pytest
 from pvestord.adapters import command
 from pvestord.adapters.command import KILL_WAIT, UnkillableCommandError, run_async
 from pvestord.errors import CommandError
+from tests.harness.polling import wait_until_async
 
 #: Slack for a loaded test machine on top of the timeout and the kill wait.
 SLACK = 10.0
@@ -75,11 +76,9 @@ async def test_a_descendant_holding_the_pipes_after_sigkill_is_not_waited_for(
         assert took >= 1.0 + KILL_WAIT * 0.9
         assert all(p.alive() for p in info.value.stuck if p.pid == descendant)
         os.kill(descendant, signal.SIGKILL)
-        deadline = time.monotonic() + SLACK
         # Polled: the descendant is no child of ours to wait for.
-        while any(p.alive() for p in info.value.stuck) and time.monotonic() < deadline:  # noqa: ASYNC110
-            await asyncio.sleep(0.05)
-        assert not any(p.alive() for p in info.value.stuck)
+        await wait_until_async(lambda: not any(p.alive() for p in info.value.stuck), SLACK,
+                               "the killed descendant gone")
 
 
 async def test_a_command_and_its_group_killed_at_the_timeout_is_a_plain_timeout(

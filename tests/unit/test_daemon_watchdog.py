@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from pvestord.engine.failures import BUSY_FIRST, BUSY_MAX, VmRetry
 from pvestord.engine.passes import WEDGE_GRACE, engine_wedged
 from tests.harness.daemonlog import parse
+from tests.harness.polling import wait_until_async
 from tests.harness.qmpproxy import NeverAnsweringQmp
 
 PVESTORD = str(Path(sys.executable).parent / "pvestord")
@@ -251,7 +252,4 @@ async def test_a_pass_that_ignores_its_cancellation_stops_the_pings(
 
 
 async def wait_for_async(predicate: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + TIMEOUT
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
+    await wait_until_async(predicate, TIMEOUT, what, interval=0.02)

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,7 @@ from pvestord.adapters.settings import DaemonSettings
 from pvestord.adapters.vghealth import VgHealth, VgUnhealthyError
 from pvestord.engine.extender import Extender
 from pvestord.errors import ConfigError
+from tests.harness.polling import wait_until_async
 
 ROOT = Path(__file__).resolve().parents[2]
 #: A lock lifetime short enough for tests, long enough for a loaded machine.
@@ -84,12 +86,8 @@ async def events_of(proc: asyncio.subprocess.Process) -> list[str]:
     return [json.loads(line)["event"] for line in out.decode().splitlines()]
 
 
-async def wait_until(condition: object, what: str) -> None:
-    assert callable(condition)
-    deadline = time.monotonic() + PATIENCE
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
+async def wait_until(condition: Callable[[], object], what: str) -> None:
+    await wait_until_async(condition, PATIENCE, what)
 
 
 async def test_a_held_lock_directory_is_renewed(tmp_path: Path) -> None:
