@@ -137,3 +137,8 @@ def qcow2_check(path: str) -> dict[str, object]:
     result: dict[str, object] = json.loads(proc.stdout)
     result["exit"] = proc.returncode
     return result
+
+
+def image_end_offset(path: str) -> int:
+    """Where the qcow2 image on ``path`` ends (``qemu-img check``'s image-end-offset)."""
+    return int(str(qcow2_check(path)["image-end-offset"]))

@@ -15,8 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from tests.harness import lvmbed
 from tests.harness.daemons import VENV_BIN
-from tests.harness.lvmbed import VG, GiB, MiB, loop_vg, qcow2_check, sh
+from tests.harness.lvmbed import VG, GiB, MiB, loop_vg, sh
 from tests.harness.qemu import Pve9Disk, QemuVM, image_io
 from tests.proxmox import upstream
 
@@ -92,7 +93,7 @@ def image(vg: VG, lv: str) -> dict[str, Any]:
 
 
 def image_end(vg: VG, lv: str) -> int:
-    return int(str(qcow2_check(vg.lv_path(lv))["image-end-offset"]))
+    return lvmbed.image_end_offset(vg.lv_path(lv))
 
 
 def qemu_io(vg: VG, lv: str, command: str) -> None:

@@ -550,10 +550,7 @@ class QemuVM:
             with contextlib.suppress(OSError, EOFError, QemuError, ValueError):
                 self._qmp.execute("quit", {}, self.shutdown_timeout)
         try:
-            if self.daemonize and self._pidfd is None:   # its launch failed
-                proc.wait(self.shutdown_timeout)
-            else:
-                self.wait(self.shutdown_timeout)
+            self.wait(self.shutdown_timeout)
         except subprocess.TimeoutExpired:
             log.warning("QEMU %s did not exit %g s after quit; killing it",
                         self.vmid, self.shutdown_timeout)

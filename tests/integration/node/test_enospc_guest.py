@@ -72,7 +72,7 @@ from pvestord.policy import Reason
 from pvestord.policy.sizes import align_up
 from tests.harness.daemonlog import extensions, parse, records
 from tests.harness.daemons import VENV_BIN, NodeBed, ThinStorageSpec, daemons
-from tests.harness.lvmbed import VG, GiB, MiB, loop_vg, qcow2_check, qcow2_create
+from tests.harness.lvmbed import VG, GiB, MiB, image_end_offset, loop_vg, qcow2_check, qcow2_create
 from tests.harness.polling import wait_until
 from tests.harness.qemu import Pve9Disk, QemuVM, image_io, pve9_disk
 from tests.harness.writerguest import WriterGuest, build_writer
@@ -160,7 +160,7 @@ def allocation(vm: QemuVM) -> int:
 def prefill(path: str, length: int, lv_size: int) -> int:
     """Fill the image from 0; return the room left on the LV."""
     image_io(path, f"write -P {PREFILL_PATTERN:#x} 0 {length}", timeout=IO_TIMEOUT)
-    room = lv_size - int(str(qcow2_check(path)["image-end-offset"]))
+    room = lv_size - image_end_offset(path)
     # The scenario's premise: the guest's write cannot fit, and fills what fits first.
     assert 512 * 1024 <= room <= 2 * MiB, room
     assert room < GUEST_WRITE

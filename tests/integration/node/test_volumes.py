@@ -22,6 +22,7 @@ from tests.harness.lvmbed import (
     VG,
     GiB,
     MiB,
+    image_end_offset,
     loop_vg,
     measured_maximum,
     qcow2_check,
@@ -300,7 +301,7 @@ def test_shrink_refusals_each_with_its_reason(bed: NodeBed, vg: VG) -> None:
 
     # Not clean: a leaked cluster, then a corrupted refcount.
     sh("lvchange", "-aey", f"{vg.name}/{lv}")
-    end = int(str(qcow2_check(path)["image-end-offset"]))
+    end = image_end_offset(path)
     _set_refcount(path, end // 65536 + 16, 1)
     sh("lvchange", "-an", f"{vg.name}/{lv}")
     refused("leaked clusters; repair them first with 'qemu-img check -r leaks")
