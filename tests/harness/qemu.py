@@ -7,24 +7,21 @@ failure carries the exit code, the full command line and the captured output.
 
 The VM runs with Proxmox's runtime layout: ``<run_dir>/<vmid>.pid`` and a QMP
 server socket ``<run_dir>/<vmid>.qmp``; it can also connect as a client to a
-qmeventd socket exactly as qemu-server starts it, and, as qemu-server starts
-it, with ``-daemonize`` (``daemonize=True``): the QEMU then running is no child
-of the test, so it is watched through a pidfd, and its stdout is /dev/null, so
-``qemu-io`` through its monitor is refused (write the image before the launch
-and read it after the quit with :func:`image_io`).
+qmeventd socket exactly as qemu-server starts it, and it starts, as
+qemu-server starts it, with ``-daemonize``: the QEMU then running is no child
+of the test, so it is watched through a pidfd. ``daemonize=False`` keeps QEMU
+a child, for the harness's own tests of a death by signal.
 
-Everything here is synchronous (plain sockets and a reader thread for QEMU's
-output) so that sync and async tests can both use it; from an async test that
-must keep its event loop serving, wrap calls in ``asyncio.to_thread``.
+The test's writes and reads go through the ``qemu-io`` tool over an NBD
+export of the block node, one per command (:meth:`QemuVM.qemu_io`), rather
+than HMP ``qemu-io``: that prints its results on QEMU's stdout (/dev/null once
+daemonized) and runs in QEMU's main loop, holding every QMP command, pvestord's
+too, until the write is done, which no guest's write does.
 
-Why a reader thread and a marker for ``qemu-io``: HMP ``qemu-io`` prints its
-result ("wrote ...", "write failed: ...") on QEMU's stdout, not in the QMP
-reply, and the pipe and the QMP socket are not ordered with respect to each
-other. QEMU writes that output before it replies, and the same monitor runs
-one command at a time, so after the command we send a second ``qemu-io`` with
-an unknown command name; QEMU prints ``command "<marker>" not found`` (on
-stderr, which we merge into the same pipe). Every line between the previous
-position and the marker is exactly the first command's output.
+Everything here is synchronous (plain sockets, a reader thread for QEMU's
+start-up output) so that sync and async tests can both use it; from an async
+test that must keep its event loop serving, wrap calls in
+``asyncio.to_thread``.
 """
 
 from __future__ import annotations
@@ -58,7 +55,7 @@ QEMU_ENV = "PVESTORD_QEMU_SYSTEM_X86_64"
 
 #: How long QEMU may take to create its QMP socket (TCG inside the node guest is slow).
 LAUNCH_TIMEOUT = 30.0
-#: Budget for one QMP command (qemu-io of a few MiB under TCG included).
+#: Budget for one QMP command, and for one qemu-io command of a few MiB under TCG.
 QMP_TIMEOUT = 30.0
 #: Bytes per second a read_verify is sure to manage, for its default timeout.
 VERIFY_RATE = 8 * 1024 * 1024
@@ -66,6 +63,11 @@ VERIFY_RATE = 8 * 1024 * 1024
 SHUTDOWN_TIMEOUT = 10.0
 
 _counter = itertools.count(1)
+
+#: qemu-io commands that only read: they get a read-only export, which a
+#: guest device on the node allows (it shares reads, not writes).
+READ_ONLY_QEMU_IO_COMMANDS = frozenset({"read", "readv", "aio_read", "map", "alloc",
+                                        "info", "length"})
 
 
 class QemuError(Exception):
@@ -228,7 +230,7 @@ def _opts(values: Mapping[str, str]) -> str:
 
 @dataclass(frozen=True)
 class QemuIoResult:
-    """The output of one HMP ``qemu-io`` command, parsed."""
+    """The output of one ``qemu-io`` command, parsed."""
 
     node: str
     command: str
@@ -354,7 +356,44 @@ class QmpConnection:
             self.sock.close()
 
 
-class QemuVM:
+class PatternIo:
+    """Patterned writes and checked reads on top of :meth:`qemu_io`."""
+
+    def qemu_io(self, node: str, command: str, *, timeout: float = QMP_TIMEOUT) -> QemuIoResult:
+        raise NotImplementedError
+
+    def write_pattern(self, node: str, offset: int, length: int, pattern: int = 0xAB, *,
+                      check: bool = True, timeout: float = QMP_TIMEOUT) -> QemuIoResult:
+        """Write ``length`` bytes of ``pattern`` at ``offset``.
+
+        :raise QemuIoError: the write failed and ``check`` is set.
+        """
+        result = self.qemu_io(node, f"write -P {pattern:#x} {offset} {length}", timeout=timeout)
+        if check and not result.ok:
+            raise QemuIoError(result)
+        return result
+
+    def read_verify(self, node: str, offset: int, length: int, pattern: int = 0xAB, *,
+                    timeout: float | None = None) -> bool:
+        """True when the range reads back as ``pattern``, False on a mismatch.
+
+        The default timeout grows with ``length``: qemu-io compares every byte
+        after the read, and under nested TCG a 768 MiB compare was seen to
+        take most of 30 s.
+
+        :raise QemuIoError: the read itself failed.
+        """
+        if timeout is None:
+            timeout = QMP_TIMEOUT + length / VERIFY_RATE
+        result = self.qemu_io(node, f"read -P {pattern:#x} {offset} {length}", timeout=timeout)
+        if result.ok:
+            return True
+        if result.error == "pattern mismatch":
+            return False
+        raise QemuIoError(result)
+
+
+class QemuVM(PatternIo):
     """A QEMU process with Proxmox's pidfile/QMP layout; use as a context manager.
 
     :param vmid: names ``<run_dir>/<vmid>.pid`` and ``<run_dir>/<vmid>.qmp``.
@@ -364,12 +403,14 @@ class QemuVM:
     :param machine: ``none`` for block-only tests, ``pc`` for guest devices.
     :param event_socket: a qmeventd socket QEMU connects to as a client.
     :param extra_args: appended to the command line (``-device ...``).
+    :param daemonize: start as qemu-server does (``-daemonize``); False keeps
+        QEMU a child of the test, whose exit status is then known.
     """
 
     def __init__(self, vmid: int, run_dir: str | Path, *, disks: Sequence[Disk] = (),
                  machine: str = "none", event_socket: str | Path | None = None,
                  reconnect: int = 1, extra_args: Sequence[str] = (),
-                 log_path: str | Path | None = None, daemonize: bool = False,
+                 log_path: str | Path | None = None, daemonize: bool = True,
                  launch_timeout: float = LAUNCH_TIMEOUT,
                  shutdown_timeout: float = SHUTDOWN_TIMEOUT) -> None:
         self.vmid = vmid
@@ -391,12 +432,14 @@ class QemuVM:
         self.launch_timeout = launch_timeout
         self.shutdown_timeout = shutdown_timeout
         self.output: list[str] = []
-        self._output_cond = threading.Condition()
         self._proc: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
         self._qmp: QmpConnection | None = None
         self._signals_sent: set[int] = set()
-        self._io_lock = threading.Lock()
+        #: Where the VM's NBD server listens once a qemu-io command started it.
+        self.nbd_path = self.run_dir / f"{vmid}.nbd"
+        self._nbd_lock = threading.Lock()
+        self._nbd_serving = False
         #: A daemonized QEMU's pid (from its pidfile) and a pidfd on it.
         self._daemon_pid: int | None = None
         self._pidfd: int | None = None
@@ -508,11 +551,7 @@ class QemuVM:
         for raw in self._proc.stdout:
             line = raw.decode(errors="replace").rstrip("\r\n")
             self._log_file.write(line + "\n")
-            with self._output_cond:
-                self.output.append(line)
-                self._output_cond.notify_all()
-        with self._output_cond:
-            self._output_cond.notify_all()
+            self.output.append(line)
 
     def send_signal(self, sig: int) -> None:
         """Signal QEMU; the shutdown check then knows the test meant it."""
@@ -564,7 +603,7 @@ class QemuVM:
             os.close(self._pidfd)
             self._pidfd = None
         self._log_file.close()
-        for path in (self.qmp_path, self.harness_qmp_path):
+        for path in (self.qmp_path, self.harness_qmp_path, self.nbd_path):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
         rc = None if self.daemonize else proc.returncode
@@ -662,71 +701,135 @@ class QemuVM:
     # -- qemu-io ---------------------------------------------------------------
 
     def qemu_io(self, node: str, command: str, *, timeout: float = QMP_TIMEOUT) -> QemuIoResult:
-        """Run ``qemu-io NODE "COMMAND"`` and collect exactly its output.
+        """Run one command of the ``qemu-io`` tool on ``node`` of this VM.
 
-        :raise QemuError: the monitor refused the command (unknown node...).
+        The tool reaches the node through an NBD export made for this one
+        command and removed after it (:meth:`_exported`), so every write goes
+        through QEMU's block layer as a guest's would (thresholds, qcow2
+        allocation, ENOSPC at the LV's end) while QEMU's main loop stays free
+        for pvestord's QMP session, and the result is read on the tool's own
+        output, which a daemonized QEMU would otherwise send to /dev/null.
+        Writes get a writable export, reads a read-only one, which a guest
+        device on the node (sharing reads, not writes) allows.
+
+        :raise QemuError: QEMU refused the export (an unknown node...).
         """
-        if '"' in command:
-            raise ValueError("qemu-io command must not contain '\"'")
-        if self.daemonize:
-            raise QemuError("a daemonized QEMU prints qemu-io's results to /dev/null;"
-                            " use image_io on the image before the launch or after the quit")
-        with self._io_lock:
-            with self._output_cond:
-                start = len(self.output)
-            reply = self.hmp(f'qemu-io {node} "{command}"', timeout=timeout)
-            if reply.strip():
-                raise QemuError(f"qemu-io {node} {command!r}: {reply.strip()}")
-            marker = f"harness-marker-{os.getpid()}-{next(_counter)}"
-            self.hmp(f'qemu-io {node} "{marker}"', timeout=timeout)
-            lines = self._output_until(start, marker, timeout)
-        result = parse_qemu_io(node, command, lines)
-        log.debug("qemu-io %s %r -> %s", node, command, result)
-        return result
+        writable = command.split(maxsplit=1)[0] not in READ_ONLY_QEMU_IO_COMMANDS
+        with self._exported(node, writable=writable) as image_opts:
+            return run_qemu_io(node, [*([] if writable else ["-r"]), "--image-opts", image_opts],
+                               command, timeout)
 
-    def _output_until(self, start: int, marker: str, timeout: float) -> list[str]:
+    @contextlib.contextmanager
+    def _exported(self, node: str, *, writable: bool) -> Iterator[str]:
+        """Export ``node`` over NBD for one client; yields its ``--image-opts``.
+
+        The export lives only as long as the command: a writable export is a
+        user of the node that keeps migration from inactivating it and a
+        block job from dropping it, which a guest's writes never do.
+        """
+        with self._nbd_lock:
+            if not self._nbd_serving:
+                self.qmp("nbd-server-start",
+                         addr={"type": "unix", "data": {"path": str(self.nbd_path)}})
+                self._nbd_serving = True
+        export = f"qemu-io-{next(_counter)}"
+        self.qmp("block-export-add", type="nbd", id=export, node_name=node, name=export,
+                 writable=writable)
+        try:
+            yield (f"driver=nbd,server.type=unix,server.path={self.nbd_path},"
+                   f"export={export}")
+        finally:
+            # "hard": the tool has exited, but QEMU may not have seen its
+            # connection close yet, and "safe" would refuse the removal then.
+            # A QEMU the test killed meanwhile took its exports with it.
+            if self.is_running():
+                self.qmp("block-export-del", id=export, mode="hard")
+                self.wait_event("BLOCK_EXPORT_DELETED",
+                                match=lambda e: e["data"]["id"] == export)
+
+    @contextlib.contextmanager
+    def io_session(self) -> Iterator[IoSession]:
+        """``qemu-io`` commands through one tool process and one export per
+        node for the whole block, where a writer's loop would otherwise pay a
+        process and an export per command (about 0.4 s in the node guest).
+        Nothing may need the nodes free meanwhile: no migration, no
+        ``blockdev-del`` of a node written, no job replacing it.
+        """
+        with contextlib.ExitStack() as stack:
+            yield IoSession(self, stack)
+
+
+class IoSession(PatternIo):
+    """One interactive ``qemu-io`` process per node, each on its own export,
+    opened at a node's first command and closed with the session.
+
+    The tool prints its prompt, flushed, before it reads each command, so a
+    command's output (stderr merged in) is exactly what comes before the
+    next prompt.
+    """
+
+    PROMPT = b"qemu-io> "
+
+    def __init__(self, vm: QemuVM, stack: contextlib.ExitStack) -> None:
+        self._vm = vm
+        self._stack = stack
+        self._tools: dict[str, subprocess.Popen[bytes]] = {}
+
+    def qemu_io(self, node: str, command: str, *, timeout: float = QMP_TIMEOUT) -> QemuIoResult:
+        """Run ``command`` on ``node``; a tool that died gives a failed result."""
+        tool = self._tools.get(node) or self._open(node, timeout)
+        assert tool.stdin is not None
+        try:
+            tool.stdin.write(command.encode() + b"\n")
+            output = self._until_prompt(tool, timeout)
+        except (BrokenPipeError, EOFError) as err:
+            return QemuIoResult(node, command, (), False, f"qemu-io ended: {err}")
+        return parse_qemu_io(node, command, output.decode(errors="replace").splitlines())
+
+    def _open(self, node: str, timeout: float) -> subprocess.Popen[bytes]:
+        from pvestord.adapters.command import binary
+
+        image_opts = self._stack.enter_context(self._vm._exported(node, writable=True))
+        tool = subprocess.Popen(  # noqa: S603 - argument list, no shell
+            [binary("qemu-io"), "--image-opts", image_opts], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=0)
+        # Closed before the export goes (the stack unwinds in reverse).
+        self._stack.callback(self._close, tool)
+        self._tools[node] = tool
+        try:
+            opened = self._until_prompt(tool, timeout)
+        except EOFError as err:
+            raise QemuError(f"qemu-io could not open {node}'s export: {err}") from None
+        if opened.strip():
+            raise QemuError(f"qemu-io on {node}'s export: {opened.decode(errors='replace')}")
+        return tool
+
+    def _until_prompt(self, tool: subprocess.Popen[bytes], timeout: float) -> bytes:
+        assert tool.stdout is not None
         deadline = time.monotonic() + timeout
-        with self._output_cond:
-            while True:
-                for i in range(start, len(self.output)):
-                    if marker in self.output[i]:
-                        return self.output[start:i]
-                left = deadline - time.monotonic()
-                if left <= 0 or not self.is_running():
-                    raise QemuError(f"qemu-io output marker {marker} not seen;"
-                                    " output since the command:\n"
-                                    + "\n".join(self.output[start:]))
-                self._output_cond.wait(left)
+        poller = select.poll()
+        poller.register(tool.stdout, select.POLLIN)
+        data = b""
+        while not data.endswith(self.PROMPT):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise QemuError(f"qemu-io gave no prompt in {timeout:g} s; said: {data!r}")
+            if poller.poll(left * 1000):
+                chunk = os.read(tool.stdout.fileno(), 65536)
+                if not chunk:
+                    raise EOFError(data.decode(errors="replace"))
+                data += chunk
+        return data[:-len(self.PROMPT)]
 
-    def write_pattern(self, node: str, offset: int, length: int, pattern: int = 0xAB, *,
-                      check: bool = True, timeout: float = QMP_TIMEOUT) -> QemuIoResult:
-        """Write ``length`` bytes of ``pattern`` at ``offset``.
-
-        :raise QemuIoError: the write failed and ``check`` is set.
-        """
-        result = self.qemu_io(node, f"write -P {pattern:#x} {offset} {length}", timeout=timeout)
-        if check and not result.ok:
-            raise QemuIoError(result)
-        return result
-
-    def read_verify(self, node: str, offset: int, length: int, pattern: int = 0xAB, *,
-                    timeout: float | None = None) -> bool:
-        """True when the range reads back as ``pattern``, False on a mismatch.
-
-        The default timeout grows with ``length``: qemu-io compares every byte
-        in QEMU's main loop after the read, and under nested TCG a 768 MiB
-        compare was seen to take most of 30 s.
-
-        :raise QemuIoError: the read itself failed.
-        """
-        if timeout is None:
-            timeout = QMP_TIMEOUT + length / VERIFY_RATE
-        result = self.qemu_io(node, f"read -P {pattern:#x} {offset} {length}", timeout=timeout)
-        if result.ok:
-            return True
-        if result.error == "pattern mismatch":
-            return False
-        raise QemuIoError(result)
+    def _close(self, tool: subprocess.Popen[bytes]) -> None:
+        assert tool.stdin is not None
+        with contextlib.suppress(BrokenPipeError):
+            tool.stdin.close()
+        try:
+            tool.wait(QMP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            tool.kill()
+            tool.wait()
 
 
 def _exited(pidfd: int, timeout: float) -> bool:
@@ -741,24 +844,32 @@ def _exited(pidfd: int, timeout: float) -> bool:
 def image_io(path: str | Path, command: str, *, timeout: float = QMP_TIMEOUT,
              check: bool = True) -> QemuIoResult:
     """Run one command of the ``qemu-io`` tool on a qcow2 image no QEMU has
-    open (or ``-U`` would be needed): the test's writes and checks around a
-    VM, a daemonized one above all.
+    open (or ``-U`` would be needed): the test's writes and checks of an
+    image before a VM starts or after it quits.
 
     :raise QemuIoError: the command failed (a pattern mismatch included) and
         ``check`` is set.
     """
+    result = run_qemu_io(str(path), ["-f", "qcow2", str(path)], command, timeout)
+    if check and not result.ok:
+        raise QemuIoError(result)
+    return result
+
+
+def run_qemu_io(target: str, image_args: Sequence[str], command: str,
+                timeout: float) -> QemuIoResult:
+    """Run ``qemu-io IMAGE_ARGS -c COMMAND`` and parse what it said; a
+    non-zero exit counts as a failure even where the output looks fine."""
     from pvestord.adapters.command import binary
 
     done = subprocess.run(  # noqa: S603 - argument list, no shell
-        [binary("qemu-io"), "-f", "qcow2", "-c", command, str(path)],
+        [binary("qemu-io"), *image_args, "-c", command],
         capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
         check=False)
-    result = parse_qemu_io(str(path), command, (done.stdout + done.stderr).splitlines())
+    result = parse_qemu_io(target, command, (done.stdout + done.stderr).splitlines())
     if done.returncode != 0 and result.ok:
         result = QemuIoResult(result.node, command, result.lines, False,
                               f"qemu-io exited {done.returncode}")
-    if check and not result.ok:
-        raise QemuIoError(result)
     return result
 
 

@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from tests.harness.polling import wait_until
 from tests.harness.qemu import (
     Disk,
+    Pve9Disk,
     QemuError,
     QemuIoError,
     QemuLaunchError,
@@ -39,8 +42,12 @@ def test_layout_and_pattern_round_trip(run_dir: Path) -> None:
         assert not vm.read_verify("drive-scsi0", 1 * MiB, 256 * 1024, 0xCD)
         # Unwritten clusters read as zeros.
         assert vm.read_verify("drive-scsi0", 8 * MiB, 64 * 1024, 0x00)
-    assert vm.returncode == 0
+        # Each command's export is gone with it: none is left to keep a
+        # migration from inactivating the node.
+        assert vm.qmp("query-block-exports") == []
+    assert not vm.is_running()
     assert not (run_dir / "4242.qmp").exists()
+    assert not (run_dir / "4242.nbd").exists()
 
 
 def test_qemu_io_reports_the_errno_of_a_failed_write(run_dir: Path) -> None:
@@ -55,6 +62,52 @@ def test_qemu_io_reports_the_errno_of_a_failed_write(run_dir: Path) -> None:
         assert all("failed" not in line for line in ok.lines)
         with pytest.raises(QemuError, match="nosuch"):
             vm.qemu_io("nosuch", "read 0 512")
+        assert vm.qmp("query-block-exports") == []
+
+
+def test_an_io_session_keeps_one_tool_and_one_export_for_its_commands(run_dir: Path) -> None:
+    with QemuVM(4248, run_dir, disks=[_disk(run_dir, 16 * MiB)]) as vm:
+        with vm.io_session() as io:
+            for n in range(4):
+                io.write_pattern("drive-scsi0", n * MiB, MiB, 0x10 + n)
+            [export] = vm.qmp("query-block-exports")
+            failed = io.qemu_io("drive-scsi0", f"write -P 0x11 {32 * MiB} 4096")
+            assert (failed.ok, failed.error) == (False, "Input/output error")
+            # The failure was the command's, not the session's.
+            assert all(io.read_verify("drive-scsi0", n * MiB, MiB, 0x10 + n) for n in range(4))
+            assert not io.read_verify("drive-scsi0", 0, MiB, 0x11)
+            assert vm.qmp("query-block-exports") == [export]
+        assert vm.qmp("query-block-exports") == []
+        assert vm.read_verify("drive-scsi0", 3 * MiB, MiB, 0x13)
+
+
+def test_an_io_session_on_a_killed_vm_fails_its_command(run_dir: Path) -> None:
+    with QemuVM(4249, run_dir, disks=[_disk(run_dir, 16 * MiB)]) as vm, \
+            vm.io_session() as io:
+        io.write_pattern("drive-scsi0", 0, MiB)
+        vm.send_signal(signal.SIGKILL)
+        vm.wait(10)
+        assert not io.qemu_io("drive-scsi0", "write 0 4096").ok
+
+
+def test_qemu_io_leaves_the_monitor_free_during_a_write(run_dir: Path) -> None:
+    """A guest's write does not hold QEMU's main loop, so neither does the
+    harness's: pvestord's QMP session is served while a write is under way.
+    The write is throttled to 1 MiB/s so that it is surely still under way
+    (its export still listed) when the monitor answers."""
+    disk = Pve9Disk.for_volume(create_qcow2(run_dir / "vm-4247-disk-0.qcow2", 64 * MiB),
+                               "shared:vm-4247-disk-0.qcow2")
+    with QemuVM(4247, run_dir, disks=[disk]) as vm, ThreadPoolExecutor(1) as pool:
+        vm.qmp("qom-set", path=disk.throttle_group, property="limits",
+               value={"bps-write": MiB})
+        write = pool.submit(vm.write_pattern, disk.top_node, 0, 8 * MiB, 0x42, timeout=60)
+        wait_until(lambda: vm.qmp("query-block-exports") or write.done(), 30,
+                   "the write's export")
+        assert vm.qmp("query-status")["status"] == "running"
+        assert [e["node-name"] for e in vm.qmp("query-block-exports")] == [disk.top_node]
+        assert not write.done()
+        assert write.result().ok
+        assert vm.read_verify(disk.top_node, 0, 8 * MiB, 0x42)
 
 
 def test_write_threshold_is_one_shot_and_fires_on_the_file_node(run_dir: Path) -> None:
@@ -82,7 +135,7 @@ def test_qmp_error_is_raised_with_its_class(run_dir: Path) -> None:
 
 
 def test_launch_failure_carries_command_and_output(run_dir: Path) -> None:
-    vm = QemuVM(4242, run_dir, extra_args=["-no-such-option"])
+    vm = QemuVM(4242, run_dir, daemonize=False, extra_args=["-no-such-option"])
     with pytest.raises(QemuLaunchError) as err:
         vm.launch()
     assert err.value.returncode == 1
@@ -93,7 +146,7 @@ def test_launch_failure_carries_command_and_output(run_dir: Path) -> None:
 
 def test_signal_sent_by_the_test_gives_no_warning(run_dir: Path,
                                                   recwarn: pytest.WarningsRecorder) -> None:
-    with QemuVM(4242, run_dir) as vm:
+    with QemuVM(4242, run_dir, daemonize=False) as vm:
         vm.send_signal(signal.SIGKILL)
         vm.wait(10)
     assert vm.returncode == -signal.SIGKILL
@@ -101,9 +154,8 @@ def test_signal_sent_by_the_test_gives_no_warning(run_dir: Path,
 
 
 def test_unexpected_death_warns(run_dir: Path) -> None:
-    with pytest.warns(UserWarning, match="did not send"), QemuVM(4242, run_dir) as vm:
-        import os
-
+    with pytest.warns(UserWarning, match="did not send"), \
+            QemuVM(4242, run_dir, daemonize=False) as vm:
         os.kill(vm.pid, signal.SIGKILL)
         vm.wait(10)
 
@@ -114,19 +166,16 @@ def _parent(pid: int) -> int:
 
 def test_a_daemonized_vm_is_watched_through_its_pidfile(run_dir: Path) -> None:
     """As qemu-server starts it: the launcher returns once QEMU is ready, and
-    the QEMU left running is no child of the test. Its data is written and
-    read with the qemu-io tool around it, never through its monitor (whose
-    qemu-io results go to /dev/null)."""
+    the QEMU left running is no child of the test. The data the test writes
+    through the VM is in the image after the quit."""
     disk = _disk(run_dir, 16 * MiB)
     image_io(disk.path, "write -P 0x3c 0 1M")
-    with QemuVM(4244, run_dir, disks=[disk], daemonize=True) as vm:
+    with QemuVM(4244, run_dir, disks=[disk]) as vm:
         assert int((run_dir / "4244.pid").read_text()) == vm.pid
         assert _parent(vm.pid) != os.getpid()
         assert vm.is_running() and vm.returncode is None
         assert vm.qmp("query-status")["status"] == "running"
-        vm.hmp('qemu-io drive-scsi0 "write -P 0x3d 1M 1M"')   # done, unreported
-        with pytest.raises(QemuError, match="daemonized"):
-            vm.write_pattern("drive-scsi0", 0, 4096)
+        vm.write_pattern("drive-scsi0", 1 * MiB, 1 * MiB, 0x3d)
     assert not vm.is_running()
     image_io(disk.path, "read -P 0x3c 0 1M")
     image_io(disk.path, "read -P 0x3d 1M 1M")
@@ -135,7 +184,7 @@ def test_a_daemonized_vm_is_watched_through_its_pidfile(run_dir: Path) -> None:
 
 
 def test_a_daemonized_vm_that_dies_is_seen_gone(run_dir: Path) -> None:
-    with QemuVM(4245, run_dir, daemonize=True) as vm:
+    with QemuVM(4245, run_dir) as vm:
         vm.send_signal(signal.SIGKILL)
         assert vm.wait(10) is None        # its exit status is init's
         assert not vm.is_running()
@@ -147,7 +196,7 @@ def test_a_daemonized_vm_that_dies_is_seen_gone(run_dir: Path) -> None:
 ], ids=["option", "blockdev"])
 def test_a_daemonized_launch_failure_carries_its_output(
         run_dir: Path, extra_args: list[str], said: str) -> None:
-    vm = QemuVM(4246, run_dir, daemonize=True, extra_args=extra_args)
+    vm = QemuVM(4246, run_dir, extra_args=extra_args)
     with pytest.raises(QemuLaunchError) as err:
         vm.launch()
     assert err.value.returncode == 1

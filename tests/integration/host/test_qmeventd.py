@@ -44,11 +44,11 @@ LAUNCH_BUDGET = 120.0
 
 
 def _vm(run_dir: Path, vmid: int, daemon: Any, *, disks: int = 1, size: int = 16 * MiB,
-        extra_args: tuple[str, ...] = (), daemonize: bool = False) -> QemuVM:
+        extra_args: tuple[str, ...] = ()) -> QemuVM:
     images = [create_qcow2(run_dir / f"{vmid}-{i}.qcow2", size) for i in range(disks)]
     # Bounds, not timings: generous so a loaded 2-core machine does not fail them.
     return QemuVM(vmid, run_dir, event_socket=daemon.socket, extra_args=extra_args,
-                  launch_timeout=LAUNCH_BUDGET, daemonize=daemonize, disks=[
+                  launch_timeout=LAUNCH_BUDGET, disks=[
         Disk(path, block_node=f"drive-scsi{i}", file_block_node=f"file-scsi{i}")
         for i, path in enumerate(images)])
 
@@ -267,8 +267,9 @@ def test_shut_down_vm_is_terminated_then_cleaned_up(run_dir: Path,
     with _vm(run_dir, 4244, daemon, extra_args=_STAYS_AFTER_SHUTDOWN) as vm:
         _connected(daemon, vm)
         vm.qmp("system_reset")
-        # The daemon sees status "shutdown" and sends SIGTERM; QEMU exits.
-        assert vm.wait(20) == 0
+        # The daemon sees status "shutdown" and sends SIGTERM; QEMU exits
+        # (its exit status, as on a node, is init's).
+        vm.wait(20)
         daemon.wait_record("QEMU terminated", VMID="4244", TERMINATE="sigterm",
                            QEMU_PID=str(vm.pid))
         daemon.wait_record("the cleanup", VMID="4244", CLEANUP="started")
@@ -291,7 +292,7 @@ def test_backup_keeps_a_shut_down_vm_alive_until_vzdump_hangs_up(
             assert vm.is_running()
             assert vm.qmp("query-status")["status"] == "shutdown"
         daemon.wait_record("the backup's end", VMID="4245", BACKUP="ended")
-        assert vm.wait(20) == 0
+        vm.wait(20)                      # terminated: raises if it still runs
         daemon.wait_record("the cleanup", VMID="4245", CLEANUP="started")
     wait_until(lambda: _recorded(run_dir), 60, "the cleanup command")
     assert _recorded(run_dir) == ["4245 1 0"]
@@ -367,7 +368,7 @@ def test_hung_queue_folder_never_holds_up_shutdown_and_cleanup(
                 wait_until(lambda: _blocked_in_fuse(daemon.proc.pid), 30,
                            "qmeventd-py's append waiting for the hung FUSE server")
                 quitter.qmp("system_reset")              # the guest shut down
-                assert quitter.wait(30) == 0             # terminated meanwhile
+                quitter.wait(30)                         # terminated meanwhile
                 wait_until(lambda: _recorded(run_dir) == ["4251 1 0"], 60,
                            "the cleanup command, with the queue still hung")
                 _cross_threshold(writer, 1)              # events still taken
@@ -429,13 +430,12 @@ def test_a_daemonized_qemu_is_found_and_its_events_queued(
     on its command line) and queues its threshold, and pvestord's view of
     running VMs (``local_vm``) finds it by its pidfile."""
     daemon = daemon_factory()
-    vm = _vm(run_dir, 4250, daemon, daemonize=True)
+    vm = _vm(run_dir, 4250, daemon)
     with vm:
         found = local_vm(run_dir, 4250)
         assert found is not None and (found.pid, found.qmp_socket) == (vm.pid, vm.qmp_path)
         vm.set_write_threshold("file-scsi0", 1 * MiB)
-        # qemu-io's report goes to the closed stdout; the write happens all the same.
-        vm.hmp('qemu-io drive-scsi0 "write -P 0x5a 0 2M"', timeout=60)
+        vm.write_pattern("drive-scsi0", 0, 2 * MiB, 0x5A, timeout=60)
         wait_until(lambda: daemon.entries(), 60, "the daemonized VM's entry")
         [entry] = daemon.entries()
         assert (entry.key, entry.reason) == ((4250, "file-scsi0"), Reason.THRESHOLD)
