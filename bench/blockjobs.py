@@ -38,7 +38,7 @@ from typing import Any
 from bench.report import Figure, ratio, summary
 from tests.harness.daemons import VENV_BIN
 from tests.harness.lvmbed import VG, GiB, MiB, loop_vg, measured_maximum, scratch_dir, sh
-from tests.harness.qemu import Pve9Disk, QemuVM, create_qcow2
+from tests.harness.qemu import Pve9Disk, QemuVM, create_qcow2, image_io
 
 #: The disk's virtual size, and the storage's thin settings.
 DISK = 4 * GiB
@@ -181,9 +181,7 @@ def _grow(vg: VG, lv: str, plan: dict[str, Any]) -> None:
 
 def qemu_io(path: str, command: str) -> None:
     """``qemu-io -c command`` on the image at ``path``; a failed one raises."""
-    out = sh("qemu-io", "-f", "qcow2", "-c", command, path, timeout=QEMU_IO_TIMEOUT)
-    if "failed" in out:
-        raise RuntimeError(f"qemu-io {command} on {path}: {out}")
+    image_io(path, command, timeout=QEMU_IO_TIMEOUT)
 
 
 def figures(result: dict[str, Any] | None) -> list[Figure]:

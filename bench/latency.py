@@ -68,8 +68,8 @@ CHUNK = 16 * MiB
 PERCENTAGE = 0.5
 INITIAL = 32 * MiB
 VIRTUAL = 8 * GiB
-#: The write that crosses the threshold. Small, because an HMP ``qemu-io``
-#: holds QEMU's main loop (and the daemon's QMP session) while it runs.
+#: The write that crosses the threshold: small, so that the event comes
+#: at its start and the sample is the daemon's time, not the write's.
 CROSSING = 2 * MiB
 #: Room left under the threshold by the write that prepares a crossing:
 #: qcow2 metadata (L2 tables, refcounts) must not cross it early.

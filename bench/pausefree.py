@@ -1,9 +1,10 @@
 """Scenario 5: how fast a writer may go without a failed write, per chunk-percentage.
 
-A writer at full speed through QEMU (HMP ``qemu-io``, 16 MiB writes, back to
-back, no pacing) over ``total`` bytes of fresh data, on a thin drive managed
-by the real daemons; with ``-machine none`` there is no guest device, so a
-write past the LV's end fails with ENOSPC instead of pausing a VM. For each
+A writer at full speed through QEMU (one ``qemu-io`` tool session on an NBD
+export of the qcow2 node, 16 MiB writes, back to back, no pacing) over
+``total`` bytes of fresh data, on a thin drive managed by the real daemons;
+with ``-machine none`` there is no guest device, so a write past the LV's
+end fails with ENOSPC instead of pausing a VM. For each
 chunk-percentage from large to small: failed writes, the writer's rate and
 the headroom (chunksize x chunk-percentage). The smallest headroom with
 zero failures is compared with rate x p99 latency (scenario 1) by bench.run.
@@ -12,9 +13,8 @@ The settings are set up side by side (each with its own VG, storage id,
 daemons and QEMU) and written one after the other: while one writer runs,
 the other settings' daemons idle beside it, as in scenarios 1-3.
 
-Caveat of the method: an HMP ``qemu-io`` holds QEMU's main loop while it
-runs, so the daemon's QMP calls wait for the write in progress; a guest's
-own writes do not do that.
+Caveat of the method: the writer waits for each write before the next,
+where a guest keeps several in flight.
 """
 
 from __future__ import annotations
@@ -65,15 +65,16 @@ class Setting:
         errors: set[str] = set()
         writing = 0.0  # seconds in writes that succeeded: a failed write is quick
         began = time.monotonic()
-        for offset in range(0, total, WRITE):
-            started = time.monotonic()
-            result = self.vm.write_pattern(FORMAT_NODE, offset, WRITE, 0x3C, check=False,
-                                           timeout=IO_TIMEOUT)
-            if result.ok:
-                writing += time.monotonic() - started
-            else:
-                failed += 1
-                errors.add(str(result.error))
+        with self.vm.io_session() as io:
+            for offset in range(0, total, WRITE):
+                started = time.monotonic()
+                result = io.write_pattern(FORMAT_NODE, offset, WRITE, 0x3C, check=False,
+                                          timeout=IO_TIMEOUT)
+                if result.ok:
+                    writing += time.monotonic() - started
+                else:
+                    failed += 1
+                    errors.add(str(result.error))
         elapsed = time.monotonic() - began
         wait_until(lambda: not self.bed.entries(), DRAIN_TIMEOUT, "the queue to drain")
         return {"percentage": self.percentage, "chunk": CHUNK,

@@ -4,11 +4,9 @@ real QEMU, real LVM on loop devices, inside the node guest.
 Every VM's disk has Proxmox VE 9's block graph (tests/harness/qemu.py
 ``Pve9Disk``): a throttle node ``drive-scsi0`` over the qcow2 node
 ``f<hash>`` over the host_device node ``e<hash>``, with qemu-server's node
-names, ``cache.direct`` and ``aio=native``. The writer goes through QEMU's
-own block layer (HMP ``qemu-io`` on the qcow2 node). Its writes are 4 MiB:
-an HMP ``qemu-io`` runs in QEMU's main loop and holds every monitor
-meanwhile, pvestord's QMP session included, which a guest's own writes
-never do.
+names, ``cache.direct`` and ``aio=native``; QEMU runs daemonized, as
+qemu-server starts it. The writer goes through QEMU's own block layer: the
+``qemu-io`` tool on an NBD export of the qcow2 node, 4 MiB per write.
 
 How fast a writer may go without ever meeting the end of the LV is the
 benchmark's question (bench/), not these tests'. An extension takes about 3 s
@@ -111,19 +109,20 @@ def paced_write(vm: QemuVM, node: str, start: int, total: int, pattern: int) -> 
     """
     outcome = WriteOutcome()
     began = time.monotonic()
-    for offset in range(start, start + total, WRITE):
-        result = vm.write_pattern(node, offset, WRITE, pattern, check=False)
-        if not result.ok and result.error == ENOSPC:
-            outcome.stalls.append(offset)
-            deadline = time.monotonic() + EXTEND_TIMEOUT
-            while not result.ok and result.error == ENOSPC and time.monotonic() < deadline:
-                time.sleep(RETRY_PAUSE)
-                result = vm.write_pattern(node, offset, WRITE, pattern, check=False)
-        if not result.ok:
-            outcome.errors.append(f"offset {offset}: {result.error}")
-        ahead = (offset + WRITE - start) / PACE - (time.monotonic() - began)
-        if ahead > 0:
-            time.sleep(ahead)
+    with vm.io_session() as io:
+        for offset in range(start, start + total, WRITE):
+            result = io.write_pattern(node, offset, WRITE, pattern, check=False)
+            if not result.ok and result.error == ENOSPC:
+                outcome.stalls.append(offset)
+                deadline = time.monotonic() + EXTEND_TIMEOUT
+                while not result.ok and result.error == ENOSPC and time.monotonic() < deadline:
+                    time.sleep(RETRY_PAUSE)
+                    result = io.write_pattern(node, offset, WRITE, pattern, check=False)
+            if not result.ok:
+                outcome.errors.append(f"offset {offset}: {result.error}")
+            ahead = (offset + WRITE - start) / PACE - (time.monotonic() - began)
+            if ahead > 0:
+                time.sleep(ahead)
     if outcome.stalls:
         log.info("writer met the end of the LV at %d of %d writes", len(outcome.stalls),
                  total // WRITE)

@@ -3,9 +3,9 @@
 A guest writes through a virtio-blk disk with ``werror=enospc`` whose qcow2
 sits on a thin LV that is too small: QEMU pauses the VM with io-status
 ``nospace``, pvestord extends the LV and resumes the VM, and the guest's write
-completes as if nothing happened. No other test has a guest device:
-everywhere else the writer is HMP ``qemu-io``, which fails a write instead of
-pausing.
+completes as if nothing happened. Elsewhere the writer is mostly the
+``qemu-io`` tool on an NBD export of the node, whose write past the LV's end
+fails instead of pausing the VM.
 
 The guest is ``tests/harness/guest_writer.asm``, a boot sector that writes
 one pattern with BIOS INT 13h (SeaBIOS -> virtio-blk -> QEMU's block layer,
@@ -27,9 +27,9 @@ use. docs/operations.md names the IDE PIO case for operators.
 
 The VMs run as qemu-server starts them, with ``-daemonize``: the QEMU that
 pvestord and qmeventd-py meet is no child of anything but init, known by its
-pidfile. Its stdout is /dev/null, so the harness writes and reads the image
-with the ``qemu-io`` tool, before the launch and after the quit, never
-through the VM's monitor.
+pidfile. The harness writes the image with the ``qemu-io`` tool before the
+launch and reads it back after the quit: while the guest runs, its device
+holds the node's write permission.
 
 How the pause is made deterministic: the harness fills the qcow2 until the
 image ends ~1.7 MiB short of the LV's end; QEMU starts with ``-S``; then
@@ -122,7 +122,7 @@ def writer_vm(bed: NodeBed, vg: VG, vmid: int, guest: WriterGuest, *,
     vm = QemuVM(vmid, bed.run_dir, disks=[disk], machine="pc",
                 event_socket=bed.event_socket, log_path=bed.logs / f"qemu-{vmid}.log",
                 extra_args=["-S", *guest.args(disk.top_node), *extra_args],
-                daemonize=True, launch_timeout=LAUNCH_TIMEOUT)
+                launch_timeout=LAUNCH_TIMEOUT)
     return vm, lv, room
 
 

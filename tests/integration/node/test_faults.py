@@ -1,9 +1,10 @@
 """The fault suite (issue 9): real daemons, real QEMU, real LVM, faults from outside.
 
-Every test runs a writing workload (HMP ``qemu-io`` on the qcow2 node, each
-write with its own pattern, every region read back at the end), injects one
-fault, lets the system recover the way production would (a crashed daemon is
-started again, as systemd's ``Restart=on-failure`` does), then checks the
+Every test runs a writing workload (the ``qemu-io`` tool through an NBD
+export of the qcow2 node, each write with its own pattern, every region read
+back at the end), injects one fault, lets the system recover the way
+production would (a crashed daemon is started again, as systemd's
+``Restart=on-failure`` does), then checks the
 invariants of :func:`settled` and :meth:`Workload.verify`:
 
 - every byte the workload wrote reads back, and no write failed;
@@ -56,7 +57,7 @@ from tests.harness.faults import (
 )
 from tests.harness.lvmbed import VG, GiB, MiB, measured_maximum, qcow2_check, qcow2_create
 from tests.harness.polling import wait_until
-from tests.harness.qemu import Pve9Disk, QemuVM, pve9_disk
+from tests.harness.qemu import PatternIo, Pve9Disk, QemuVM, pve9_disk
 
 CHUNK = 32 * MiB
 #: chunk-percentage 0.5: the threshold sits this far below the LV's end.
@@ -170,10 +171,10 @@ class Workload:
     def _pattern(self) -> int:
         return len(self.written) % 251 + 1
 
-    def write_one(self) -> None:
+    def write_one(self, io: PatternIo | None = None) -> None:
         pattern = self._pattern()
-        result = self.vm.write_pattern(pve9_disk(self.vm).block_node, self.cursor, WRITE,
-                                       pattern, check=False)
+        result = (io or self.vm).write_pattern(pve9_disk(self.vm).block_node, self.cursor,
+                                               WRITE, pattern, check=False)
         assert result.ok, f"write at {self.cursor} failed: {result.error}"
         self.written.append((self.cursor, pattern))
         self.cursor += WRITE
@@ -183,14 +184,16 @@ class Workload:
         no write can fail). Returns (threshold crossed, allocation after)."""
         armed = threshold(self.vm)
         assert armed > 0, "no threshold armed"
-        while allocation(self.vm) <= armed:
-            self.write_one()
+        with self.vm.io_session() as io:
+            while allocation(self.vm) <= armed:
+                self.write_one(io)
         return armed, allocation(self.vm)
 
     def verify(self) -> None:
-        bad = [offset for offset, pattern in self.written
-               if not self.vm.read_verify(pve9_disk(self.vm).block_node, offset, WRITE,
-                                          pattern, timeout=120)]
+        with self.vm.io_session() as io:
+            bad = [offset for offset, pattern in self.written
+                   if not io.read_verify(pve9_disk(self.vm).block_node, offset, WRITE,
+                                         pattern, timeout=120)]
         assert not bad, f"regions that do not read back: {bad}"
 
 

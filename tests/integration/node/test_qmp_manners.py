@@ -95,9 +95,10 @@ def test_qemu_servers_calls_never_wait_on_pvestord(bed: NodeBed, vg: VG,
             for number in range(EXTENSIONS):
                 # Cross the armed threshold, inside the headroom: no write can fail.
                 start, pattern = cursor, number % 251 + 1
-                while file_node(writer, disk)[1] <= size - HEADROOM:
-                    writer.write_pattern(disk.block_node, cursor, WRITE, pattern)
-                    cursor += WRITE
+                with writer.io_session() as io:
+                    while file_node(writer, disk)[1] <= size - HEADROOM:
+                        io.write_pattern(disk.block_node, cursor, WRITE, pattern)
+                        cursor += WRITE
                 written.append((start, cursor - start, pattern))
                 size += CHUNK
                 wait_until(lambda s=size: armed_for(writer, disk, vg, lv, s), SETTLE_TIMEOUT,
@@ -121,7 +122,8 @@ def test_qemu_servers_calls_never_wait_on_pvestord(bed: NodeBed, vg: VG,
         assert min(len(on_writer.calls), len(on_incoming.calls)) >= EXTENSIONS, figures
         assert max(waits) < LONGEST_WAIT, figures
         assert vg.lv_size(lv) == LV0 + EXTENSIONS * CHUNK
-        bad = [offset for offset, length, pattern in written
-               if not writer.read_verify(disk.block_node, offset, length, pattern)]
+        with writer.io_session() as io:
+            bad = [offset for offset, length, pattern in written
+                   if not io.read_verify(disk.block_node, offset, length, pattern)]
         assert not bad, f"regions that do not read back: {bad}"
     assert qcow2_check(vg.lv_path(lv))["exit"] == 0

@@ -1,8 +1,8 @@
 """``pvestord volume create|shrink|list`` against real LVM, qemu-img and QEMU (node guest).
 
 Data is written and read back with the ``qemu-io`` tool (QEMU's block layer, no
-guest) while no VM runs, and through the VM's own block layer (HMP qemu-io)
-while one does.
+guest) while no VM runs, and through the VM's own block layer (an NBD export
+of its node) while one does.
 """
 
 from __future__ import annotations
