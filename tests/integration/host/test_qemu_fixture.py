@@ -93,21 +93,26 @@ def test_an_io_session_on_a_killed_vm_fails_its_command(run_dir: Path) -> None:
 def test_qemu_io_leaves_the_monitor_free_during_a_write(run_dir: Path) -> None:
     """A guest's write does not hold QEMU's main loop, so neither does the
     harness's: pvestord's QMP session is served while a write is under way.
-    The write is throttled to 1 MiB/s so that it is surely still under way
-    (its export still listed) when the monitor answers."""
+
+    The drive is throttled to 1 MiB/s. QEMU's throttle lets a request through
+    while its bucket is below the burst, so a first 8 MiB write passes at once
+    and fills the bucket; the write under test then waits about 8 s in the
+    throttle for it to drain, in QEMU's block layer, its export listed."""
     disk = Pve9Disk.for_volume(create_qcow2(run_dir / "vm-4247-disk-0.qcow2", 64 * MiB),
                                "shared:vm-4247-disk-0.qcow2")
     with QemuVM(4247, run_dir, disks=[disk]) as vm, ThreadPoolExecutor(1) as pool:
         vm.qmp("qom-set", path=disk.throttle_group, property="limits",
                value={"bps-write": MiB})
-        write = pool.submit(vm.write_pattern, disk.top_node, 0, 8 * MiB, 0x42, timeout=60)
+        assert vm.write_pattern(disk.top_node, 8 * MiB, 8 * MiB, 0x41).ok
+        write = pool.submit(vm.write_pattern, disk.top_node, 0, MiB, 0x42, timeout=60)
         wait_until(lambda: vm.qmp("query-block-exports") or write.done(), 30,
                    "the write's export")
         assert vm.qmp("query-status")["status"] == "running"
         assert [e["node-name"] for e in vm.qmp("query-block-exports")] == [disk.top_node]
         assert not write.done()
         assert write.result().ok
-        assert vm.read_verify(disk.top_node, 0, 8 * MiB, 0x42)
+        assert vm.read_verify(disk.top_node, 0, MiB, 0x42)
+        assert vm.read_verify(disk.top_node, 8 * MiB, 8 * MiB, 0x41)
 
 
 def test_write_threshold_is_one_shot_and_fires_on_the_file_node(run_dir: Path) -> None:
