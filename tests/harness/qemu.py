@@ -26,6 +26,7 @@ test that must keep its event loop serving, wrap calls in
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import functools
 import hashlib
@@ -356,11 +357,12 @@ class QmpConnection:
             self.sock.close()
 
 
-class PatternIo:
+class PatternIo(abc.ABC):
     """Patterned writes and checked reads on top of :meth:`qemu_io`."""
 
+    @abc.abstractmethod
     def qemu_io(self, node: str, command: str, *, timeout: float = QMP_TIMEOUT) -> QemuIoResult:
-        raise NotImplementedError
+        """Run one ``qemu-io`` command on ``node`` and parse its output."""
 
     def write_pattern(self, node: str, offset: int, length: int, pattern: int = 0xAB, *,
                       check: bool = True, timeout: float = QMP_TIMEOUT) -> QemuIoResult:
