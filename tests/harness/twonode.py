@@ -39,7 +39,7 @@ from typing import Any
 
 from pvestord.adapters.lvm import FAST_CONFIG
 from tests.harness.daemonlog import records
-from tests.harness.nodeguest import VENV_BIN, GuestError, vng_argv
+from tests.harness.nodeguest import VENV_BIN, GuestError, compile_repository, vng_argv
 from tests.harness.polling import wait_until
 from tests.harness.qemu import Pve9Disk
 
@@ -296,6 +296,7 @@ def cluster_pair(work: Path, *, boot_timeout: float = BOOT_TIMEOUT,
         (work / sub).mkdir(parents=True)
     (cluster.pve / "extend-queue").write_text("")
     started = time.monotonic()
+    compile_repository()
     try:
         for node in cluster.nodes:
             node.agent_dir.mkdir(parents=True)
