@@ -271,9 +271,15 @@ def daemons(bed: NodeBed, *, pvestord_args: Sequence[str] = (),
 
     ``start_timeout`` overrides :data:`START_TIMEOUT` for each daemon's start.
     """
-    started = [start_qmeventd(bed, timeout=start_timeout)]
+    # Both start at once, as systemd starts the two units: neither waits on
+    # the other, and each one's start-up (mostly Python's imports, seconds
+    # under TCG) takes a core of its own.
+    started = [Daemon("qmeventd-py", bed.qmeventd_argv(), bed.logs / "qmeventd.log")]
     try:
-        started.append(start_pvestord(bed, *pvestord_args, timeout=start_timeout))
+        started.append(Daemon("pvestord", bed.pvestord_argv(*pvestord_args),
+                              bed.logs / "pvestord.log"))
+        for daemon in started:
+            daemon.wait_ready(start_timeout)
         yield started[0], started[1]
     finally:
         failures = [f"{d.name} exited {status}:\n{d.log_text()[-4000:]}"
