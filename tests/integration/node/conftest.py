@@ -71,6 +71,13 @@ def faults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> LvmFaults:
 
 
 @pytest.fixture
+def full_node_set(request: pytest.FixtureRequest) -> bool:
+    """True in ``make node NODE=full``: a test that repeats a step many times
+    repeats it fewer times in the quick set."""
+    return bool(request.config.getoption("--node-set") == "full")
+
+
+@pytest.fixture
 def vg() -> Iterator[VG]:
     with loop_vg() as volume_group:
         yield volume_group

@@ -216,6 +216,9 @@ def test_an_active_commit_has_its_base_grown_ahead_of_it(
         assert lv_sizes(vg)[SNAP1] <= BASE_DATA + AHEAD_DATA + 2 * CHUNK
 
 
+# In the full node set: the quick set's stream under snapshot-delete is the
+# copy-of-layers one below, and its paused-job test answers a job's ENOSPC.
+@pytest.mark.node_full
 def test_a_stream_under_snapshot_delete_is_served_through_the_lock(
         sources: upstream.Upstream, out_dir: Path, tmp_path: Path) -> None:
     """qemu-server deletes an intermediate snapshot with a ``block-stream``
@@ -282,7 +285,11 @@ def _start_chain_copy(pve: upstream.PerlSession, vm: QemuVM, disk: Pve9Disk, vg:
     return "commit0", SNAP1, BASE_DATA
 
 
-@pytest.mark.parametrize(("kind", "lock"), [("stream", "snapshot-delete"), ("commit", None),
+# The commit of a backing layer in the full node set: it takes the stream's
+# path (the layers' map) into the active commit's target.
+@pytest.mark.parametrize(("kind", "lock"), [("stream", "snapshot-delete"),
+                                            pytest.param("commit", None,
+                                                         marks=pytest.mark.node_full),
                                             ("mirror", None)],
                          ids=["stream-under-snapshot-delete", "commit-of-a-backing-layer",
                               "mirror-into-a-thin-volume"])

@@ -255,6 +255,9 @@ def test_incoming_vm_is_retried_with_backoff_and_refreshed_once(
             proxy.close()
 
 
+# In the full node set: the incoming VM's test above takes the same backoff,
+# and tests/unit/test_daemon_watchdog.py its rule.
+@pytest.mark.node_full
 def test_migrating_source_is_retried_with_backoff(
         bed: NodeBed, vg: VG, tmp_path: Path, out_dir: Path, faults: LvmFaults) -> None:
     """A real migration in flight: QEMU to QEMU on this node, the destination

@@ -303,6 +303,10 @@ def watch_blocked(pvestord: Daemon, vg: VG, lv: str, passes: int, since: int) ->
     return sizes
 
 
+# In the full node set: tests/unit/test_policy.py holds the rule (one
+# extension per new ENOSPC), and the quick set resumes paused guests in
+# test_enospc_guest.py.
+@pytest.mark.node_full
 def test_a_vm_whose_resume_is_blocked_gets_one_extension_per_new_enospc(
         vg: VG, other_vg: VG, tmp_path: Path, out_dir: Path) -> None:
     bed = NodeBed(tmp_path, [ThinStorageSpec("thin1", vg.name)], logs_dir=out_dir)

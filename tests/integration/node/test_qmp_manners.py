@@ -10,9 +10,9 @@ to arm.
 The test runs real daemons on VMs started with Proxmox VE 9's block graph
 (throttle over qcow2 ``f<hash>`` over host_device ``e<hash>``), while a
 stand-in for qemu-server makes a call every 100 ms on each VM's socket:
-20 extensions of a writing VM (each a write threshold crossed, an
-``lvextend``, a re-arm), and, on a second VM waiting in ``inmigrate``, LVs
-grown by "another node" that pvestord refreshes under the storage lock. No
+20 extensions of a writing VM (10 in the quick set; each a write threshold
+crossed, an ``lvextend``, a re-arm), and, on a second VM waiting in
+``inmigrate``, LVs grown by "another node" that pvestord refreshes under the storage lock. No
 call of the stand-in may wait more than :data:`LONGEST_WAIT` for QEMU to
 serve it (from its connect to QEMU's greeting: the time another client held
 the monitor), and every call must end within qemu-server's 5 s. How long the
@@ -38,7 +38,10 @@ from tests.integration.node.test_faults import CHUNK, HEADROOM, LV0
 from tests.integration.node.test_faults_daemon import grow_elsewhere
 
 WRITE = 1 * MiB
+#: Extensions of the writer in the full node set, and in the quick set (where
+#: each is about 12 s of the node tier's budget).
 EXTENSIONS = 20
+QUICK_EXTENSIONS = 10
 #: Every this many extensions of the writer, the incoming VM's LV grows elsewhere.
 CATCH_UP_EVERY = 4
 #: qemu-server's budget is 5 s; a call that waits a fifth of it was held up.
@@ -80,8 +83,9 @@ def armed_for(vm: QemuVM, disk: Pve9Disk, vg: VG, lv: str, size: int) -> bool:
     return file_node(vm, disk)[0] == size - HEADROOM and vg.lv_size(lv) == size
 
 
-def test_qemu_servers_calls_never_wait_on_pvestord(bed: NodeBed, vg: VG,
-                                                   out_dir: Path) -> None:
+def test_qemu_servers_calls_never_wait_on_pvestord(bed: NodeBed, vg: VG, out_dir: Path,
+                                                   full_node_set: bool) -> None:
+    extensions = EXTENSIONS if full_node_set else QUICK_EXTENSIONS
     writer, disk, lv = pve9_vm(bed, vg, 951)
     incoming, _, incoming_lv = pve9_vm(bed, vg, 952, "-incoming", "defer")
     written: list[tuple[int, int, int]] = []  # (offset, length, pattern)
@@ -92,7 +96,7 @@ def test_qemu_servers_calls_never_wait_on_pvestord(bed: NodeBed, vg: VG,
         with QemuServerStandIn(writer.qmp_path) as on_writer, \
                 QemuServerStandIn(incoming.qmp_path) as on_incoming:
             size, cursor, incoming_size = LV0, 0, LV0
-            for number in range(EXTENSIONS):
+            for number in range(extensions):
                 # Cross the armed threshold, inside the headroom: no write can fail.
                 start, pattern = cursor, number % 251 + 1
                 with writer.io_session() as io:
@@ -115,13 +119,14 @@ def test_qemu_servers_calls_never_wait_on_pvestord(bed: NodeBed, vg: VG,
                    "incoming_longest_wait_s": round(max(on_incoming.waits), 3),
                    "longest_call_s": round(max(on_writer.calls + on_incoming.calls), 3),
                    "failures": on_writer.failures + on_incoming.failures,
-                   "extensions": EXTENSIONS, "refreshes": EXTENSIONS // CATCH_UP_EVERY}
+                   "extensions": extensions,
+                   "refreshes": -(-extensions // CATCH_UP_EVERY)}
         (out_dir / "qmp-manners.json").write_text(json.dumps(figures, indent=2) + "\n")
         assert not figures["failures"], figures
         # At 100 ms apart, each stand-in called hundreds of times meanwhile.
-        assert min(len(on_writer.calls), len(on_incoming.calls)) >= EXTENSIONS, figures
+        assert min(len(on_writer.calls), len(on_incoming.calls)) >= extensions, figures
         assert max(waits) < LONGEST_WAIT, figures
-        assert vg.lv_size(lv) == LV0 + EXTENSIONS * CHUNK
+        assert vg.lv_size(lv) == LV0 + extensions * CHUNK
         with writer.io_session() as io:
             bad = [offset for offset, length, pattern in written
                    if not io.read_verify(disk.block_node, offset, length, pattern)]
