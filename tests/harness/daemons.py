@@ -241,10 +241,9 @@ class Daemon:
         shutil.rmtree(self._notify_dir, ignore_errors=True)
 
 
-def start_daemon(name: str, argv: Sequence[str], log_path: Path,
-                 timeout: float | None = None) -> Daemon:
-    """``argv`` started and ready (it listens, or has read its config)."""
-    daemon = Daemon(name, argv, log_path)
+def ready(daemon: Daemon, timeout: float | None = None) -> Daemon:
+    """``daemon`` once it is ready (it listens, or has read its config);
+    stopped if it never is."""
     try:
         daemon.wait_ready(timeout)
     except BaseException:
@@ -253,14 +252,28 @@ def start_daemon(name: str, argv: Sequence[str], log_path: Path,
     return daemon
 
 
+def start_daemon(name: str, argv: Sequence[str], log_path: Path,
+                 timeout: float | None = None) -> Daemon:
+    """``argv`` started and ready."""
+    return ready(Daemon(name, argv, log_path), timeout)
+
+
+def spawn_qmeventd(bed: NodeBed, *extra: str) -> Daemon:
+    """qmeventd-py on ``bed``, started but not yet ready."""
+    return Daemon("qmeventd-py", bed.qmeventd_argv(*extra), bed.logs / "qmeventd.log")
+
+
+def spawn_pvestord(bed: NodeBed, *extra: str) -> Daemon:
+    """pvestord on ``bed``, started but not yet ready."""
+    return Daemon("pvestord", bed.pvestord_argv(*extra), bed.logs / "pvestord.log")
+
+
 def start_qmeventd(bed: NodeBed, *extra: str, timeout: float | None = None) -> Daemon:
-    return start_daemon("qmeventd-py", bed.qmeventd_argv(*extra), bed.logs / "qmeventd.log",
-                        timeout)
+    return ready(spawn_qmeventd(bed, *extra), timeout)
 
 
 def start_pvestord(bed: NodeBed, *extra: str, timeout: float | None = None) -> Daemon:
-    return start_daemon("pvestord", bed.pvestord_argv(*extra), bed.logs / "pvestord.log",
-                        timeout)
+    return ready(spawn_pvestord(bed, *extra), timeout)
 
 
 @contextlib.contextmanager
@@ -274,10 +287,9 @@ def daemons(bed: NodeBed, *, pvestord_args: Sequence[str] = (),
     # Both start at once, as systemd starts the two units: neither waits on
     # the other, and each one's start-up (mostly Python's imports, seconds
     # under TCG) takes a core of its own.
-    started = [Daemon("qmeventd-py", bed.qmeventd_argv(), bed.logs / "qmeventd.log")]
+    started = [spawn_qmeventd(bed)]
     try:
-        started.append(Daemon("pvestord", bed.pvestord_argv(*pvestord_args),
-                              bed.logs / "pvestord.log"))
+        started.append(spawn_pvestord(bed, *pvestord_args))
         for daemon in started:
             daemon.wait_ready(start_timeout)
         yield started[0], started[1]
