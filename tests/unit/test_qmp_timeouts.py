@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -73,11 +72,9 @@ async def silent_after_capabilities(reader: asyncio.StreamReader,
 async def test_a_socket_that_never_greets_times_out(tmp_path: Path) -> None:
     sock = tmp_path / "100.qmp"
     async with fake_qemu(sock, never_greets):
-        started = time.monotonic()
         with pytest.raises(QmpTimeout, match=r"VM 100: QMP socket .* did not greet within 0.3 s"):
             async with VmMonitor(sock, "VM 100", timeout=0.3):
                 pass
-        assert time.monotonic() - started < 30  # bounded, not hung
 
 
 async def test_a_command_that_never_answers_times_out(tmp_path: Path) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -44,13 +43,10 @@ def test_a_hung_async_test_fails_when_its_budget_runs_out(tmp_path: Path) -> Non
         async def test_hung() -> None:
             await asyncio.sleep(3600)
         """))
-    started = time.monotonic()
     done = subprocess.run(  # noqa: S603 - argument list
         [sys.executable, "-m", "pytest", "-c", str(REPO / "pyproject.toml"),
          "--rootdir", str(tmp_path), "-o", "timeout=2", "-q", str(test)],
         capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path)
-    took = time.monotonic() - started
     assert done.returncode == 1, done.stdout + done.stderr
     assert "1 failed" in done.stdout
     assert "Timeout" in done.stdout
-    assert took < 60, took
