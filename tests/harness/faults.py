@@ -79,6 +79,21 @@ class LvmFaults:
     def finished(self, subcommand: str) -> list[int]:
         return self._pids(subcommand, "finished")
 
+    def calls_naming(self, word: str) -> list[tuple[int, str]]:
+        """Every call so far (wrapper pid, its arguments) whose arguments name
+        ``word`` as a whole argument or its ``VG/`` tail: ``vg/vm-100-disk-0``
+        names ``vm-100-disk-0``."""
+        try:
+            lines = (self.folder / "calls").read_text().splitlines()
+        except FileNotFoundError:
+            return []
+        calls = []
+        for line in lines:
+            pid, _, arguments = line.partition(" ")
+            if any(arg == word or arg.endswith("/" + word) for arg in arguments.split()):
+                calls.append((int(pid), arguments))
+        return calls
+
     def running(self, subcommand: str = "*") -> list[int]:
         """Wrapper pids of ``subcommand`` (default: any) that started and still run."""
         pids = []

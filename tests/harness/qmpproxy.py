@@ -2,7 +2,9 @@
 
 - :class:`CountingQmpProxy` forwards every connection to QEMU's real socket
   (moved aside), counts them and times them: how many QMP connections
-  pvestord makes, and how long each held QEMU's only monitor;
+  pvestord makes, and how long each held QEMU's only monitor; with a
+  :class:`LvmCallsInSessions`, which of the VM's LVM commands ran while a
+  session held the monitor;
 - :class:`NeverAnsweringQmp` is a hung QEMU: a pidfile naming a live process
   whose command line carries it, and a socket that accepts and never greets;
 - :class:`QemuServerStandIn` is qemu-server's own use of the socket: a short
@@ -20,7 +22,60 @@ import threading
 import time
 from pathlib import Path
 
+from tests.harness.faults import LvmFaults, alive
 from tests.harness.qemu import QemuError, QmpConnection
+
+
+class LvmCallsInSessions:
+    """Which LVM commands for a VM's LVs ran while a client held the VM's
+    QMP socket: the rule that a pass leaves the socket before it acts.
+
+    Judged by order alone, never by time. The proxy calls :meth:`begin` at a
+    session's first request and :meth:`during` at each later one, each
+    before it forwards the request: the client is then blocked on the
+    reply, inside its session. The ``lvm_faulty`` wrapper (``faults``) logs
+    each call's arguments when it starts and exits only after it logged its
+    end, and a pass awaits its command's exit: so a call of the VM's that runs
+    at a session's first request, or that started after it and before a later
+    request, ran inside the session. A call made after a session's last
+    request and before its close is not seen: the close cannot be told from
+    the next command's start without a clock.
+    """
+
+    def __init__(self, faults: LvmFaults, lvs: list[str]) -> None:
+        self.faults = faults
+        self.lvs = lvs
+        #: "<wrapper pid> <arguments>" of each call seen inside a session.
+        self.violations: list[str] = []
+        self._lock = threading.Lock()
+
+    def _calls(self) -> list[tuple[int, str]]:
+        return [call for lv in self.lvs for call in self.faults.calls_naming(lv)]
+
+    def begin(self) -> set[int]:
+        calls = self._calls()
+        for pid, arguments in calls:
+            if alive(pid) and "lvm_faulty" in _cmdline(pid):
+                self._violation(pid, arguments, "running at the session's first request")
+        return {pid for pid, _ in calls}
+
+    def during(self, before: set[int]) -> None:
+        for pid, arguments in self._calls():
+            if pid not in before:
+                self._violation(pid, arguments, "started inside the session")
+
+    def _violation(self, pid: int, arguments: str, when: str) -> None:
+        with self._lock:
+            line = f"{pid} lvm {arguments}: {when}"
+            if line not in self.violations:
+                self.violations.append(line)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except (FileNotFoundError, ProcessLookupError):
+        return ""
 
 
 class CountingQmpProxy:
@@ -28,8 +83,9 @@ class CountingQmpProxy:
     every connection to QEMU's own socket (moved aside) and counts them.
     QEMU serves one client at a time; so does this proxy's upstream."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, lvm_calls: LvmCallsInSessions | None = None) -> None:
         self.path = path
+        self.lvm_calls = lvm_calls
         self.upstream = path.with_name(path.name + ".real")
         os.rename(path, self.upstream)
         self.connections = 0
@@ -59,12 +115,18 @@ class CountingQmpProxy:
             client.close()
             return
         greeted: list[float] = []
+        calls_before: list[set[int]] = []
 
         def pump(src: socket.socket, dst: socket.socket) -> None:
             with contextlib.suppress(OSError):
                 while data := src.recv(65536):
                     if src is upstream and not greeted:
                         greeted.append(time.monotonic())
+                    if src is client and self.lvm_calls is not None:
+                        if calls_before:
+                            self.lvm_calls.during(calls_before[0])
+                        else:
+                            calls_before.append(self.lvm_calls.begin())
                     dst.sendall(data)
             # Either side's end ends the other's at once: QEMU serves the next
             # client only once this one is gone.

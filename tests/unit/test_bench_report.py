@@ -359,6 +359,20 @@ def test_qmp_session_rows_judge_the_longest_session() -> None:
         "longest pvestord QMP session"].status == "met"
 
 
+def test_qemu_servers_wait_is_judged_against_a_fifth_of_its_budget() -> None:
+    """Scenario 8's stand-in for qemu-server: its longest wait against 1 s;
+    a report from before the stand-in existed shows it as not measured."""
+    wait = "longest wait of a qemu-server call for the monitor"
+    result: dict[str, object] = {"extensions": 2, "sessions": summary([0.02]),
+                                 "sessions_per_extension": 1.0}
+    assert by_name(run.figures_for({"qmp_sessions": result}))[wait].status == "not measured"
+    result |= {"qemu_server_waits": summary([0.01, 1.1, 0.2]), "qemu_server_failures": 0}
+    row = by_name(run.figures_for({"qmp_sessions": result}))[wait]
+    assert (row.value, row.status, row.note) == (1.1, "missed", "3 calls, 0 past its 5 s")
+    result["qemu_server_waits"] = summary([0.01, 0.4])
+    assert by_name(run.figures_for({"qmp_sessions": result}))[wait].status == "met"
+
+
 def test_block_job_figures_are_thick_time_over_pvestords_and_count_failures() -> None:
     def side(p50: float, failed: int) -> dict[str, object]:
         return {"job_seconds": summary([p50]), "prepare_seconds": summary([0.5]),
