@@ -30,10 +30,10 @@ lint: deps
 unit: deps
 	@mkdir -p $(OUT); \
 	if [ -x $(PY313) ]; then \
-	    $(PY313) -m pytest tests/unit -q -p no:cacheprovider >$(OUT)/unit-py313.log 2>&1 & \
+	    $(PY313) -m pytest tests/unit -q -p no:cacheprovider --durations=10 >$(OUT)/unit-py313.log 2>&1 & \
 	    p313=$$!; \
 	else echo "unit: no Python 3.13 venv on this machine, skipped that run"; p313=; fi; \
-	$(PYTEST) tests/unit -q -p no:cacheprovider; rc=$$?; \
+	$(PYTEST) tests/unit -q -p no:cacheprovider --durations=10; rc=$$?; \
 	if [ -n "$$p313" ]; then \
 	    wait $$p313 || rc=1; echo "unit, Python 3.13:"; tail -n 30 $(OUT)/unit-py313.log; \
 	fi; \
@@ -43,10 +43,10 @@ unit: deps
 # and Proxmox's own storage code (from ../shared/upstream) parsing and
 # writing storage.cfg with our plugin registered.
 host: deps
-	$(PYTEST) tests/integration/host tests/proxmox -q
+	$(PYTEST) tests/integration/host tests/proxmox -q --durations=10
 
 packaging: deps
-	$(PYTEST) tests/packaging -q
+	$(PYTEST) tests/packaging -q --durations=10
 
 # Node-guest tier: boots a Debian kernel under QEMU with dm-mod and runs
 # tests/integration/node inside it against real LVM on loop devices.
@@ -54,7 +54,7 @@ packaging: deps
 NODE      ?= quick
 node: deps
 	$(PY) -m tests.harness.nodeguest --out $(OUT)/node -- tests/integration/node \
-		--node-set=$(NODE)
+		--node-set=$(NODE) --durations=20
 
 # The fault suite with every kill moment (the node tier runs its quick set),
 # and the faults of the reliability review (test_faults_*.py, which the node
