@@ -8,17 +8,19 @@ installed into it: change one and it is made again. Downloaded .debs are
 kept in the cache too, one folder per suite, so a second install of our
 package's dependencies does not download them again.
 
-``python -m tests.packaging.debroot`` makes the caches ahead of time.
+``python -m tests.harness.debroot`` makes the caches ahead of time.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import shutil
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -135,6 +137,44 @@ def base_root(release: Release = BOOKWORM) -> tuple[Path, float | None]:
     partial.rename(root)
     stamp(release).write_text(key)
     return root, took
+
+
+def derived_root(release: Release, name: str, packages: Sequence[str],
+                 details: dict[str, object] | None = None,
+                 finish: Callable[[Path], None] | None = None) -> tuple[Path, float | None]:
+    """A cached root of ``release``: its minbase with ``packages`` installed,
+    then ``finish(root)``; and how long making it took (None: cached).
+
+    Keyed by the base root's stamp, the packages and ``details`` (what else
+    ``finish`` puts in): any change makes it again, and roots made for
+    another key are removed, being of no further use.
+    """
+    base, _ = base_root(release)
+    key = json.dumps({"base": stamp(release).read_text(), "packages": sorted(packages),
+                      **(details or {})}, sort_keys=True) + "\n"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    root = CACHE / f"{release.suite}-{name}-{digest}"
+    root_stamp = root.with_name(root.name + ".stamp")
+    if root.is_dir() and root_stamp.is_file() and root_stamp.read_text() == key:
+        return root, None
+    for stale in CACHE.glob(f"{release.suite}-{name}-*"):
+        if stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            stale.unlink(missing_ok=True)
+    partial = root.with_name(root.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    start = time.monotonic()
+    copy_root(base, partial)
+    apt_install(partial, release, packages)
+    # Roots are copied or shared whole: no .debs in them (they stay in archives()).
+    chroot(partial, ["apt-get", "clean"])
+    if finish is not None:
+        finish(partial)
+    # Only a finished root gets the name and the stamp (as base_root).
+    partial.rename(root)
+    root_stamp.write_text(key)
+    return root, time.monotonic() - start
 
 
 def archives(release: Release) -> Path:

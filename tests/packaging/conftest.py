@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from pvestord.adapters.command import run
-from tests.packaging import debroot
+from tests.harness import debroot
 
 SRC = Path(__file__).resolve().parents[2]
 #: dpkg-buildpackage of a pure-Python package: seconds, allow for a slow box.

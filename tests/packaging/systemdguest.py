@@ -29,7 +29,6 @@ it is done. TCG unless the machine has real hardware KVM.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import select
@@ -43,8 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from pvestord.adapters.command import run
+from tests.harness import debroot
 from tests.harness.nodeguest import BLACKLIST, find_kernel, hardware_kvm_usable
-from tests.packaging import debroot
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -167,35 +166,11 @@ def _install_modules(root: Path, release: str) -> None:
 
 def systemd_root() -> tuple[Path, float | None]:
     """The cached root with PACKAGES and the guest's modules; seconds it took (None: cached)."""
-    release = debroot.BOOKWORM
-    base, _ = debroot.base_root(release)
     _, _, kernel_release = kernel_and_initrd()
-    base_key = debroot.stamp(release).read_text()
-    key = json.dumps({"base": base_key, "packages": sorted(PACKAGES), "kernel": kernel_release,
-                      "modules": sorted(GUEST_MODULES)}, sort_keys=True) + "\n"
-    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
-    root = debroot.CACHE / f"{release.suite}-systemd-{digest}"
-    stamp = root.with_name(root.name + ".stamp")
-    if root.is_dir() and stamp.is_file() and stamp.read_text() == key:
-        return root, None
-    # Roots made for another package list or kernel are of no further use.
-    for stale in debroot.CACHE.glob(f"{release.suite}-systemd-*"):
-        if stale.is_dir():
-            shutil.rmtree(stale, ignore_errors=True)
-        else:
-            stale.unlink(missing_ok=True)
-    partial = root.with_name(root.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    start = time.monotonic()
-    debroot.copy_root(base, partial)
-    debroot.apt_install(partial, release, PACKAGES)
-    # The image is copied every run: no .debs in it.
-    debroot.chroot(partial, ["apt-get", "clean"])
-    _install_modules(partial, kernel_release)
-    # Only a finished root gets the name and the stamp (as debroot.base_root).
-    partial.rename(root)
-    stamp.write_text(key)
-    return root, time.monotonic() - start
+    return debroot.derived_root(
+        debroot.BOOKWORM, "systemd", PACKAGES,
+        {"kernel": kernel_release, "modules": sorted(GUEST_MODULES)},
+        finish=lambda root: _install_modules(root, kernel_release))
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from pvestord.adapters.command import Completed, run
+from tests.harness.debroot import chroot
 from tests.packaging.conftest import SRC, Figures, pyproject_version
-from tests.packaging.debroot import chroot
 
 DPKG_TIMEOUT = 60.0
 LINTIAN_TIMEOUT = 300.0

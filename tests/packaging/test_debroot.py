@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.packaging.debroot import debian_mirror
+from tests.harness.debroot import debian_mirror
 
 
 def test_one_line_sources(tmp_path: Path) -> None:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.debroot import chroot
 from tests.packaging.conftest import pyproject_version
-from tests.packaging.debroot import chroot
 
 VERIFY_TIMEOUT = 60.0
 UNIT_DIR = "usr/lib/systemd/system"
