@@ -69,6 +69,7 @@ from pvestord.engine.incoming import catch_up_incoming
 from pvestord.engine.jobroom import room_for_chain_copies
 from pvestord.engine.lvfigures import LvFigures
 from pvestord.engine.lvgrowth import LvGrowth
+from pvestord.engine.lvmchanges import LvmChanges
 from pvestord.engine.nodereport import LvmHealth
 from pvestord.engine.oncelog import OncePerChange
 from pvestord.engine.pervm import forget_vm
@@ -103,12 +104,16 @@ class Extender:
         self._said = OncePerChange()
         #: What ``pvestord status`` and the metrics show (engine/status.py).
         self.activity = Activity()
-        self.tables = Tables(settings, self.figures, self.gates, self._said, self.lvm_shells)
+        #: The LVM commands that change a VG running now: the pass deadline's mark.
+        self.lvm_changes = LvmChanges()
+        self.tables = Tables(settings, self.figures, self.gates, self._said, self.lvm_shells,
+                             self.lvm_changes)
         self.bindings = DeviceBindings(self._said)
         self.growth = LvGrowth(settings, figures=self.figures, gates=self.gates,
                                tables=self.tables, shells=self.lvm_shells,
                                migrating_away=self._migrating_away,
-                               activity=self.activity, said=self._said)
+                               activity=self.activity, said=self._said,
+                               changes=self.lvm_changes)
         #: The LV size we left after answering a drive's ENOSPC, by (vmid,
         #: QEMU pid, file node): a ``nospace`` that stays (a VM whose resume is
         #: blocked, sticky io-status) is answered once (policy.enospc_is_new).
@@ -118,7 +123,8 @@ class Extender:
 
     @property
     def extending(self) -> set[tuple[int, str]]:
-        """File nodes in an LVM change right now, by (vmid, node)."""
+        """File nodes being extended right now, by (vmid, node), lock wait
+        included (what ``drives`` and status show)."""
         return self.growth.extending
 
     @property
@@ -224,7 +230,7 @@ class Extender:
             # whatever the source grew (docs/design.md, "Live migration").
             await catch_up_incoming(vm, await self.figures.drives(look.found, fresh=True),
                                     gates=self.gates, figures=self.figures,
-                                    extending=self.extending)
+                                    extending=self.extending, changes=self.lvm_changes)
         if run.status in MIGRATION_STATES:
             raise VmBusyError(f"VM {vm.vmid} is in state {run.status}: later")
         if migration.extensions_defer(self.settings, vm.vmid, in_flight=look.in_flight,

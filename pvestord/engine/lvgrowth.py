@@ -21,6 +21,7 @@ from pvestord.engine.binding import DeviceBindings
 from pvestord.engine.drive import Drive, RoundTimings, ms_since
 from pvestord.engine.gates import STORAGE_LOCK_TIMEOUT, VgGates
 from pvestord.engine.lvfigures import LvFigures
+from pvestord.engine.lvmchanges import LvmChanges
 from pvestord.engine.nodereport import LvmHealth
 from pvestord.engine.oncelog import OncePerChange
 from pvestord.engine.status import Activity, Extension
@@ -50,7 +51,7 @@ class LvGrowth:
     def __init__(self, settings: DaemonSettings, *, figures: LvFigures, gates: VgGates,
                  tables: Tables, shells: LvmShells | None,
                  migrating_away: Callable[[LocalVm], Awaitable[bool]],
-                 activity: Activity, said: OncePerChange) -> None:
+                 activity: Activity, said: OncePerChange, changes: LvmChanges) -> None:
         self.settings = settings
         self.figures = figures
         self.gates = gates
@@ -59,8 +60,11 @@ class LvGrowth:
         self._migrating_away = migrating_away
         self.activity = activity
         self._said = said
-        #: File nodes being extended right now, by (vmid, node): for ``drives``/status.
+        #: File nodes being extended right now, by (vmid, node), for
+        #: ``drives``/status: from the migration check through the lock wait
+        #: to the ``lvextend``. Only :attr:`changes` says an LVM change runs.
         self.extending: set[tuple[int, str]] = set()
+        self.changes = changes
         #: Our LVM commands' failures per VG, for this node's report.
         self.lvm_health = LvmHealth()
 
@@ -117,7 +121,7 @@ class LvGrowth:
             if lv != drive.lv:
                 drive = dataclasses.replace(drive, lv=lv)
             checked = time.monotonic()
-            info, table, verdict = await self.tables.catch_up(drive, held)
+            info, table, verdict = await self.tables.catch_up(vm.vmid, drive, held)
             if verdict is TableState.AHEAD:
                 raise self.tables.ahead(vm, drive, info.size, table)
             if verdict is TableState.BEHIND:
@@ -152,8 +156,9 @@ class LvGrowth:
                     vm.vmid, node, drive.lv_path, format_size(drive.maximum),
                     extra=fields(VMID=vm.vmid, BLOCK_NODE=node, LV=drive.lv))
             held.require(self.settings.lvm_timeout + KILL_WAIT)
-            await lvm.extend(drive.vg, drive.lv, decision.target,
-                             timeout=self.settings.lvm_timeout, shells=self.shells)
+            with self.changes.running(vm.vmid, node):
+                await lvm.extend(drive.vg, drive.lv, decision.target,
+                                 timeout=self.settings.lvm_timeout, shells=self.shells)
             self.figures.changed(drive.vg)
             self.figures.grown(drive.vg, drive.lv, decision.target)
             self.lvm_health.record(drive.vg, None)
