@@ -241,7 +241,7 @@ class Daemon:
             self._wake.set()
 
     def _changing(self, vmid: int) -> bool:
-        return any(key[0] == vmid for key in self.extender.extending)
+        return self.extender.lvm_changes.of_vm(vmid)
 
     def _abandoned(self, vmid: int) -> None:
         self.failures.backoff(vmid)

@@ -143,6 +143,9 @@ class VmOutcome:
     resumed: bool = False
     #: Per file node: the error that stopped its work this pass.
     errors: dict[str, PvestordError] = field(default_factory=dict)
+    #: The thin drive, past its threshold again, that kept the VM paused for
+    #: room at the pass's last re-arm; None when nothing did.
+    waits_for: str | None = None
 
 
 def ms_since(start: float) -> int:

@@ -68,7 +68,8 @@ from pvestord.engine.gates import VgGates
 from pvestord.engine.incoming import catch_up_incoming
 from pvestord.engine.jobroom import room_for_chain_copies
 from pvestord.engine.lvfigures import LvFigures
-from pvestord.engine.lvgrowth import LvGrowth
+from pvestord.engine.lvgrowth import Grown, LvGrowth
+from pvestord.engine.lvmchanges import LvmChanges
 from pvestord.engine.nodereport import LvmHealth
 from pvestord.engine.oncelog import OncePerChange
 from pvestord.engine.pervm import forget_vm
@@ -103,12 +104,16 @@ class Extender:
         self._said = OncePerChange()
         #: What ``pvestord status`` and the metrics show (engine/status.py).
         self.activity = Activity()
-        self.tables = Tables(settings, self.figures, self.gates, self._said, self.lvm_shells)
+        #: The LVM commands that change a VG running now: the pass deadline's mark.
+        self.lvm_changes = LvmChanges()
+        self.tables = Tables(settings, self.figures, self.gates, self._said, self.lvm_shells,
+                             self.lvm_changes)
         self.bindings = DeviceBindings(self._said)
         self.growth = LvGrowth(settings, figures=self.figures, gates=self.gates,
                                tables=self.tables, shells=self.lvm_shells,
                                migrating_away=self._migrating_away,
-                               activity=self.activity, said=self._said)
+                               activity=self.activity, said=self._said,
+                               changes=self.lvm_changes)
         #: The LV size we left after answering a drive's ENOSPC, by (vmid,
         #: QEMU pid, file node): a ``nospace`` that stays (a VM whose resume is
         #: blocked, sticky io-status) is answered once (policy.enospc_is_new).
@@ -118,7 +123,8 @@ class Extender:
 
     @property
     def extending(self) -> set[tuple[int, str]]:
-        """File nodes in an LVM change right now, by (vmid, node)."""
+        """File nodes being extended right now, by (vmid, node), lock wait
+        included (what ``drives`` and status show)."""
         return self.growth.extending
 
     @property
@@ -199,6 +205,7 @@ class Extender:
         for key in [k for k in self._answered if k[0] == vm.vmid and k[1] != vm.pid]:
             del self._answered[key]  # a QEMU that ended: its ENOSPCs were answered
         for number in range(policy.MAX_ROUNDS):
+            outcome.waits_for = None  # only the last round's re-arm says who holds the VM
             # A reconcile's first look may share a VG report with the other
             # passes of its sweep; a later round follows our own change and
             # reads its LVs exactly.
@@ -207,6 +214,14 @@ class Extender:
             if not again:
                 break
             requests = None  # later rounds look at every drive with fresh figures
+        if outcome.waits_for is not None:
+            self._said.say((vm.vmid, "", "resume"), logging.WARNING,
+                           "VM %d stays paused: thin drive %s is past its threshold again"
+                           " after %d rounds of extensions (written faster than it is"
+                           " grown); the next pass gives it more", vm.vmid,
+                           outcome.waits_for, policy.MAX_ROUNDS,
+                           extra=fields(VMID=vm.vmid, BLOCK_NODE=outcome.waits_for,
+                                        RESUME_BLOCKED="needs-more"))
         return outcome
 
     async def _round(self, vm: LocalVm, requests: dict[str, Reason] | None,
@@ -224,7 +239,7 @@ class Extender:
             # whatever the source grew (docs/design.md, "Live migration").
             await catch_up_incoming(vm, await self.figures.drives(look.found, fresh=True),
                                     gates=self.gates, figures=self.figures,
-                                    extending=self.extending)
+                                    extending=self.extending, changes=self.lvm_changes)
         if run.status in MIGRATION_STATES:
             raise VmBusyError(f"VM {vm.vmid} is in state {run.status}: later")
         if migration.extensions_defer(self.settings, vm.vmid, in_flight=look.in_flight,
@@ -252,6 +267,8 @@ class Extender:
                  if fresh and d.view.file_node not in outcome.errors
                  and self.tables.differs(vm, d, outcome)}
         planned: list[tuple[Drive, Decision, DriveState]] = []
+        #: Drives this round may not grow, whatever their decision.
+        may_not_grow: set[str] = set()
         for drive in drives:
             outcome.drives.add(drive.view.file_node)
             if drive.view.file_node in stale or drive.view.file_node in outcome.errors:
@@ -262,6 +279,7 @@ class Extender:
             paused = run.nospace_on(drive.view.path, drive.identity.block_nodes)
             if renaming and not grows_while_renaming(paused_nospace=paused,
                                                      job_writing=job_writing):
+                may_not_grow.add(drive.view.file_node)
                 continue
             state = drive.state(paused_nospace=paused and self._enospc_is_new(vm, drive),
                                 reason=reason,
@@ -287,12 +305,16 @@ class Extender:
         for drive, decision, state in planned:
             if isinstance(decision, policy.Extend | policy.ExtendPastMaximum):
                 try:
-                    extended |= await self.growth.extend(vm, drive, decision, state, timings,
-                                                         job_writing=job_writing)
+                    grown = await self.growth.extend(
+                        vm, drive, decision, state, timings, job_writing=job_writing,
+                        vm_paused_for_room=run.paused_for_room)
                 except PvestordError as err:
                     outcome.errors[drive.view.file_node] = err
                     self.activity.failure()
                     continue
+                extended |= grown is Grown.GREW
+                if grown is Grown.HELD_BACK:
+                    may_not_grow.add(drive.view.file_node)
                 if state.paused_nospace:
                     known = self.figures.size(drive.vg, drive.lv)
                     self._answered[(vm.vmid, vm.pid, drive.view.file_node)] = \
@@ -302,10 +324,12 @@ class Extender:
         # Re-arm and resume on a fresh observation: sizes changed, and a fast
         # writer may already be past the new threshold.
         if extended or refreshed or run.paused_for_room or run.jobs_paused_for_room:
-            return await self._rearm(vm, outcome, extended=extended)
+            return await self._rearm(vm, outcome, extended=extended,
+                                     may_not_grow=may_not_grow)
         return False
 
-    async def _rearm(self, vm: LocalVm, outcome: VmOutcome, *, extended: bool) -> bool:
+    async def _rearm(self, vm: LocalVm, outcome: VmOutcome, *, extended: bool,
+                     may_not_grow: set[str]) -> bool:
         """Re-arm every drive and resume ``vm`` if it may run, from a fresh look.
 
         One QMP session when the figures are all remembered (our extension
@@ -323,7 +347,7 @@ class Extender:
                 if drives is not None:
                     return await rearm_and_resume(monitor, vm, drives, look.run, outcome,
                                                   extended=extended, said=self._said,
-                                                  jobs=self.jobs)
+                                                  jobs=self.jobs, may_not_grow=may_not_grow)
             filled = await self.figures.drives(look.found)
 
     def _enospc_is_new(self, vm: LocalVm, drive: Drive) -> bool:

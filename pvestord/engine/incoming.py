@@ -16,6 +16,7 @@ from pvestord.engine import migration
 from pvestord.engine.drive import Drive
 from pvestord.engine.gates import VgGates
 from pvestord.engine.lvfigures import LvFigures
+from pvestord.engine.lvmchanges import LvmChanges
 from pvestord.policy.sizes import format_size
 
 #: The pass's messages keep the logger name they always had.
@@ -23,7 +24,8 @@ log = logging.getLogger("pvestord.engine.extender")
 
 
 async def catch_up_incoming(vm: LocalVm, drives: list[Drive], *, gates: VgGates,
-                            figures: LvFigures, extending: set[tuple[int, str]]) -> None:
+                            figures: LvFigures, extending: set[tuple[int, str]],
+                            changes: LvmChanges) -> None:
     """Refresh every thin LV of an incoming VM that another node grew.
 
     ``drives`` freshly read from LVM. Compared without the lock (LVM's
@@ -31,16 +33,19 @@ async def catch_up_incoming(vm: LocalVm, drives: list[Drive], *, gates: VgGates,
     comparison made again under it, only when the table is behind. A VM
     waiting in ``inmigrate`` is looked at on every retry, and a storage-lock
     round trip per drive each time was most of the load of a migration
-    (REVIEW 4.1). ``extending`` marks the drive while LVM may change.
+    (REVIEW 4.1). ``extending`` shows the drive as being extended (status)
+    from the lock wait on; ``changes`` marks it only while the refresh runs.
     """
     for drive in drives:
         if drive.storage is None or lvm.device_size(drive.vg, drive.lv) >= drive.lv_size:
             continue
         key = (vm.vmid, drive.view.file_node)
-        extending.add(key)  # an LVM change: the daemon's deadline marks its VG
+        extending.add(key)
         try:
             async with gates.locked(drive.vg, drive.storage) as held:
-                done = await migration.catch_up(drive.vg, drive.lv, held=held)
+                done = await migration.catch_up(
+                    drive.vg, drive.lv, held=held,
+                    changing=changes.running(vm.vmid, drive.view.file_node))
         finally:
             extending.discard(key)
         if done.action == "refreshed":

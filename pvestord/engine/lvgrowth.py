@@ -4,6 +4,7 @@ the LV as LVM says it is under the lock (another node may have grown it)."""
 from __future__ import annotations
 
 import dataclasses
+import enum
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -21,6 +22,7 @@ from pvestord.engine.binding import DeviceBindings
 from pvestord.engine.drive import Drive, RoundTimings, ms_since
 from pvestord.engine.gates import STORAGE_LOCK_TIMEOUT, VgGates
 from pvestord.engine.lvfigures import LvFigures
+from pvestord.engine.lvmchanges import LvmChanges
 from pvestord.engine.nodereport import LvmHealth
 from pvestord.engine.oncelog import OncePerChange
 from pvestord.engine.status import Activity, Extension
@@ -44,13 +46,24 @@ Growing = policy.Extend | policy.ExtendPastMaximum
 PAUSED_STORAGE_LOCK_TIMEOUT = 70.0
 
 
+class Grown(enum.Enum):
+    """What one :meth:`LvGrowth.extend` did to its LV."""
+
+    #: Grown, or caught up with another node's growth.
+    GREW = "grew"
+    #: Already as large as decided: nothing to do.
+    ENOUGH = "enough"
+    #: Held back by the VG's reserve: the pass may not grow it now.
+    HELD_BACK = "held-back"
+
+
 class LvGrowth:
     """Extensions, with the marks the daemon's deadline and report read."""
 
     def __init__(self, settings: DaemonSettings, *, figures: LvFigures, gates: VgGates,
                  tables: Tables, shells: LvmShells | None,
                  migrating_away: Callable[[LocalVm], Awaitable[bool]],
-                 activity: Activity, said: OncePerChange) -> None:
+                 activity: Activity, said: OncePerChange, changes: LvmChanges) -> None:
         self.settings = settings
         self.figures = figures
         self.gates = gates
@@ -59,24 +72,31 @@ class LvGrowth:
         self._migrating_away = migrating_away
         self.activity = activity
         self._said = said
-        #: File nodes being extended right now, by (vmid, node): for ``drives``/status.
+        #: File nodes being extended right now, by (vmid, node), for
+        #: ``drives``/status: from the migration check through the lock wait
+        #: to the ``lvextend``. Only :attr:`changes` says an LVM change runs.
         self.extending: set[tuple[int, str]] = set()
+        self.changes = changes
         #: Our LVM commands' failures per VG, for this node's report.
         self.lvm_health = LvmHealth()
 
     async def extend(self, vm: LocalVm, drive: Drive, decision: Growing, state: DriveState,
-                     timings: RoundTimings, *, job_writing: bool = False) -> bool:
-        """Grow the LV under the VG gate and the storage lock. True if it grew.
+                     timings: RoundTimings, *, job_writing: bool = False,
+                     vm_paused_for_room: bool = False) -> Grown:
+        """Grow the LV under the VG gate and the storage lock.
 
         ``job_writing``: a block job writes into the VM's drives, as the pass
-        saw it (which lets the growth through a snapshot delete's lock)."""
+        saw it (which lets the growth through a snapshot delete's lock).
+        ``vm_paused_for_room``: the VM is paused for room, so any of its
+        drives may take the VG's reserve."""
         assert drive.storage is not None  # the policy never extends a drive that is not thin
         key = (vm.vmid, drive.view.file_node)
         started = time.monotonic()
         self.extending.add(key)
         try:
             return await self._extend_locked(vm, drive, decision, state, timings, started,
-                                             job_writing=job_writing)
+                                             job_writing=job_writing,
+                                             vm_paused_for_room=vm_paused_for_room)
         except lvm.LvmError as err:
             self.lvm_health.record(drive.vg, str(err))
             raise
@@ -85,7 +105,7 @@ class LvGrowth:
 
     async def _extend_locked(self, vm: LocalVm, drive: Drive, decision: Growing,
                              state: DriveState, timings: RoundTimings, started: float,
-                             *, job_writing: bool) -> bool:
+                             *, job_writing: bool, vm_paused_for_room: bool) -> Grown:
         """:meth:`extend`'s work, under the VG gate and the storage lock."""
         storage = drive.storage
         assert storage is not None
@@ -117,7 +137,7 @@ class LvGrowth:
             if lv != drive.lv:
                 drive = dataclasses.replace(drive, lv=lv)
             checked = time.monotonic()
-            info, table, verdict = await self.tables.catch_up(drive, held)
+            info, table, verdict = await self.tables.catch_up(vm.vmid, drive, held)
             if verdict is TableState.AHEAD:
                 raise self.tables.ahead(vm, drive, info.size, table)
             if verdict is TableState.BEHIND:
@@ -127,23 +147,23 @@ class LvGrowth:
                     lv_size=info.size, paused_nospace=state.paused_nospace,
                     reason=state.reason, job_room=state.job_room))
                 if not isinstance(fresh, Growing):
-                    return True
+                    return Grown.GREW
                 decision = fresh
             if info.size >= decision.target:
-                return False
+                return Grown.ENOUGH
             # The pure rule keeps the VG's reserve for a VM paused on ENOSPC:
-            # this drive waits (no error, no backoff) and gets its chunk the
-            # moment it pauses.
+            # a drive of a running VM waits (no error, no backoff) and gets
+            # its chunk the moment the VM pauses.
             held_back = extension_refusal(
                 vg_free=info.vg_free, grow_by=decision.target - info.size,
                 reserve=storage.guards.reserve_bytes(storage.chunksize),
-                paused_nospace=state.paused_nospace)
+                vm_paused_for_room=vm_paused_for_room)
             if held_back is not None:
                 self.activity.hold(vm.vmid, node, held_back)
                 self._said.say((vm.vmid, node, "reserve"), logging.WARNING, "VM %d %s: %s",
                                vm.vmid, node, held_back,
                                extra=fields(VMID=vm.vmid, BLOCK_NODE=node, VG=drive.vg))
-                return False
+                return Grown.HELD_BACK
             if isinstance(decision, policy.ExtendPastMaximum):
                 log.warning(
                     "VM %d %s: paused on ENOSPC although LV %s already holds the measured"
@@ -152,8 +172,9 @@ class LvGrowth:
                     vm.vmid, node, drive.lv_path, format_size(drive.maximum),
                     extra=fields(VMID=vm.vmid, BLOCK_NODE=node, LV=drive.lv))
             held.require(self.settings.lvm_timeout + KILL_WAIT)
-            await lvm.extend(drive.vg, drive.lv, decision.target,
-                             timeout=self.settings.lvm_timeout, shells=self.shells)
+            with self.changes.running(vm.vmid, node):
+                await lvm.extend(drive.vg, drive.lv, decision.target,
+                                 timeout=self.settings.lvm_timeout, shells=self.shells)
             self.figures.changed(drive.vg)
             self.figures.grown(drive.vg, drive.lv, decision.target)
             self.lvm_health.record(drive.vg, None)
@@ -169,4 +190,4 @@ class LvGrowth:
         self.activity.extended(Extension(
             time.time(), vm.vmid, node, drive.vg, drive.lv, info.size, decision.target, elapsed_ms,
             round((locked - observed) * 1000), ms_since(checked), ms_since(timings.started)))
-        return True
+        return Grown.GREW

@@ -284,18 +284,23 @@ async def _thin_lvs(settings: DaemonSettings, config: StorageConfig,
     return vm_lvs(config, rows, vmid)
 
 
-async def catch_up(vg: str, lv: str, *, held: Held | None = None) -> LvAction:
+async def catch_up(vg: str, lv: str, *, held: Held | None = None,
+                   changing: contextlib.AbstractContextManager[None] | None = None,
+                   ) -> LvAction:
     """Refresh ``vg/lv`` if this node's table is smaller than the metadata.
 
     The caller holds the storage lock (``held``): an extension in flight
     elsewhere has finished, so the metadata read here is the last word.
+    ``changing`` is entered around the refresh alone (the daemon's record of
+    the LVM changes running).
     """
     info = await lvm.lv_info(vg, lv)
     device = lvm.device_size(vg, lv)
     if device < info.size:
         if held is not None:
             held.require(lvm.CHANGE_TIMEOUT + KILL_WAIT)
-        await lvm.refresh(vg, lv)
+        with changing or contextlib.nullcontext():
+            await lvm.refresh(vg, lv)
         return LvAction(vg, lv, device, info.size, "refreshed")
     return LvAction(vg, lv, device, device, "unchanged")
 

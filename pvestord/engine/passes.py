@@ -1,7 +1,7 @@
 """The passes in flight: one per VM, each with a deadline, and the watchdog's rule.
 
 A pass past its deadline is abandoned: cancelled, logged at error, the VGs of
-its VM marked unhealthy if it was in the middle of an LVM change
+its VM marked unhealthy if an LVM change of its own was running
 (:mod:`pvestord.adapters.vghealth`), and its VM's slot freed, so the other
 VMs, and every other VG, keep being served. A pass whose cancellation does
 not take (a command in D state) wedges the engine (:func:`engine_wedged`).
@@ -66,7 +66,8 @@ class Passes:
                  changing: Callable[[int], bool], abandon: Callable[[int], None]) -> None:
         self.settings = settings
         self._config = config
-        #: Whether a VM's pass is in the middle of an LVM change.
+        #: Whether an LVM command that changes a VG runs for a VM's pass now
+        #: (a wait for QMP or for the storage lock is none).
         self._changing = changing
         #: Called after a pass was abandoned (backoff, wake-up).
         self._abandon = abandon
@@ -115,7 +116,8 @@ class Passes:
         self.abandoned[task] = (vmid, now)
         # An LVM change may be half done (a command that never returned):
         # nothing more may change on those VGs from here until someone looks.
-        # A pass stuck before any change (QMP) leaves the VGs as they were.
+        # A pass stuck outside one (QMP, the storage lock's wait) leaves the
+        # VGs as they were.
         vgs = self._vgs_of(vmid) if self._changing(vmid) else []
         message = (f"VM {vmid}: pass abandoned after {now - started:.0f} s (its deadline is "
                    f"{self.settings.pass_deadline:g} s)")
@@ -124,7 +126,7 @@ class Passes:
             log.error("%s, in the middle of an LVM change on VG %s: VG marked unhealthy",
                       message, vg, extra=fields(VMID=vmid, VG=vg))
         if not vgs:
-            log.error("%s, before any LVM change", message, extra=fields(VMID=vmid))
+            log.error("%s, with no LVM change running", message, extra=fields(VMID=vmid))
         task.cancel()
         self._abandon(vmid)
 

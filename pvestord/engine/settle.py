@@ -5,6 +5,7 @@ paused on ENOSPC (:func:`pvestord.policy.jobs_to_resume`)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 
 from pvestord import policy
 from pvestord.adapters.qmp import RunState, VmMonitor
@@ -81,17 +82,25 @@ class PausedJobs:
 
 async def rearm_and_resume(monitor: VmMonitor, vm: LocalVm, drives: list[Drive],
                            run: RunState, outcome: VmOutcome, *, extended: bool,
-                           said: OncePerChange, jobs: PausedJobs) -> bool:
+                           said: OncePerChange, jobs: PausedJobs,
+                           may_not_grow: Collection[str] = ()) -> bool:
     """Re-arm ``drives`` (a fresh look) and resume ``vm`` if it may run again.
-    True when the pass must go round again."""
-    need_more = False
+    True when the pass must go round again.
+
+    ``may_not_grow``: file nodes the pass may not grow now (the VG's
+    reserve, a rename under way): past their threshold, they neither get
+    another round nor keep the VM paused."""
+    past_threshold = []
     for drive in drives:
         if drive.view.file_node in outcome.errors:
             continue
         decision = policy.decide(drive.state(paused_nospace=False))
         if isinstance(decision, policy.Extend | policy.ExtendPastMaximum):
-            need_more = True  # a fast writer is already past the new threshold
+            past_threshold.append(drive.view.file_node)  # a fast writer, already past it
         await arm_or_disarm(monitor, vm, drive, decision)
+    waits_for = policy.needing_more(past_threshold, may_not_grow)
+    need_more = waits_for is not None
+    outcome.waits_for = waits_for if run.paused_for_room else None
     thin = [d for d in drives if d.storage is not None]
     verdict = policy.may_resume(
         paused_for_room=run.paused_for_room, need_more=need_more,

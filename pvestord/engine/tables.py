@@ -21,6 +21,7 @@ from pvestord.adapters.vms import LocalVm
 from pvestord.engine.drive import Drive, StaleTableError, VmOutcome
 from pvestord.engine.gates import VgGates
 from pvestord.engine.lvfigures import LvFigures
+from pvestord.engine.lvmchanges import LvmChanges
 from pvestord.engine.oncelog import OncePerChange
 from pvestord.errors import PvestordError
 from pvestord.policy import TableState
@@ -34,12 +35,13 @@ class Tables:
     """Compare, refresh or refuse this node's tables of the pass's LVs."""
 
     def __init__(self, settings: DaemonSettings, figures: LvFigures, gates: VgGates,
-                 said: OncePerChange, shells: LvmShells | None) -> None:
+                 said: OncePerChange, shells: LvmShells | None, changes: LvmChanges) -> None:
         self.settings = settings
         self.figures = figures
         self.gates = gates
         self.said = said
         self.shells = shells
+        self.changes = changes
 
     def differs(self, vm: LocalVm, drive: Drive, outcome: VmOutcome) -> bool:
         """Whether this node's table of a thin drive's LV differs from the size
@@ -56,7 +58,8 @@ class Tables:
             return False
         return True
 
-    async def catch_up(self, drive: Drive, held: Held) -> tuple[lvm.LvInfo, int, TableState]:
+    async def catch_up(self, vmid: int, drive: Drive,
+                       held: Held) -> tuple[lvm.LvInfo, int, TableState]:
         """Under the lock: the LV's metadata, this node's table, and how they
         compare; a table behind the metadata is refreshed here (one ahead is
         the caller's to refuse: it is never written over)."""
@@ -67,7 +70,8 @@ class Tables:
         verdict = policy.table_state(info.size, table)
         if verdict is TableState.BEHIND:
             held.require(self.settings.lvm_timeout + KILL_WAIT)
-            await lvm.refresh(drive.vg, drive.lv, timeout=self.settings.lvm_timeout)
+            with self.changes.running(vmid, drive.view.file_node):
+                await lvm.refresh(drive.vg, drive.lv, timeout=self.settings.lvm_timeout)
             self.figures.changed(drive.vg)
         return info, table, verdict
 
@@ -78,7 +82,7 @@ class Tables:
         node = drive.view.file_node
         try:
             async with self.gates.locked(drive.vg, drive.storage) as held:
-                info, table, verdict = await self.catch_up(drive, held)
+                info, table, verdict = await self.catch_up(vm.vmid, drive, held)
         except PvestordError as err:
             outcome.errors[node] = err
             return False

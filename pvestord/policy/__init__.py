@@ -75,6 +75,7 @@ from pvestord.policy.resume import (
     ResumeDecision,
     another_round,
     may_resume,
+    needing_more,
     resume_blocker,
 )
 from pvestord.policy.table import TableState, table_state
@@ -121,6 +122,7 @@ __all__ = [
     "maximum_size",
     "may_pass_maximum",
     "may_resume",
+    "needing_more",
     "needs_job_graph",
     "qom_path",
     "reason_for",

@@ -257,15 +257,17 @@ def new_volume_refusal(account: Account, guards: Guards, *, lv_size: int,
 
 
 def extension_refusal(*, vg_free: int, grow_by: int, reserve: int,
-                      paused_nospace: bool) -> str | None:
+                      vm_paused_for_room: bool) -> str | None:
     """Why an extension by ``grow_by`` must wait; None when it may go.
 
     It never takes the VG's last ``reserve``, except to let a VM paused on
-    ENOSPC run again: the reserve exists for exactly that one. An extension
+    ENOSPC run again: the reserve exists for exactly that one. Every thin
+    drive of that VM may take it (``vm_paused_for_room``), not only the
+    drive it paused on: one held back there would keep the VM paused. An extension
     that does not fit at all is not held: LVM refuses it as a full VG, an
     error that keeps the queue entry and is retried until room is added.
     """
-    if paused_nospace or grow_by <= 0 or grow_by > vg_free or vg_free - grow_by >= reserve:
+    if vm_paused_for_room or grow_by <= 0 or grow_by > vg_free or vg_free - grow_by >= reserve:
         return None
     left = max(vg_free - grow_by, 0)
     return (f"the extension by {format_size(grow_by)} would leave {format_size(left)} free,"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from pvestord.policy.devices import BlockDevice, DriveIdentity, device_on
@@ -72,6 +72,18 @@ def may_resume(*, paused_for_room: bool, need_more: bool, nospace: Sequence[Bloc
         return ResumeDecision(False)
     blocker = resume_blocker(nospace, usable, failing, unowned_pause=unowned_pause)
     return ResumeDecision(blocker is None, blocker)
+
+
+def needing_more(past_threshold: Iterable[str], may_not_grow: Collection[str]) -> str | None:
+    """The first drive past its threshold that the pass may grow, or None.
+
+    Such a drive gets another round before its VM, paused for room, runs
+    again. One the pass may not grow now (held back by the VG's reserve,
+    left alone while qemu-server renames the VM's LVs) keeps nothing paused:
+    waiting for it would keep the VM paused until the reserve or the rename
+    is over, and the drive gets its room when it pauses the VM itself.
+    """
+    return next((drive for drive in past_threshold if drive not in may_not_grow), None)
 
 
 #: Rounds of extend-then-rearm in one pass: a writer faster than an extension

@@ -158,7 +158,7 @@ def test_max_overcommit_caps_new_volumes() -> None:
 def test_an_extension_leaves_the_reserve_unless_a_vm_is_paused(
         free: int, grow_by: int, reserve: int, paused: bool) -> None:
     refusal = capacity.extension_refusal(vg_free=free, grow_by=grow_by, reserve=reserve,
-                                         paused_nospace=paused)
+                                         vm_paused_for_room=paused)
     if paused:
         assert refusal is None
     else:
@@ -167,7 +167,7 @@ def test_an_extension_leaves_the_reserve_unless_a_vm_is_paused(
 
 def test_reserve_message_names_the_sizes() -> None:
     refusal = capacity.extension_refusal(vg_free=1536 * MiB, grow_by=GiB, reserve=GiB,
-                                         paused_nospace=False)
+                                         vm_paused_for_room=False)
     assert refusal is not None and "512 MiB" in refusal and "1 GiB" in refusal
 
 

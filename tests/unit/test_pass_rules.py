@@ -19,6 +19,7 @@ from pvestord.policy import (
     another_round,
     entry_fate,
     may_resume,
+    needing_more,
     requests_from,
     resume_blocker,
 )
@@ -115,3 +116,18 @@ def test_another_round_when_more_is_needed_or_still_paused_after_growing(
         assert not again
     else:
         assert again
+
+
+@given(st.lists(names, unique=True), name_sets)
+def test_only_a_drive_the_pass_may_grow_needs_more(past_threshold: list[str],
+                                                   may_not_grow: set[str]) -> None:
+    waits_for = needing_more(past_threshold, may_not_grow)
+    growable = [d for d in past_threshold if d not in may_not_grow]
+    assert waits_for == (growable[0] if growable else None)
+
+
+def test_a_drive_held_back_keeps_no_paused_vm_waiting() -> None:
+    # file0 is held back by the VG's reserve or left alone during a rename;
+    # file1, the drive the VM paused on, got its chunk.
+    assert needing_more(["file0"], {"file0"}) is None
+    assert needing_more(["file0", "file1"], {"file0"}) == "file1"
