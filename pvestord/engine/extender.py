@@ -93,7 +93,8 @@ class Extender:
     """The per-VM pass, with what must outlive it: gates, caches, storage config."""
 
     def __init__(self, settings: DaemonSettings,
-                 storage_config: Callable[[], StorageConfig]) -> None:
+                 storage_config: Callable[[], StorageConfig], *,
+                 quiet_locks: migration.QuietRenamingLocks | None = None) -> None:
         self.settings = settings
         self._storage_config = storage_config
         #: Persistent ``lvm`` shells for the extension path, if configured.
@@ -102,6 +103,9 @@ class Extender:
         self.gates = VgGates(settings, storage_config)
         #: Conditions that last many passes, logged once per change.
         self._said = OncePerChange()
+        #: How long each VM's renaming lock has been seen with no block job
+        #: (given: a test's own clock).
+        self.quiet_locks = migration.QuietRenamingLocks() if quiet_locks is None else quiet_locks
         #: What ``pvestord status`` and the metrics show (engine/status.py).
         self.activity = Activity()
         #: The LVM commands that change a VG running now: the pass deadline's mark.
@@ -113,7 +117,7 @@ class Extender:
                                tables=self.tables, shells=self.lvm_shells,
                                migrating_away=self._migrating_away,
                                activity=self.activity, said=self._said,
-                               changes=self.lvm_changes)
+                               changes=self.lvm_changes, quiet_locks=self.quiet_locks)
         #: The LV size we left after answering a drive's ENOSPC, by (vmid,
         #: QEMU pid, file node): a ``nospace`` that stays (a VM whose resume is
         #: blocked, sticky io-status) is answered once (policy.enospc_is_new).
@@ -136,6 +140,7 @@ class Extender:
         """``vmid`` no longer runs here: drop what was remembered of its drives."""
         forget_vm(self._answered, vmid)
         self._said.forget(vmid)
+        self.quiet_locks.forget(vmid)
         self.bindings.forget(vmid)
         self.werror.forget(vmid)
         self.jobs.forget(vmid)
@@ -248,7 +253,8 @@ class Extender:
         job_writing = any(policy.writes_drives(job) for job in run.jobs)
         renaming = migration.renaming(self.settings, vm.vmid,
                                       paused_for_room=run.paused_for_room,
-                                      job_writing=job_writing)
+                                      job_writing=job_writing, job_running=bool(run.jobs),
+                                      quiet=self.quiet_locks, said=self._said)
         fresh = requests is None
         drives = await self.figures.drives(look.found, fresh=fresh, shared=shared)
         job_room = await room_for_chain_copies(vm, look.copies, look.job_room,

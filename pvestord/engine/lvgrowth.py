@@ -63,8 +63,10 @@ class LvGrowth:
     def __init__(self, settings: DaemonSettings, *, figures: LvFigures, gates: VgGates,
                  tables: Tables, shells: LvmShells | None,
                  migrating_away: Callable[[LocalVm], Awaitable[bool]],
-                 activity: Activity, said: OncePerChange, changes: LvmChanges) -> None:
+                 activity: Activity, said: OncePerChange, changes: LvmChanges,
+                 quiet_locks: migration.QuietRenamingLocks) -> None:
         self.settings = settings
+        self._quiet_locks = quiet_locks
         self.figures = figures
         self.gates = gates
         self.tables = tables
@@ -125,8 +127,10 @@ class LvGrowth:
             # the target's catch-up takes this one): both are barriers for us.
             # A rename stops all but a paused guest and a VM whose block job
             # writes; those grow the LV QEMU has open, by its name as of now:
-            # Proxmox renames under this very lock.
-            lock_rule = migration.config_lock(self.settings, vm.vmid, in_flight=False)
+            # Proxmox renames under this very lock. A renaming lock the pass
+            # judged left over is judged again on the config as it is now.
+            lock_rule = migration.config_lock(self.settings, vm.vmid, in_flight=False,
+                                              quiet=self._quiet_locks)
             if migration.outgoing_marked(self.settings.run_dir, vm.vmid) or \
                     lock_rule is ConfigLockRule.MIGRATING or (
                         lock_rule is ConfigLockRule.RENAMING and not grows_while_renaming(

@@ -39,6 +39,7 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -60,10 +61,17 @@ from pvestord.adapters.vghealth import VgHealth
 from pvestord.adapters.vmconfig import read_config_lock
 from pvestord.engine.gates import STORAGE_LOCK_TIMEOUT
 from pvestord.engine.oncelog import OncePerChange
+from pvestord.engine.pervm import forget_vm
 from pvestord.errors import PvestordError
 from pvestord.policy.lvnames import chain_vmid
 from pvestord.policy.sizes import format_size
-from pvestord.policy.vmconfig import MIGRATE_LOCK_GRACE, ConfigLockRule, config_lock_rule
+from pvestord.policy.vmconfig import (
+    MIGRATE_LOCK_GRACE,
+    RENAMING_LOCK_GRACE,
+    RENAMING_LOCKS,
+    ConfigLockRule,
+    config_lock_rule,
+)
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +188,43 @@ def outgoing_deferral(run_dir: Path, vmid: int, *, in_flight: bool,
     return decided
 
 
+class QuietRenamingLocks:
+    """Since when the daemon has seen each VM's renaming lock with no block
+    job in its QEMU: the ``quiet`` figure of
+    :func:`pvestord.policy.vmconfig.renaming_lock_left_over`.
+
+    A job seen, another lock or none starts the count again; so does the
+    daemon's start (it only waits longer). On the monotonic clock: a step of
+    the wall clock must not age a lock.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._quiet_since: dict[tuple[int, str], float] = {}
+
+    def observe(self, vmid: int, lock: str | None, *, job_running: bool) -> float:
+        """What a pass saw in ``vmid``'s config and QEMU; the seconds the lock
+        has been seen quiet so far."""
+        for key in [k for k in self._quiet_since
+                    if k[0] == vmid and (k[1] != lock or job_running)]:
+            del self._quiet_since[key]
+        if lock is None or lock not in RENAMING_LOCKS or job_running:
+            return 0.0
+        now = self._clock()
+        return now - self._quiet_since.setdefault((vmid, lock), now)
+
+    def quiet_for(self, vmid: int, lock: str | None) -> float:
+        """The count as the last :meth:`observe` left it, without a new look
+        (under the storage lock, where QMP has no place)."""
+        since = None if lock is None else self._quiet_since.get((vmid, lock))
+        return 0.0 if since is None else self._clock() - since
+
+    def forget(self, vmid: int) -> None:
+        forget_vm(self._quiet_since, vmid)
+
+
 def config_lock(settings: DaemonSettings, vmid: int, *, in_flight: bool,
+                quiet: QuietRenamingLocks | None = None,
                 now: float | None = None) -> ConfigLockRule:
     """What ``vmid``'s qemu-server config lock on this node says
     (:func:`pvestord.policy.vmconfig.config_lock_rule`).
@@ -190,12 +234,14 @@ def config_lock(settings: DaemonSettings, vmid: int, *, in_flight: bool,
     on the target, so it defers like the hint's mark, with no hint at all. A
     left-over one is said at warning (``qm unlock`` clears it) and defers
     nothing (the engine says so at warning), so that a guest paused for room
-    is not kept waiting for an admin.
+    is not kept waiting for an admin. A renaming lock is judged left over
+    from ``quiet``'s count as the pass left it (none: never).
     """
     found = read_config_lock(settings.reports_dir, settings.node, vmid, now)
     if found is None:
         return ConfigLockRule.NONE
-    return config_lock_rule(found.lock, age=found.age, in_flight=in_flight)
+    seen_quiet = 0.0 if quiet is None else quiet.quiet_for(vmid, found.lock)
+    return config_lock_rule(found.lock, age=found.age, in_flight=in_flight, quiet=seen_quiet)
 
 
 async def migrating_away(monitor: VmMonitor) -> bool:
@@ -235,7 +281,8 @@ def extensions_defer(settings: DaemonSettings, vmid: int, *, in_flight: bool,
 
 
 def renaming(settings: DaemonSettings, vmid: int, *, paused_for_room: bool,
-             job_writing: bool) -> bool:
+             job_writing: bool, job_running: bool, quiet: QuietRenamingLocks,
+             said: OncePerChange) -> bool:
     """Whether qemu-server is renaming ``vmid``'s LVs under its running QEMU
     (snapshot, its deletion, rollback: its config's lock says so).
 
@@ -243,9 +290,27 @@ def renaming(settings: DaemonSettings, vmid: int, *, paused_for_room: bool,
     ENOSPC and for a VM in which a block job writes (``job_writing``): see
     :func:`pvestord.policy.vmconfig.grows_while_renaming`. Raises
     :class:`VmBusyError` for a VM that has neither; the pass comes back once
-    the lock is gone.
+    the lock is gone. A lock seen with no block job (``job_running``: any, in
+    ``query-block-jobs``) for :data:`RENAMING_LOCK_GRACE` is left over from a
+    failed task: it holds nothing back, and is said at warning once, with the
+    command that clears it, so that a guest does not pause at every chunk's
+    end until an admin looks.
     """
-    if config_lock(settings, vmid, in_flight=False) is not ConfigLockRule.RENAMING:
+    found = read_config_lock(settings.reports_dir, settings.node, vmid)
+    lock = None if found is None else found.lock
+    seen_quiet = quiet.observe(vmid, lock, job_running=job_running)
+    rule = ConfigLockRule.NONE if found is None else config_lock_rule(
+        lock, age=found.age, in_flight=False, job_running=job_running, quiet=seen_quiet)
+    key = (vmid, "", "renaming-lock")
+    if rule is ConfigLockRule.STALE_RENAMING:
+        said.say(key, logging.WARNING,
+                 "VM %d: its config has had 'lock: %s' for over %d s with no block job in"
+                 " its QEMU: taken as left over from a failed task, its drives are extended"
+                 " as usual ('qm unlock %d' clears it)", vmid, lock, RENAMING_LOCK_GRACE,
+                 vmid, extra=fields(VMID=vmid))
+        return False
+    said.over(key)
+    if rule is not ConfigLockRule.RENAMING:
         return False
     if not (paused_for_room or job_writing):
         raise VmBusyError(f"VM {vmid}: its config is locked for a snapshot "

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from pvestord.adapters.vmconfig import config_path, read_config_lock
 from pvestord.policy.vmconfig import (
     MIGRATE_LOCK_GRACE,
+    RENAMING_LOCK_GRACE,
     RENAMING_LOCKS,
     ConfigLockRule,
     config_lock,
@@ -66,6 +67,68 @@ def test_rule(age: float, in_flight: bool, lock: str | None) -> None:
         assert rule is ConfigLockRule.NONE
 
 
+@given(age=st.floats(-1e6, 1e6), quiet=st.floats(0, 1e6), older=st.floats(0, 1e6),
+       quieter=st.floats(0, 1e6), job_running=st.booleans(), in_flight=st.booleans(),
+       lock=st.sampled_from(sorted(RENAMING_LOCKS)))
+def test_a_renaming_lock_goes_stale_only_after_its_grace_with_no_job(
+        age: float, quiet: float, older: float, quieter: float, job_running: bool,
+        in_flight: bool, lock: str) -> None:
+    """Left over once the config's last write and the daemon's last sight of
+    a job (or of the lock's arrival) are both a grace away; never while a job
+    runs; and never young again as either figure grows."""
+    def rule(age: float, quiet: float, job_running: bool) -> ConfigLockRule:
+        return config_lock_rule(lock, age=age, in_flight=in_flight, job_running=job_running,
+                                quiet=quiet)
+
+    stale = min(abs(age), quiet) >= RENAMING_LOCK_GRACE
+    assert rule(age, quiet, job_running) is (
+        ConfigLockRule.STALE_RENAMING if stale and not job_running else ConfigLockRule.RENAMING)
+    assert rule(age, quiet, True) is ConfigLockRule.RENAMING
+    if stale:
+        further = age + older if age >= 0 else age - older
+        assert rule(further, quiet + quieter, False) is ConfigLockRule.STALE_RENAMING
+    # The defaults (a caller that did not look) never call one left over.
+    assert config_lock_rule(lock, age=age, in_flight=False) is ConfigLockRule.RENAMING
+
+
+@given(age=st.floats(-1e6, 1e6), quiet=st.floats(0, 1e6), job_running=st.booleans(),
+       in_flight=st.booleans())
+def test_the_renaming_figures_leave_a_migrate_lock_alone(
+        age: float, quiet: float, job_running: bool, in_flight: bool) -> None:
+    assert config_lock_rule("migrate", age=age, in_flight=in_flight, job_running=job_running,
+                            quiet=quiet) is config_lock_rule("migrate", age=age,
+                                                             in_flight=in_flight)
+
+
+def test_the_quiet_count_starts_with_the_lock_and_again_at_each_job() -> None:
+    """The daemon's half of the figures (QuietRenamingLocks): counted from
+    its first look at the lock with no job; a job, another lock or no lock
+    starts it again; a VM that stopped is forgotten."""
+    from pvestord.engine.migration import QuietRenamingLocks
+
+    now = [1000.0]
+    quiet = QuietRenamingLocks(clock=lambda: now[0])
+    assert quiet.observe(101, "snapshot-delete", job_running=False) == 0.0
+    now[0] += 30
+    assert quiet.observe(101, "snapshot-delete", job_running=False) == 30.0
+    assert quiet.quiet_for(101, "snapshot-delete") == 30.0
+    assert quiet.quiet_for(101, "snapshot") == 0.0
+    assert quiet.observe(101, "snapshot-delete", job_running=True) == 0.0  # the commit
+    now[0] += 30
+    assert quiet.observe(101, "snapshot-delete", job_running=False) == 0.0
+    now[0] += 5
+    assert quiet.observe(101, "snapshot-delete", job_running=False) == 5.0
+    assert quiet.observe(101, "rollback", job_running=False) == 0.0
+    assert quiet.quiet_for(101, "snapshot-delete") == 0.0
+    assert quiet.observe(101, "migrate", job_running=False) == 0.0
+    assert quiet.observe(102, "snapshot", job_running=False) == 0.0
+    now[0] += 7
+    assert quiet.observe(101, None, job_running=False) == 0.0
+    assert quiet.quiet_for(101, "rollback") == 0.0
+    quiet.forget(102)
+    assert quiet.quiet_for(102, "snapshot") == 0.0
+
+
 def test_read_from_this_nodes_folder(tmp_path: Path) -> None:
     path = config_path(tmp_path, "pve1", 101)
     assert read_config_lock(tmp_path, "pve1", 101) is None
@@ -104,16 +167,22 @@ def test_the_engine_lets_a_commit_under_snapshot_delete_through(tmp_path: Path) 
     the job's target, as for a paused guest, and refuses a VM with neither."""
     from pvestord.adapters.qmp import VmBusyError
     from pvestord.adapters.settings import DaemonSettings
-    from pvestord.engine.migration import renaming
+    from pvestord.engine.migration import QuietRenamingLocks, renaming
+    from pvestord.engine.oncelog import OncePerChange
 
     settings = DaemonSettings(node="pve1", queue=tmp_path / "extend-queue",
                               nodes_dir=tmp_path / "nodes", run_dir=tmp_path / "run")
+    quiet, said = QuietRenamingLocks(), OncePerChange()
     path = config_path(tmp_path / "nodes", "pve1", 101)
     path.parent.mkdir(parents=True)
     path.write_text(CONFIG.replace("lock: migrate", "lock: snapshot-delete"))
-    assert renaming(settings, 101, paused_for_room=False, job_writing=True)
-    assert renaming(settings, 101, paused_for_room=True, job_writing=False)
+    assert renaming(settings, 101, paused_for_room=False, job_writing=True, job_running=True,
+                    quiet=quiet, said=said)
+    assert renaming(settings, 101, paused_for_room=True, job_writing=False, job_running=False,
+                    quiet=quiet, said=said)
     with pytest.raises(VmBusyError):
-        renaming(settings, 101, paused_for_room=False, job_writing=False)
+        renaming(settings, 101, paused_for_room=False, job_writing=False, job_running=False,
+                 quiet=quiet, said=said)
     path.write_text(CONFIG.replace("lock: migrate\n", ""))
-    assert not renaming(settings, 101, paused_for_room=False, job_writing=False)
+    assert not renaming(settings, 101, paused_for_room=False, job_writing=False,
+                        job_running=False, quiet=quiet, said=said)

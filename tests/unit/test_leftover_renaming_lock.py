@@ -1,0 +1,250 @@
+"""A snapshot lock left behind by a failed task stops holding a VM back.
+
+qemu-server writes ``lock: snapshot-delete`` before it commits a deleted
+snapshot's data, and a delete that fails leaves it there until ``qm unlock``.
+pvestord stands back from a VM whose LVs are being renamed; once the lock has
+sat a grace with no block job in the VM's QEMU, a threshold event extends the
+drive again, and the lock is said at warning once.
+
+The pass runs whole through :class:`~pvestord.engine.extender.Extender`:
+QEMU is a fake on a real Unix socket, ``lvm`` a script put in the way through
+``PVESTORD_LVM`` (as in test_vg_report_sharing.py), the storage lock a real
+lock directory. Two narrow hooks stand in for what this machine has not: the
+device-mapper table's size (no ``/dev/VG/LV`` here) and QEMU's open file
+descriptors (no QEMU process: the drive is taken by its LV name).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import stat
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pvestord.adapters import devices, lvm
+from pvestord.adapters.config import parse_storage_config
+from pvestord.adapters.qmp import VmBusyError
+from pvestord.adapters.settings import DaemonSettings
+from pvestord.adapters.vmconfig import config_path
+from pvestord.adapters.vms import LocalVm
+from pvestord.engine import migration
+from pvestord.engine.extender import Extender
+from pvestord.policy import Reason
+from pvestord.policy.vmconfig import RENAMING_LOCK_GRACE
+
+MiB = 1024 * 1024
+GiB = 1024 * MiB
+VMID = 101
+LV = "vm-101-disk-0.qcow2"
+PATH = f"/dev/san/{LV}"
+
+STORAGE_CFG = """\
+lvm: san1
+\tvgname san
+\tshared 1
+\tchunksize 256M
+"""
+
+FAKE_LVM = """#!/usr/bin/env python3
+import json, pathlib, sys
+here = pathlib.Path(__file__).parent
+sizes = json.loads((here / "sizes.json").read_text())
+command = sys.argv[1]
+if command == "lvextend":
+    size = int(sys.argv[sys.argv.index("--size") + 1].removesuffix("b"))
+    with open(here / "extensions", "a") as extensions:
+        extensions.write(f"{sys.argv[-1]} {size}\\n")
+    sizes[sys.argv[-1].split("/")[1]] = size
+    (here / "sizes.json").write_text(json.dumps(sizes))
+    sys.exit(0)
+if command != "lvs":
+    sys.exit("fake lvm: no " + command)
+rows = [{"vg_name": "san", "lv_name": lv, "lv_size": str(size), "lv_tags": "",
+         "vg_extent_size": str(4 << 20), "vg_free": str(64 << 30),
+         "lv_active": "active", "lv_device_open": "open", "lv_attr": "-wi-ao----"}
+        for lv, size in sizes.items()]
+print(json.dumps({"report": [{"lv": rows}]}))
+"""
+
+GREETING = {"QMP": {"version": {"qemu": {"major": 7, "minor": 2, "micro": 0},
+                                "package": ""}, "capabilities": []}}
+
+
+class FakeQemu:
+    """A running guest with one thin drive; how far it has written is
+    :attr:`written`, its block jobs :attr:`jobs`."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.jobs: list[dict[str, Any]] = []
+        self.threshold = 0
+        self.written = 0
+
+    def lv_size(self) -> int:
+        sizes: dict[str, int] = json.loads((self.folder / "sizes.json").read_text())
+        return sizes[LV]
+
+    def fill(self) -> None:
+        """The guest writes up to its LV's last MiB, past any threshold."""
+        self.written = self.lv_size() - MiB
+
+    def reply(self, command: str, arguments: dict[str, Any]) -> object:
+        image = {"virtual-size": 32 * GiB, "filename": PATH, "format": "qcow2",
+                 "cluster-size": 65536,
+                 "format-specific": {"type": "qcow2", "data": {"refcount-bits": 16}}}
+        size = self.lv_size()
+        replies: dict[str, object] = {
+            "qmp_capabilities": {},
+            "query-status": {"running": True, "status": "running"},
+            "query-block": [{"device": "drive-scsi0", "io-status": "ok",
+                             "inserted": {"file": PATH, "node-name": "d0"}}],
+            "query-block-jobs": self.jobs,
+            "query-migrate": {},
+            "query-named-block-nodes": [
+                {"node-name": "d0", "drv": "qcow2", "file": PATH, "ro": False,
+                 "image": image},
+                {"node-name": "e0", "drv": "host_device", "file": PATH, "ro": False,
+                 "write_threshold": self.threshold,
+                 "image": {"virtual-size": size, "filename": PATH, "format": "host_device"}}],
+            "query-blockstats": [{"node-name": "e0",
+                                  "stats": {"wr_highest_offset": self.written}}],
+            "qom-get": "enospc",
+        }
+        if command == "block-set-write-threshold":
+            self.threshold = arguments["write-threshold"]
+            return {}
+        return replies.get(command)
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(json.dumps(GREETING).encode() + b"\r\n")
+        await writer.drain()
+        buffer = ""
+        decoder = json.JSONDecoder()
+        while chunk := await reader.read(65536):
+            buffer += chunk.decode()
+            while buffer.strip():
+                try:
+                    request, end = decoder.raw_decode(buffer.lstrip())
+                except ValueError:
+                    break
+                buffer = buffer.lstrip()[end:]
+                answer = self.reply(request["execute"], request.get("arguments", {}))
+                message: dict[str, object] = (
+                    {"return": answer} if answer is not None else
+                    {"error": {"class": "CommandNotFound", "desc": request["execute"]}})
+                if "id" in request:
+                    message["id"] = request["id"]
+                writer.write(json.dumps(message).encode() + b"\r\n")
+                await writer.drain()
+        writer.close()
+
+
+@asynccontextmanager
+async def running(qemu: FakeQemu, socket: Path) -> AsyncIterator[None]:
+    server = await asyncio.start_unix_server(qemu.serve, path=str(socket))
+    try:
+        yield
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+@pytest.fixture
+def bed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    script = tmp_path / "fake_lvm"
+    script.write_text(FAKE_LVM)
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    (tmp_path / "sizes.json").write_text(json.dumps({LV: GiB}))
+    monkeypatch.setenv("PVESTORD_LVM", str(script))
+
+    def table_size(vg: str, lv: str) -> int:
+        # This node's table follows the metadata: no other node grows here.
+        sizes: dict[str, int] = json.loads((tmp_path / "sizes.json").read_text())
+        return sizes[lv]
+
+    monkeypatch.setattr(lvm, "device_size", table_size)
+    monkeypatch.setattr(devices, "open_block_devices", lambda pid, proc=None: None)
+    return tmp_path
+
+
+def grown_to(size: int) -> str:
+    return f"san/{LV} {size}"
+
+
+def extensions(folder: Path) -> list[str]:
+    """Each ``lvextend`` the fake ran: ``VG/LV size``."""
+    done = folder / "extensions"
+    return done.read_text().splitlines() if done.exists() else []
+
+
+async def test_a_left_over_snapshot_delete_lock_stops_refusing_extensions(
+        bed: Path, caplog: pytest.LogCaptureFixture) -> None:
+    (bed / "locks").mkdir()
+    settings = DaemonSettings(node="pve1", queue=bed / "extend-queue", nodes_dir=bed / "nodes",
+                              run_dir=bed, lock_dir=bed / "locks",
+                              vg_health_dir=bed / "marks", lvm_shell=False)
+    config = config_path(bed / "nodes", "pve1", VMID)
+    config.parent.mkdir(parents=True)
+    config.write_text("lock: snapshot-delete\nscsi0: san1:vm-101-disk-0.qcow2,size=32G\n")
+    # Written by the delete that failed, long ago.
+    written = time.time() - RENAMING_LOCK_GRACE - 3600
+    os.utime(config, (written, written))
+    now = [5000.0]
+    quiet = migration.QuietRenamingLocks(clock=lambda: now[0])
+    storage = parse_storage_config(STORAGE_CFG, "storage.cfg")
+    extender = Extender(settings, lambda: storage, quiet_locks=quiet)
+    qemu = FakeQemu(bed)
+    vm = LocalVm(VMID, os.getpid(), bed / f"{VMID}.qmp")
+    threshold_event = {"e0": Reason.THRESHOLD}
+    caplog.set_level(logging.DEBUG, logger="pvestord")
+    try:
+        async with running(qemu, vm.qmp_socket):
+            # The daemon has just met the lock: it stands back, as from a
+            # snapshot task at work.
+            qemu.fill()
+            with pytest.raises(VmBusyError, match="snapshot operation"):
+                await extender.handle(vm, threshold_event)
+            assert extensions(bed) == []
+            # qemu-server's commit runs (and is grown through): the task is at
+            # work after all, and the count starts again when the job ends.
+            now[0] += RENAMING_LOCK_GRACE
+            qemu.jobs = [{"device": "commit-drive-scsi0", "type": "commit",
+                          "status": "running", "io-status": "ok", "paused": False,
+                          "busy": True, "ready": False, "len": GiB, "offset": 0,
+                          "speed": 0}]
+            await extender.handle(vm, threshold_event)
+            assert extensions(bed) == [grown_to(GiB + 256 * MiB)]
+            qemu.jobs = []
+            qemu.fill()
+            with pytest.raises(VmBusyError):
+                await extender.handle(vm, threshold_event)
+            now[0] += RENAMING_LOCK_GRACE - 1
+            with pytest.raises(VmBusyError):
+                await extender.handle(vm, threshold_event)
+            assert len(extensions(bed)) == 1
+            # A grace with no job: left over. Extended as usual, said once.
+            now[0] += 1
+            outcome = await extender.handle(vm, threshold_event)
+            assert outcome.errors == {}
+            assert extensions(bed)[1:] == [grown_to(GiB + 512 * MiB)]
+            assert qemu.threshold > GiB + 256 * MiB  # armed again on the grown LV
+            qemu.fill()
+            await extender.handle(vm, threshold_event)
+            assert extensions(bed)[2:] == [grown_to(GiB + 768 * MiB)]
+    finally:
+        await extender.close()
+    warnings = [r.getMessage() for r in caplog.records
+                if r.levelno == logging.WARNING and "lock: snapshot-delete" in r.getMessage()]
+    assert warnings == [
+        f"VM {VMID}: its config has had 'lock: snapshot-delete' for over "
+        f"{RENAMING_LOCK_GRACE:.0f} s with no block job in its QEMU: taken as left over "
+        f"from a failed task, its drives are extended as usual ('qm unlock {VMID}' "
+        "clears it)"]
