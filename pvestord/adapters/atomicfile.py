@@ -1,6 +1,7 @@
 """Files replaced whole: a temporary file in the same directory, fsynced and
 renamed over the target, so that readers never take a lock and never see half
-a file (the extend queue, its rejected file, the node reports). A target that
+a file (the extend queue, its rejected file, the node reports, the daemon's
+status and metrics). A target that
 is a symbolic link is refused: whoever controls the link would choose where
 root writes.
 
@@ -63,12 +64,25 @@ def read_bounded(path: Path, max_read: int) -> bytes:
 
 
 def write_atomically(path: Path, data: bytes) -> None:
-    """Temporary file in the same directory, fsync, rename over ``path``, fsync the directory.
+    """A cluster file replaced whole: :func:`replace_whole`, durable, and counted
+    as a write to pmxcfs.
 
     Also what the node reports (:mod:`pvestord.engine.nodereport`) are written with.
     """
-    refuse_symlink(path)
     tally.happened("cluster_write")
+    replace_whole(path, data)
+
+
+def replace_whole(path: Path, data: bytes, *, durable: bool = True) -> None:
+    """Temporary file in the same directory, fsync, rename over ``path``, fsync the directory.
+
+    The temporary file's name is unpredictable and created exclusively
+    (``mkstemp``): whoever may write in the directory cannot plant a link
+    there that makes root write elsewhere. A file rewritten every few seconds
+    whose loss in a crash costs nothing passes ``durable=False``: no fsync,
+    so no journal commit each time.
+    """
+    refuse_symlink(path)
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as err:
@@ -80,7 +94,8 @@ def write_atomically(path: Path, data: bytes) -> None:
                 view = view[os.write(fd, view):]
             with contextlib.suppress(OSError):  # pmxcfs decides modes itself
                 os.fchmod(fd, 0o644)
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.rename(tmp, path)
@@ -92,6 +107,8 @@ def write_atomically(path: Path, data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    if not durable:
+        return
     try:
         dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:

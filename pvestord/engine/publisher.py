@@ -112,7 +112,7 @@ class Publisher:
                     self._accounted_at = time.monotonic()
                     await self.refresh_accounts()
                 self.publish(view())
-            except OSError as err:
+            except (OSError, PvestordError) as err:
                 log.warning("cannot publish the daemon's status in %s: %s",
                             self.status_file, err)
             except Exception as err:  # the extensions must outlive any bug in a view

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pvestord.adapters import tally
+from pvestord.adapters import atomicfile, tally
 from pvestord.engine.pervm import forget_vm
 from pvestord.policy import capacity
 from pvestord.policy.extension import ExtensionState
@@ -169,11 +169,13 @@ def snapshot(*, node: str, pid: int, now: float, activity: Activity,
 
 
 def write_atomically(path: Path, text: str) -> None:
-    """``text`` at ``path`` by a rename: a reader sees the old file or the new one."""
+    """``text`` at ``path`` by a rename: a reader sees the old file or the new one.
+
+    Rewritten every :data:`STATUS_INTERVAL`, and worthless after a crash: not
+    fsynced. The node_exporter folder may be writable by another user, hence
+    a temporary file no one can guess or plant a link at."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}")
-    temporary.write_text(text)
-    os.replace(temporary, path)
+    atomicfile.replace_whole(path, text.encode(), durable=False)
 
 
 def publish(path: Path, view: Mapping[str, Any]) -> None:

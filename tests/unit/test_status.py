@@ -113,6 +113,31 @@ def test_publisher_writes_status_and_metrics_atomically(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["prom", "pvestord.prom", "s.json"]
 
 
+def test_metrics_are_not_written_through_a_link_planted_in_the_exporters_folder(
+        tmp_path: Path) -> None:
+    # The textfile folder may be writable by node_exporter's user: a link
+    # there must not let that user choose a file root truncates and writes.
+    config = parse_storage_config("pvestord: t0\n\tvgname vg0\n", "storage.cfg")
+    folder = tmp_path / "prom"
+    folder.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    metrics_file = folder / "pvestord.prom"
+    (folder / f".{metrics_file.name}.{os.getpid()}").symlink_to(victim)
+    before = tally.snapshot()
+    pub = Publisher("n1", busy_activity(), lambda: config, status_file=tmp_path / "s.json",
+                    metrics_file=metrics_file)
+    pub.publish(DaemonView(0, set(), {}, set(), 0))
+    assert victim.read_text() == "precious\n"
+    assert not metrics_file.is_symlink()
+    assert oct(metrics_file.stat().st_mode & 0o777) == oct(0o644)  # node_exporter reads it
+    text = metrics_file.read_text()
+    assert {f.name for f in text_string_to_metric_families(text)} >= {
+        "pvestord_cluster_writes", "pvestord_extensions"}
+    # Neither file is a write to the cluster file system: the idle tally stays honest.
+    assert tally.snapshot()["events"] == before["events"]
+
+
 def test_the_daemons_word_on_drives_is_its_own_states_only() -> None:
     view = busy_view(busy_activity())
     assert status.daemon_says(view) == {
