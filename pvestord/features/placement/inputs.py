@@ -42,12 +42,7 @@ class InputError(PvestordError):
 
 
 def _json(path: Path, default: Any = None) -> Any:
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return default
-    except OSError as err:
-        raise InputError(f"cannot read {path}: {err}") from err
+    text = _text(path)
     try:
         return json.loads(text) if text.strip() else default
     except ValueError as err:
@@ -55,12 +50,32 @@ def _json(path: Path, default: Any = None) -> Any:
 
 
 def _text(path: Path) -> str:
+    """The file's text, empty when it is missing."""
     try:
-        return path.read_text()
+        return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         return ""
+    except UnicodeDecodeError as err:
+        # Hand-edited files (a guest's description, say) may be in another
+        # encoding; Proxmox writes UTF-8 and so must whoever edits them.
+        raise InputError(f"{path} is not UTF-8 text (byte {err.start}): "
+                         "convert it to UTF-8") from err
     except OSError as err:
         raise InputError(f"cannot read {path}: {err}") from err
+
+
+def _whole_number(where: str, field: str, value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError) as err:
+        raise InputError(f"{where}: {field} {value!r} is not a whole number") from err
+
+
+def _number(where: str, field: str, value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError) as err:
+        raise InputError(f"{where}: {field} {value!r} is not a number") from err
 
 
 def _status(data: Mapping[str, Any]) -> dict[str, ServiceStatus]:
@@ -97,23 +112,34 @@ def read_sim_test(folder: Path) -> tuple[Cluster, list[Event]]:
                         "maxmem": SIM_NODE_CAPACITY.maxmem} for n in ("node1", "node2", "node3")}
     nodes = {n: NodeFacts(n, power=h.get("power") == "on", network=h.get("network") == "on")
              for n, h in sorted(hardware.items())}
-    capacity = {n: NodeCapacity(float(h["maxcpu"]), float(h["maxmem"]))
+    capacity = {n: NodeCapacity(_number(f"{folder / 'hardware_status'}: {n}", "maxcpu",
+                                        h["maxcpu"]),
+                                _number(f"{folder / 'hardware_status'}: {n}", "maxmem",
+                                        h["maxmem"]))
                 for n, h in hardware.items() if "maxcpu" in h and "maxmem" in h}
     config = _json(folder / "service_config")
     if config is None:
         config = {"vm:101": {"node": "node1"}, "vm:102": {"node": "node2"},
                   "vm:103": {"node": "node3"}, "vm:104": {"node": "node1"},
                   "vm:105": {"node": "node2"}, "vm:106": {"node": "node3"}}
+    config_file = folder / "service_config"
     services = {sid: ServiceConfig(sid, c["node"], _service_state(c.get("state"), "disabled"),
                                    failback=bool(c.get("failback", 1)),
-                                   max_restart=int(c.get("max_restart", 1)),
-                                   max_relocate=int(c.get("max_relocate", 1)),
+                                   max_restart=_whole_number(f"{config_file}: {sid}",
+                                                             "max_restart",
+                                                             c.get("max_restart", 1)),
+                                   max_relocate=_whole_number(f"{config_file}: {sid}",
+                                                              "max_relocate",
+                                                              c.get("max_relocate", 1)),
                                    group=c.get("group"))
                 for sid, c in sorted(config.items())}
     stats = _json(folder / "static_service_stats")
-    sizes = ({sid: GuestSize(float(s.get("maxcpu", 0)), float(s.get("maxmem", 0)))
+    stats_file = folder / "static_service_stats"
+    sizes = ({sid: GuestSize(_number(f"{stats_file}: {sid}", "maxcpu", s.get("maxcpu", 0)),
+                             _number(f"{stats_file}: {sid}", "maxmem", s.get("maxmem", 0)))
               for sid, s in stats.items()} if stats is not None
              else {sid: SIM_GUEST_SIZE for sid in services})
+    dc_file = str(folder / "datacenter.cfg")
     dc = _json(folder / "datacenter.cfg", {}) or {}
     crs = dc.get("crs") or {}
     manager = _json(folder / "manager_status", {}) or {}
@@ -126,8 +152,10 @@ def read_sim_test(folder: Path) -> tuple[Cluster, list[Event]]:
         crs=str(crs.get("ha", "basic")),
         rebalance_on_start=bool(crs.get("ha-rebalance-on-start", 0)),
         auto_rebalance=bool(crs.get("ha-auto-rebalance", 0)),
-        rebalance_threshold=float(crs.get("ha-auto-rebalance-threshold", 0.3)),
-        rebalance_margin=float(crs.get("ha-auto-rebalance-margin", 0.1)),
+        rebalance_threshold=_number(dc_file, "ha-auto-rebalance-threshold",
+                                    crs.get("ha-auto-rebalance-threshold", 0.3)),
+        rebalance_margin=_number(dc_file, "ha-auto-rebalance-margin",
+                                 crs.get("ha-auto-rebalance-margin", 0.1)),
         rebalance_method=str(crs.get("ha-auto-rebalance-method", "bruteforce")),
         shutdown_policy=str((dc.get("ha") or {}).get("shutdown_policy", "conditional")),
         capacity=capacity, sizes=sizes, disarmed=bool(manager.get("disarm")),
@@ -210,7 +238,8 @@ def read_pve_dir(folder: Path, guests_file: Path | None = None,
                                 lrm_mode=str(lrm.get("mode") or "active"))
     status = _status(manager)
     services = {}
-    for section in parse_sections(_text(ha / "resources.cfg")):
+    resources_file = ha / "resources.cfg"
+    for section in parse_sections(_text(resources_file)):
         if section.kind not in ("vm", "ct"):
             continue
         sid = normalize_sid(f"{section.kind}:{section.ident}")
@@ -224,11 +253,15 @@ def read_pve_dir(folder: Path, guests_file: Path | None = None,
         services[sid] = ServiceConfig(
             sid, node, _service_state(opts.get("state"), "started"),
             failback=(opts.get("failback") or "1").strip() != "0",
-            max_restart=int(opts.get("max_restart") or 1),
-            max_relocate=int(opts.get("max_relocate") or 1), group=opts.get("group"))
+            max_restart=_whole_number(f"{resources_file}: {sid}", "max_restart",
+                                      opts.get("max_restart") or 1),
+            max_relocate=_whole_number(f"{resources_file}: {sid}", "max_relocate",
+                                       opts.get("max_relocate") or 1),
+            group=opts.get("group"))
     ids, order = rules_from_sections(parse_sections(_text(ha / "rules.cfg")))
     groups: dict[str, Group] = groups_from_sections(parse_sections(_text(ha / "groups.cfg")))
-    dc = read_datacenter(_text(folder / "datacenter.cfg"))
+    dc_file = folder / "datacenter.cfg"
+    dc = read_datacenter(_text(dc_file))
     crs = dc.get("crs", {})
 
     sizes: dict[str, GuestSize] = {}
@@ -254,12 +287,17 @@ def read_pve_dir(folder: Path, guests_file: Path | None = None,
             if not isinstance(res, dict):
                 continue
             if res.get("type") == "node" and "maxcpu" in res and "maxmem" in res:
-                capacity[str(res.get("node"))] = NodeCapacity(float(res["maxcpu"]),
-                                                              float(res["maxmem"]))
+                where = f"{guests_file}: node {res.get('node')}"
+                capacity[str(res.get("node"))] = NodeCapacity(
+                    _number(where, "maxcpu", res["maxcpu"]),
+                    _number(where, "maxmem", res["maxmem"]))
             elif res.get("type") in ("qemu", "lxc") and "vmid" in res:
                 sid = f"{'ct' if res['type'] == 'lxc' else 'vm'}:{res['vmid']}"
                 if sid not in sizes and "maxcpu" in res and "maxmem" in res:
-                    sizes[sid] = GuestSize(float(res["maxcpu"]), float(res["maxmem"]))
+                    sizes[sid] = GuestSize(_number(f"{guests_file}: {sid}", "maxcpu",
+                                                   res["maxcpu"]),
+                                           _number(f"{guests_file}: {sid}", "maxmem",
+                                                   res["maxmem"]))
                 if res.get("status") == "running" and sid not in services:
                     other_guests[sid] = str(res.get("node"))
     quorate = (members.get("cluster") or {}).get("quorate")
@@ -270,8 +308,10 @@ def read_pve_dir(folder: Path, guests_file: Path | None = None,
         crs=crs_override or crs.get("ha", "basic"),
         rebalance_on_start=crs.get("ha-rebalance-on-start", "0") == "1",
         auto_rebalance=crs.get("ha-auto-rebalance", "0") == "1",
-        rebalance_threshold=float(crs.get("ha-auto-rebalance-threshold", "0.3")),
-        rebalance_margin=float(crs.get("ha-auto-rebalance-margin", "0.1")),
+        rebalance_threshold=_number(f"{dc_file}: crs", "ha-auto-rebalance-threshold",
+                                    crs.get("ha-auto-rebalance-threshold", "0.3")),
+        rebalance_margin=_number(f"{dc_file}: crs", "ha-auto-rebalance-margin",
+                                 crs.get("ha-auto-rebalance-margin", "0.1")),
         rebalance_method=crs.get("ha-auto-rebalance-method", "bruteforce"),
         shutdown_policy=shutdown_policy or dc.get("ha", {}).get("shutdown_policy",
                                                                 "conditional"),
