@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable, Coroutine, Iterable
 from pathlib import Path
@@ -20,6 +21,7 @@ from pvestord.adapters.config import StorageConfig
 from pvestord.adapters.service import fields
 from pvestord.adapters.settings import DaemonSettings
 from pvestord.adapters.vghealth import VgHealth
+from pvestord.policy.lvnames import chain_vmid
 
 #: The daemon's messages keep the logger name they always had.
 log = logging.getLogger("pvestord.engine.daemon")
@@ -63,9 +65,12 @@ class Passes:
     """The running passes by VMID, their deadlines, and the abandoned ones."""
 
     def __init__(self, settings: DaemonSettings, *, config: Callable[[], StorageConfig],
-                 changing: Callable[[int], bool], abandon: Callable[[int], None]) -> None:
+                 changing: Callable[[int], bool], abandon: Callable[[int], None],
+                 dev: Path = Path("/dev")) -> None:
         self.settings = settings
         self._config = config
+        #: Where LVM links each active LV, as ``<dev>/<vg>/<lv>``.
+        self._dev = dev
         #: Whether an LVM command that changes a VG runs for a VM's pass now
         #: (a wait for QMP or for the storage lock is none).
         self._changing = changing
@@ -131,9 +136,18 @@ class Passes:
         self._abandon(vmid)
 
     def _vgs_of(self, vmid: int) -> list[str]:
-        """The thin VGs that hold an active LV of ``vmid`` (named as Proxmox names them)."""
+        """The thin VGs that hold an active LV of ``vmid``'s qcow2 chains,
+        snapshot LVs included: a pass may be growing one under a commit."""
         return sorted({storage.vgname for storage in self._config().thin_storages.values()
-                       if any(Path("/dev", storage.vgname).glob(f"vm-{vmid}-*"))})
+                       if vmid in self._active_chains(storage.vgname)})
+
+    def _active_chains(self, vg: str) -> set[int]:
+        """The VMIDs whose chain LVs are active in ``vg`` on this node."""
+        try:
+            names = [entry.name for entry in os.scandir(self._dev / vg)]
+        except OSError:
+            return set()  # no LV of the VG is active here
+        return {vmid for vmid in map(chain_vmid, names) if vmid is not None}
 
     def wedged(self, loop_progress: float) -> str | None:
         """Why the engine makes no progress (the watchdog is not fed then), or None."""
