@@ -83,6 +83,11 @@ _BARE = re.compile(r"^[^\s\"'\\]+$")
 _QUOTABLE = re.compile(r"^[^\"'\\\n\r]*$")
 #: Lines of the shell's stderr kept for error messages.
 STDERR_LINES = 20
+#: Options our commands carry for a plain ``lvm`` process that the shell's
+#: profile sets already. LVM 2.03.31 (Proxmox VE 9's) refuses them in the
+#: shell ("Argument --reportformat cannot be used in interactive mode") and
+#: fails the command; 2.03.16 took them.
+SET_BY_PROFILE = {"--reportformat": "json"}
 
 
 class LvmShellError(PvestordError):
@@ -99,10 +104,19 @@ def command_line(args: Sequence[str]) -> str:
     LVM splits the line on white space, and double quotes group words. Our
     arguments are options, sizes, checked VG/LV names and ``--config``
     strings; a quote, a backslash or a line break in one is refused rather
-    than escaped, since LVM's splitting has no escapes.
+    than escaped, since LVM's splitting has no escapes. An option the
+    profile sets (:data:`SET_BY_PROFILE`) is left out when it asks for the
+    profile's value, and refused when it asks for another.
     """
-    words = []
-    for arg in args:
+    words: list[str] = []
+    rest = iter(args)
+    for arg in rest:
+        if arg in SET_BY_PROFILE:
+            value = next(rest, None)
+            if value != SET_BY_PROFILE[arg]:
+                raise ValueError(f"argument {arg} {value} cannot be passed to the lvm shell,"
+                                 f" whose profile sets {SET_BY_PROFILE[arg]}")
+            continue
         if _BARE.match(arg):
             words.append(arg)
         elif _QUOTABLE.match(arg):

@@ -24,7 +24,12 @@ from hypothesis import strategies as st
 from pvestord.adapters import lvmshell
 from pvestord.adapters.command import KILL_WAIT, UnkillableCommandError
 from pvestord.adapters.lvm import FAST_CONFIG, LvmError, LvMissingError, VgFullError, _classify
-from pvestord.adapters.lvmshell import LvmShellError, command_line, command_status
+from pvestord.adapters.lvmshell import (
+    SET_BY_PROFILE,
+    LvmShellError,
+    command_line,
+    command_status,
+)
 from pvestord.errors import CommandError
 
 #: What an argument may hold and still pass through LVM's splitting of a line.
@@ -39,7 +44,18 @@ def test_bare_words_stay_bare_and_the_config_is_one_quoted_word() -> None:
                     "vg/vm-101-disk-0.qcow2\n")
 
 
-@given(st.lists(quotable, min_size=1, max_size=8))
+def test_the_report_format_is_the_profiles_and_left_off_the_line() -> None:
+    """LVM 2.03.31 fails a shell command that names --reportformat at all."""
+    line = command_line(["lvs", "--config", FAST_CONFIG, "--reportformat", "json", "--units",
+                         "b", "vg/lv"])
+    assert line == f'lvs --config "{FAST_CONFIG}" --units b vg/lv\n'
+    for other in (["--reportformat", "basic"], ["--reportformat"]):
+        with pytest.raises(ValueError, match="whose profile sets json"):
+            command_line(["lvs", *other, "vg/lv"])
+
+
+@given(st.lists(quotable.filter(lambda arg: arg not in SET_BY_PROFILE), min_size=1,
+                max_size=8))
 def test_the_line_splits_back_into_the_arguments(args: list[str]) -> None:
     line = command_line(args)
     assert line.endswith("\n") and line.count("\n") == 1
