@@ -9,6 +9,7 @@ needs them: a creation on a storage without it costs one ``vgs`` and one ``lvs``
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from pvestord.adapters import lvm, qemu_img, vgspace
@@ -18,22 +19,38 @@ from pvestord.policy import capacity, maximum_size
 
 log = logging.getLogger(__name__)
 
+#: LVs measured at once for ``max-overcommit``: each measure is two processes
+#: that mostly wait (a header read on the SAN, a process start), so a few at a
+#: time cut the wall time under the lock without loading the node.
+MEASURE_CONCURRENCY = 4
+
 
 class CapacityRefusedError(PvestordError):
     """A new thin volume would take room the storage's guards keep."""
 
 
 async def _maxima(vg: str, extent_size: int) -> dict[str, int]:
-    """The maxima of ``vg``'s thin LVs this node can read (active ones)."""
+    """The maxima of ``vg``'s thin LVs this node can read (active ones).
+
+    Two short ``qemu-img`` runs per LV, :data:`MEASURE_CONCURRENCY` LVs at a
+    time: this runs under the storage lock, inside the plugin's time budget.
+    """
     maxima: dict[str, int] = {}
-    for row in await lvm.list_lvs(vg):
-        if not (row.active and vgspace.is_thin_lv(row.lv)):
-            continue
-        try:
-            image = await qemu_img.info(f"/dev/{vg}/{row.lv}", force_share=True)
-            maxima[row.lv] = maximum_size(await qemu_img.maximum_required(image), extent_size)
-        except PvestordError as err:
-            log.debug("%s/%s: maximum unknown: %s", vg, row.lv, err)
+    slots = asyncio.Semaphore(MEASURE_CONCURRENCY)
+
+    async def measure(lv: str) -> None:
+        async with slots:
+            try:
+                image = await qemu_img.info(f"/dev/{vg}/{lv}", force_share=True)
+                maxima[lv] = maximum_size(await qemu_img.maximum_required(image), extent_size)
+            except PvestordError as err:
+                log.debug("%s/%s: maximum unknown: %s", vg, lv, err)
+
+    thin = [row.lv for row in await lvm.list_lvs(vg)
+            if row.active and vgspace.is_thin_lv(row.lv)]
+    async with asyncio.TaskGroup() as group:
+        for lv in thin:
+            group.create_task(measure(lv))
     return maxima
 
 

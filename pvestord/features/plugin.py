@@ -30,14 +30,23 @@ Requests (sizes in bytes; ``storage`` is ``{"storeid", "vgname", "shared",
     first ENOSPC (they pass no ``on-error``) and so cannot wait for the
     daemon. The target is grown first by what the source holds plus one
     chunk, capped at the target's maximum for ``virtual_size``: the job never
-    runs out of room. What the source holds is its image end, read by
-    ``qemu-img check``; while the VM runs, the source may be the image the
-    guest writes (an active commit), whose check would read tables in
-    motion, so its LV size stands for it: the image never ends past its LV.
+    runs out of room. What the source holds is its LV size (an image never
+    ends past its LV), not its image end: ``qemu-img check`` reads every
+    table, minutes on a large image, and this runs under the storage lock;
+    while the VM runs the image may be growing anyway. At most the LV's
+    unused tail is granted too much.
+
+Every request may carry ``lock_seconds_left``: what is left of the alarm the
+caller's storage lock runs under (``cfs_lock``'s 60 s, which aborts the holder
+well before pmxcfs lets another node take the lock at 120 s), or null when it
+has none. The answer keeps to :func:`answer_budget` of it and fails, having
+changed nothing, when that runs out: the rest is for the LVM command that
+carries the answer out under the same lock.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import enum
 import json
@@ -56,6 +65,13 @@ from pvestord.policy.volumes import initial_lv_size
 #: ``PVE::Storage::Common::qemu_img_create_qcow2_backed``'s fixed overlay layout.
 OVERLAY_CLUSTER_SIZE = 128 * KiB
 
+#: The share of what is left of the caller's lock alarm that an answer may take:
+#: the rest is for Python's start and for the LVM command carrying it out.
+LOCK_BUDGET_SHARE = 0.5
+#: The budget of an answer when the caller's lock has no alarm (Proxmox's
+#: flock of a storage that is not shared): what it would get under cfs_lock.
+UNTIMED_LOCK_BUDGET = 30.0
+
 #: qemu-server subroutines whose ``vdisk_alloc`` is followed by a copy of a
 #: whole disk into the new volume (full clone and move, offline or by a
 #: mirror job; local-disk migration over NBD; import; the three restores).
@@ -72,6 +88,10 @@ COPY_FLOWS = frozenset({
 
 class PluginRequestError(PvestordError):
     """A request the plugin protocol does not allow (a bug in the caller)."""
+
+
+class PluginTimeoutError(PvestordError):
+    """The answer would have taken longer than the caller's lock allows."""
 
 
 class Kind(enum.Enum):
@@ -100,6 +120,14 @@ def resize_lv_size(lv_size: int, new_maximum: int, initial_size: int, extent_siz
     return max(lv_size, initial_lv_size(initial_size, new_maximum, extent_size))
 
 
+def answer_budget(lock_seconds_left: float | None) -> float:
+    """Seconds an answer may take: a share of what is left of the caller's lock
+    alarm, strictly less than it; :data:`UNTIMED_LOCK_BUDGET` without an alarm."""
+    if lock_seconds_left is None:
+        return UNTIMED_LOCK_BUDGET
+    return LOCK_BUDGET_SHARE * lock_seconds_left
+
+
 #: A commit/rebase target's size: the rule a block job's target gets, one
 #: place for the plugin and the daemon (:func:`pvestord.policy.job_target_size`).
 commit_lv_size = policy.job_target_size
@@ -119,6 +147,16 @@ class Request:
             raise PluginRequestError(f"{self.op}: '{key}' must be a positive integer, "
                                      f"got {value!r}")
         return value
+
+    @property
+    def lock_seconds_left(self) -> float | None:
+        value = self.body.get("lock_seconds_left")
+        if value is None:
+            return None
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+            raise PluginRequestError(f"{self.op}: 'lock_seconds_left' must be a positive "
+                                     f"number of seconds or null, got {value!r}")
+        return float(value)
 
     def name(self, key: str) -> str:
         value = self.body.get(key)
@@ -154,7 +192,25 @@ def parse_request(text: str) -> Request:
 
 
 async def answer(request: Request) -> dict[str, Any]:
-    """Gather what the decision needs (LVM, qemu-img), decide, say what to do."""
+    """Gather what the decision needs (LVM, qemu-img), decide, say what to do.
+
+    :raises PluginTimeoutError: not done within :func:`answer_budget` (the
+        commands it ran are killed with it).
+    """
+    left = request.lock_seconds_left
+    budget = answer_budget(left)
+    try:
+        async with asyncio.timeout(budget):
+            return await _decide(request)
+    except TimeoutError:
+        held = ("its storage lock has no alarm" if left is None
+                else f"{left:g} s were left of its storage lock's alarm")
+        raise PluginTimeoutError(
+            f"{request.op}: no answer within {budget:g} s ({held}); nothing was changed"
+        ) from None
+
+
+async def _decide(request: Request) -> dict[str, Any]:
     storage = request.storage
     vg = storage.vgname
     if request.op == "alloc":
@@ -189,20 +245,9 @@ async def answer(request: Request) -> dict[str, Any]:
     # A running QEMU holds the chain's image locks; the header is read all the same.
     image = await qemu_img.info(f"/dev/{vg}/{target_lv}", force_share=running)
     maximum = await _maximum(image, virtual_size, info.extent_size)
-    source_end = await _source_end(vg, source_lv, running=running)
-    target = commit_lv_size(info.size, source_end, maximum, storage.chunksize, info.extent_size)
+    source_lv_size = (await lvm.lv_info(vg, source_lv)).size
+    target = commit_lv_size(info.size, source_lv_size, maximum, storage.chunksize, info.extent_size)
     return {"lv_size": target, "extend": target > info.size, "maximum": maximum}
-
-
-async def _source_end(vg: str, lv: str, *, running: bool) -> int:
-    """Where the image on ``vg/lv`` ends, or, while its VM runs, the LV's size
-    (an image in use may be growing; it never ends past its LV)."""
-    if running:
-        return (await lvm.lv_info(vg, lv)).size
-    source = await qemu_img.check(f"/dev/{vg}/{lv}")
-    if source.image_end_offset is None:
-        raise PvestordError(f"qemu-img check of {vg}/{lv} did not report the image end")
-    return source.image_end_offset
 
 
 async def _maximum(image: qemu_img.ImageInfo, virtual_size: int, extent_size: int) -> int:
@@ -213,13 +258,17 @@ async def _maximum(image: qemu_img.ImageInfo, virtual_size: int, extent_size: in
 
 __all__ = [
     "COPY_FLOWS",
+    "LOCK_BUDGET_SHARE",
     "OVERLAY_CLUSTER_SIZE",
+    "UNTIMED_LOCK_BUDGET",
     "Kind",
     "PluginRequestError",
+    "PluginTimeoutError",
     "Request",
     "alloc_lv_size",
     "allocation_kind",
     "answer",
+    "answer_budget",
     "commit_lv_size",
     "parse_request",
     "resize_lv_size",

@@ -45,7 +45,7 @@ def thin_storage(sources: upstream.Upstream, out_dir: Path, *, chunksize: int,
             f"\tsnapshot-as-volume-chain 1\n\tchunksize {chunksize // MiB}M\n"
             f"\tchunk-percentage 0.5\n\tinitial-size {initial_size // MiB}M\n")
         session = sources.session(out_dir / "perl.log",
-                                  PVESTORD_COMMAND=str(VENV_BIN / "pvestord"))
+                                  PVESTORD_TEST_COMMAND=str(VENV_BIN / "pvestord"))
         try:
             yield session, vg
         finally:

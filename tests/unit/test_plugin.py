@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pvestord.adapters import lvm, qemu_img
 from pvestord.adapters.config import PLUGIN_TYPE, StorageOptionError, parse_storage_config
 from pvestord.errors import PvestordError
 from pvestord.features import plugin
@@ -108,3 +110,145 @@ def test_plugin_section_is_thin_and_lvm_with_chunksize_warns() -> None:
     warned = [w for w in cfg.warnings if "san2" in w]
     assert len(warned) == 1 and f"'{PLUGIN_TYPE}: san2'" in warned[0]
     assert not [w for w in cfg.warnings if "san1" in w]
+
+
+# --- under the caller's storage lock ------------------------------------------------
+#
+# The plugin answers while Proxmox holds the storage lock, whose alarm aborts
+# the holder before pmxcfs lets another node in: nothing slow may run, and the
+# whole answer keeps to a share of what is left of that alarm.
+
+#: A bound on a test that would otherwise hang on the old code; never reached.
+HANG_GUARD = 60.0
+
+
+@given(left=st.floats(min_value=0.001, max_value=3600.0))
+def test_the_answer_budget_is_strictly_inside_the_lock_alarm(left: float) -> None:
+    assert 0 < plugin.answer_budget(left) < left
+
+
+def test_without_a_lock_alarm_the_answer_gets_what_cfs_lock_would_give() -> None:
+    assert plugin.answer_budget(None) == plugin.UNTIMED_LOCK_BUDGET < 60
+
+
+def test_lock_seconds_left_must_be_a_positive_number_or_null() -> None:
+    assert plugin.parse_request(_request(op="resize")).lock_seconds_left is None
+    assert plugin.parse_request(_request(op="resize", lock_seconds_left=59.5)
+                                ).lock_seconds_left == 59.5
+    with pytest.raises(plugin.PluginRequestError, match="lock_seconds_left"):
+        _ = plugin.parse_request(_request(op="resize", lock_seconds_left="60")
+                                 ).lock_seconds_left
+
+
+class FakeWorld:
+    """LVM and qemu-img as the plugin's answer sees them, every call recorded.
+    An LV in ``hanging`` never answers, as a command stuck on a SAN."""
+
+    def __init__(self, lv_sizes: dict[str, int], *, maximum: int, hanging: set[str]) -> None:
+        self.lv_sizes = lv_sizes
+        self.maximum = maximum
+        self.hanging = hanging
+        self.calls: list[tuple[str, str]] = []
+        self.cancelled: list[str] = []
+
+    async def _call(self, what: str, lv: str) -> None:
+        self.calls.append((what, lv))
+        if lv in self.hanging:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                self.cancelled.append(lv)
+                raise
+
+    async def lv_info(self, vg: str, lv: str, **_: object) -> lvm.LvInfo:
+        await self._call("lvs", lv)
+        return lvm.LvInfo(vg, lv, self.lv_sizes[lv], EXTENT, 100 * GiB, True, False)
+
+    async def vg_info(self, vg: str, **_: object) -> lvm.VgInfo:
+        return lvm.VgInfo(vg, EXTENT, 100 * GiB)
+
+    async def vg_space(self, vg: str, **_: object) -> tuple[int, int]:
+        return 200 * GiB, 100 * GiB
+
+    async def list_lvs(self, vg: str, **_: object) -> list[lvm.LvRow]:
+        return [lvm.LvRow(vg, lv, size, (), lv != "vm-102-disk-0.qcow2", False, "-")
+                for lv, size in self.lv_sizes.items()]
+
+    async def info(self, path: str, **_: object) -> qemu_img.ImageInfo:
+        lv = path.rsplit("/", 1)[1]
+        await self._call("qemu-img info", lv)
+        return qemu_img.ImageInfo(path, "qcow2", 4 * GiB, None, 65536, False, 16, (),
+                                  None, None, False, False)
+
+    async def maximum_required(self, image: qemu_img.ImageInfo, **_: object) -> int:
+        await self._call("qemu-img measure", image.filename.rsplit("/", 1)[1])
+        return self.maximum
+
+    async def measure(self, virtual_size: int, **_: object) -> qemu_img.Measure:
+        await self._call("qemu-img measure", "")
+        return qemu_img.Measure(self.maximum, self.maximum)
+
+    async def check(self, path: str, **_: object) -> qemu_img.CheckResult:
+        await self._call("qemu-img check", path.rsplit("/", 1)[1])
+        return qemu_img.CheckResult(qemu_img.CheckStatus.CLEAN, GiB, None, None, None,
+                                    0, 0, 0, "")
+
+
+EXTENT = 4 * MiB
+TARGET, SOURCE = "snap_vm-100-disk-0_s1.qcow2", "vm-100-disk-0.qcow2"
+
+
+@pytest.fixture
+def world(monkeypatch: pytest.MonkeyPatch) -> FakeWorld:
+    fake = FakeWorld({TARGET: 1 * GiB, SOURCE: 3 * GiB, "vm-101-disk-0.qcow2": 2 * GiB,
+                      "vm-102-disk-0.qcow2": 2 * GiB}, maximum=5 * GiB, hanging=set())
+    for name in ("lv_info", "vg_info", "vg_space", "list_lvs"):
+        monkeypatch.setattr(lvm, name, getattr(fake, name))
+    for name in ("info", "maximum_required", "measure", "check"):
+        monkeypatch.setattr(qemu_img, name, getattr(fake, name))
+    return fake
+
+
+def _answer(text: str) -> dict[str, object]:
+    async def bounded() -> dict[str, object]:
+        return await asyncio.wait_for(plugin.answer(plugin.parse_request(text)), HANG_GUARD)
+    return asyncio.run(bounded())
+
+
+@pytest.mark.parametrize("running", [False, True])
+def test_commit_takes_the_source_lv_size_and_never_checks_its_image(
+        world: FakeWorld, running: bool) -> None:
+    answer = _answer(_request(op="commit", target_lv=TARGET, source_lv=SOURCE,
+                              virtual_size=4 * GiB, running=running, lock_seconds_left=60))
+    # qemu-img check reads every table of the image: minutes under the lock.
+    assert not [call for call in world.calls if call[0] == "qemu-img check"]
+    assert ("lvs", SOURCE) in world.calls
+    assert answer["lv_size"] == plugin.commit_lv_size(1 * GiB, 3 * GiB, 5 * GiB,
+                                                      256 * MiB, EXTENT)
+    assert answer["extend"] is True
+
+
+def test_an_answer_past_its_share_of_the_lock_alarm_gives_up_and_stops_its_commands(
+        world: FakeWorld) -> None:
+    world.hanging = {SOURCE}
+    with pytest.raises(plugin.PluginTimeoutError, match=r"0\.05 s were left"):
+        _answer(_request(op="commit", target_lv=TARGET, source_lv=SOURCE,
+                         virtual_size=4 * GiB, running=False, lock_seconds_left=0.05))
+    assert world.cancelled == [SOURCE]
+
+
+def test_max_overcommit_measures_the_active_thin_lvs_within_the_answer_budget(
+        world: FakeWorld) -> None:
+    text = _request(op="alloc", virtual_size=4 * GiB, lock_seconds_left=60).replace(
+        '"initial-size": "1G"', '"initial-size": "1G", "max-overcommit": "10"')
+    answer = _answer(text)
+    assert answer["kind"] == "thin"
+    measured = {lv for what, lv in world.calls if what == "qemu-img info"}
+    # vm-102 is not active; snapshot LVs are not guest volumes to vgspace.
+    assert measured == {SOURCE, "vm-101-disk-0.qcow2"}
+    # One LV that does not answer stops the allocation in time, nothing left running.
+    world.calls.clear()
+    world.hanging = {"vm-101-disk-0.qcow2"}
+    with pytest.raises(plugin.PluginTimeoutError, match="alloc: no answer"):
+        _answer(text.replace('"lock_seconds_left": 60', '"lock_seconds_left": 0.05'))
+    assert world.cancelled == ["vm-101-disk-0.qcow2"]

@@ -5,9 +5,17 @@ package PvestordTest::StandIns;
 # /usr/share/perl5/PVE/Storage/Custom, and with the pmxcfs locks replaced.
 #
 # cfs_lock_storage / cfs_lock_file mkdir below /etc/pve/priv/lock, which only
-# pmxcfs serves. The stand-in keeps their contract (the code's result is
-# returned, an error is left in $@ and undef returned) with a flock on a file
-# in $ENV{PVESTORD_TEST_LOCK_DIR}.
+# pmxcfs serves. The stand-in keeps their contract with a flock on a file in
+# $ENV{PVESTORD_TEST_LOCK_DIR}: the wait for the lock is bounded by $timeout
+# (10 s by default); the code then runs under an alarm, 60 s as in
+# PVE::Cluster::cfs_lock (pmxcfs expires a lock after 120 s, the alarm aborts
+# the holder first), whose expiry dies with cfs_lock's message; the code's
+# result is returned, an error is left in $@ and undef returned; the caller's
+# own alarm is re-armed afterwards. A test shortens the alarm with
+# $PvestordTest::StandIns::LOCKED_COMMAND_ALARM.
+#
+# $ENV{PVESTORD_TEST_COMMAND}: the pvestord the plugin runs (the checkout's),
+# instead of the installed /usr/bin/pvestord.
 
 use strict;
 use warnings;
@@ -29,23 +37,37 @@ BEGIN {
 use PVE::Storage;
 use PVE::RPCEnvironment;
 
+# Seconds the locked code may run, as cfs_lock's alarm(60).
+our $LOCKED_COMMAND_ALARM = 60;
+
 my sub local_lock {
     my ($lockid, $timeout, $code, @param) = @_;
 
     my $dir = $ENV{PVESTORD_TEST_LOCK_DIR} // die "PVESTORD_TEST_LOCK_DIR is not set\n";
-    open(my $fh, '>>', "$dir/$lockid") or do { $@ = "cannot open lock $lockid: $!\n"; return };
-    my $res = eval {
+    my $prev_alarm = alarm(0);
+    my ($res, $is_code_err);
+    my $fh;
+    eval {
+        open($fh, '>>', "$dir/$lockid") or die "cannot open lock $lockid: $!\n";
         local $SIG{ALRM} = sub { die "got lock request timeout\n" };
         alarm($timeout || 10);
         flock($fh, LOCK_EX) or die "flock $lockid: $!\n";
+        local $SIG{ALRM} = sub { die "'$lockid'-locked command timed out - aborting\n" };
+        alarm($LOCKED_COMMAND_ALARM);
+        $is_code_err = 1;
+        $res = $code->(@param);
         alarm(0);
-        return $code->(@param);
     };
     my $err = $@;
     alarm(0);
-    close($fh);
-    $@ = $err;
-    return $err ? undef : $res;
+    close($fh) if $fh;
+    alarm($prev_alarm);
+    if ($err) {
+        $@ = ref($err) eq 'PVE::Exception' || $is_code_err ? $err : "cfs-lock '$lockid' error: $err";
+        return undef;
+    }
+    $@ = undef;
+    return $res;
 }
 
 {
@@ -63,6 +85,10 @@ my sub local_lock {
     *PVE::Cluster::cfs_lock_file = $lock_file;
     *PVE::Storage::cfs_lock_file = $lock_file;
 }
+
+# The plugin's own path to pvestord is the installed one; point it at the checkout's.
+$PVE::Storage::Custom::PvestordPlugin::PVESTORD = $ENV{PVESTORD_TEST_COMMAND}
+    if defined($ENV{PVESTORD_TEST_COMMAND});
 
 PVE::RPCEnvironment->init('cli');
 

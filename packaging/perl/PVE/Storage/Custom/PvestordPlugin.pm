@@ -22,6 +22,7 @@ use warnings;
 use File::Basename qw(basename);
 use JSON;
 use List::Util qw(max);
+use Time::HiRes qw();
 
 use PVE::Tools qw(run_command);
 use PVE::Storage::Common;
@@ -115,11 +116,21 @@ sub on_add_hook {
     return $class->SUPER::on_add_hook($storeid, $scfg, %param);
 }
 
-sub pvestord_command {
-    return $ENV{PVESTORD_COMMAND} // '/usr/bin/pvestord';
-}
+# The pvestord root runs here, inside pvedaemon: a fixed path, never one the
+# environment could choose. (The tests point it at their checkout through the
+# package variable.)
+our $PVESTORD = '/usr/bin/pvestord';
 
 # One decision of pvestord's: the request with this storage's settings in, the answer out.
+#
+# Every caller holds the storage lock, and cfs_lock runs the locked code under
+# an alarm (60 s) that aborts it well before pmxcfs lets another node take the
+# lock (120 s). run_command with a 'timeout' would put that alarm aside while
+# pvestord runs and re-arm it afterwards with the time it had left before, so
+# no timeout is passed: the caller's alarm bounds pvestord. pvestord is told
+# what is left of it and keeps to half of that, leaving the rest for the LVM
+# command that carries its answer out. run_command without a timeout ends with
+# alarm(0), so the caller's alarm is re-armed here with what it still has left.
 my sub ask {
     my ($scfg, $storeid, $request) = @_;
 
@@ -132,16 +143,24 @@ my sub ask {
         shared => $scfg->{shared} ? JSON::true : JSON::false,
         options => \%options,
     };
+    # Reading an alarm means stopping it; it is re-armed at once.
+    my $alarm_left = Time::HiRes::alarm(0);
+    Time::HiRes::alarm($alarm_left) if $alarm_left;
+    my $asked_at = Time::HiRes::time();
+    $request->{lock_seconds_left} = $alarm_left ? $alarm_left + 0 : undef;
     my $output = '';
     run_command(
-        [pvestord_command(), 'plugin'],
+        [$PVESTORD, 'plugin'],
         input => encode_json($request),
         outfunc => sub { $output .= shift },
-        # pvestord bounds each of its own commands; this only catches a hang. Generous:
-        # a cold Python start on a loaded node can take tens of seconds.
-        timeout => 300,
         errmsg => "pvestord plugin $request->{op}",
     );
+    # On failure the error goes up to the lock, which ends it and its alarm.
+    if ($alarm_left) {
+        my $still_left = $alarm_left - (Time::HiRes::time() - $asked_at);
+        # Spent to the last moment without firing: let it fire now.
+        Time::HiRes::alarm($still_left > 0 ? $still_left : 0.001);
+    }
     return decode_json($output);
 }
 
