@@ -181,6 +181,9 @@ def decision_json(d: Decision, storage: StorageView | None) -> dict[str, Any]:
     out: dict[str, Any] = {"sid": d.sid, "action": d.kind, "from": d.source, "to": d.target}
     if d.note:
         out["note"] = d.note
+    if d.kind in ("retry-here", "give-up"):
+        # The nodes its start failed on, in order: what the text output lists as "tried".
+        out["tried"] = list(d.tried)
     if d.selection is not None:
         out.update(selection_json(d.selection))
     if storage is not None and d.selection is not None:
