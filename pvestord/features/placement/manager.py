@@ -5,7 +5,9 @@ rounds (node states, rules, commands, then every service in string order of
 its id, repeated until no state changes, then fencing), the LRMs carrying
 out migrations and stops, nodes finishing a shutdown; then the 60 s after
 which a lost node is fenced pass, and it runs again. Only the order of the
-manager's decisions is modelled, not their timing.
+manager's decisions is modelled, and of timing only what decides that order
+when events overlap: a simulator step comes a known number of rounds after
+the one before, and a fence not yet acknowledged by then waits into it.
 
 The rounds live beside this driver, split as Manager.pm's work splits:
 :mod:`.world` (the state and the queries on it), :mod:`.lrm` (nodes and
@@ -34,28 +36,54 @@ from pvestord.features.placement.select import StorageFilter, used_nodes
 #: Bound on settle iterations per event: a real cluster always settles well before.
 MAX_STEPS = 200
 
+#: Manager rounds from a node's loss to the acknowledged fence, in the simulator's 20 s
+#: rounds: 60 s of fence delay put its resources in 'fence', then the manager waits for
+#: the node's agent lock, which expires 120 s after its LRM last renewed it.
+FENCE_ACK_ROUNDS = 6
+
 
 class _Manager(CrmRound, LrmRounds):
     """Runs the rounds until the cluster settles after each event, then rebalances."""
 
+    def one_round(self) -> None:
+        """One manager round, then one round of every LRM (the simulator's loop)."""
+        self.changed = False
+        for daemon, round_of in (("crm", self.crm_round), ("lrm", self.lrm_round)):
+            if self.skip[daemon]:
+                self.skip[daemon] -= 1
+                self.changed = True
+            else:
+                round_of()
+        self.hardware_step()
+
     def settle(self) -> None:
         for _ in range(MAX_STEPS):
-            self.changed = False
-            for daemon, round_of in (("crm", self.crm_round), ("lrm", self.lrm_round)):
-                if self.skip[daemon]:
-                    self.skip[daemon] -= 1
-                    self.changed = True
-                else:
-                    round_of()
-            self.hardware_step()
+            self.one_round()
             if not self.changed:
                 return
 
-    def run_event(self, event: Event) -> EventResult:
+    def finish_pending_fences(self) -> None:
+        """Rounds of this event during which a fence from before is still waiting for
+        its node's agent lock; the round after the lock expired acknowledges it, after
+        the service walk of that round (so an evacuation in it comes first)."""
+        while self.fence_pending:
+            self.one_round()
+            for node in sorted(self.fence_pending):
+                self.fence_pending[node] -= 1
+                if self.fence_pending[node] <= 0:
+                    del self.fence_pending[node]
+                    self.lock[node] = False
+
+    def run_event(self, event: Event, next_after: int | None = None) -> EventResult:
+        """Apply ``event``, run until settled; ``next_after``: rounds until the next event
+        (None: it waits until this one has settled), so a fence not yet acknowledged by
+        then is carried into it."""
         start = len(self.decisions)
         self.kept_away = set()
         for command in event.commands:
             self.apply(command)
+        self.finish_pending_fences()
+        defer = next_after is not None and next_after < FENCE_ACK_ROUNDS
         for _ in range(MAX_STEPS):
             self.settle()
             # The fence delay passes: lost nodes are fenced (their watchdog fired).
@@ -69,7 +97,12 @@ class _Manager(CrmRound, LrmRounds):
                 break
             self.delayed |= lost
             for node in sorted(lost | orphaned):
-                self.lock[node] = False
+                if defer and node in lost and node not in orphaned and next_after is not None:
+                    # The next event comes before the lost node's agent lock expires: its
+                    # resources wait in 'fence' into that event.
+                    self.fence_pending[node] = FENCE_ACK_ROUNDS - next_after
+                else:
+                    self.lock[node] = False
                 if node in orphaned or (self.power.get(node) and not self.network.get(node)):
                     self.power[node] = False
                     self.shutdown.pop(node, None)
@@ -192,7 +225,8 @@ def predict(cluster: Cluster, events: Sequence[Event],
     manager = _Manager(cluster, storage)
     if not events:
         events = [Event("(no event)", ())]
-    results = [manager.run_event(event) for event in events]
+    results = [manager.run_event(event, following.after_rounds if following else None)
+               for event, following in zip(events, [*events[1:], None], strict=True)]
     rules = manager.first_rules or build_rules(cluster.rules, cluster.rule_order,
                                                sorted(cluster.nodes))
     options = {"rebalance_on_start": cluster.rebalance_on_start,

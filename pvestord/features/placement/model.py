@@ -111,6 +111,11 @@ class Command:
 class Event:
     label: str
     commands: tuple[Command, ...]
+    #: Manager rounds between the previous event and this one; None: it comes once the
+    #: cluster has settled after the previous one (an admin's events, whose timing is
+    #: not known). A simulator step comes 5 rounds after the one before, or later after
+    #: a ``delay``; what is still in progress then (a fence) overlaps with it.
+    after_rounds: int | None = None
 
 
 @dataclass(frozen=True)

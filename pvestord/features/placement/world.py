@@ -58,6 +58,8 @@ class World:
         self.power_on_next: set[str] = set()
         self.ns: dict[str, str] = dict(cluster.node_status)
         self.delayed: set[str] = set()
+        #: Lost nodes whose fence waits for their agent lock: rounds still to wait.
+        self.fence_pending: dict[str, int] = {}
         self.requests: set[str] = set(cluster.maintenance_requests)
         self.sc: dict[str, ServiceConfig] = {
             sid: self._group_failback(cd) for sid, cd in cluster.services.items()}
