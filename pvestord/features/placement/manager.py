@@ -47,6 +47,7 @@ class _Manager(CrmRound, LrmRounds):
 
     def one_round(self) -> None:
         """One manager round, then one round of every LRM (the simulator's loop)."""
+        self.event_rounds += 1
         self.changed = False
         for daemon, round_of in (("crm", self.crm_round), ("lrm", self.lrm_round)):
             if self.skip[daemon]:
@@ -80,6 +81,8 @@ class _Manager(CrmRound, LrmRounds):
         then is carried into it."""
         start = len(self.decisions)
         self.kept_away = set()
+        self.event_rounds = 0
+        self.next_after = next_after
         for command in event.commands:
             self.apply(command)
         self.finish_pending_fences()
@@ -119,6 +122,10 @@ class _Manager(CrmRound, LrmRounds):
                 sd.cmd is not None and sd.cmd[0] in ("migrate", "relocate"))
                for sd in self.ss.values()):
             return False
+        if self.next_after is not None and self.rebalance_round() >= self.next_after:
+            # The imbalance has to last the hold time; the next event comes first, and the
+            # manager looks again once it has settled after that one.
+            return False
         usage = self.usage
         move = best_move(self.bundles(), usage.cpu, usage.mem, cluster.capacity, self.sizes,
                          cluster.rebalance_threshold, cluster.rebalance_margin)
@@ -129,6 +136,13 @@ class _Manager(CrmRound, LrmRounds):
         task = "migrate" if self.sc[move.leader].kind == "vm" else "relocate"
         self.queue_motion(task, move.leader, move.target)
         return True
+
+    def rebalance_round(self) -> int:
+        """The round of this event in which the manager would queue the move: the hold
+        time after the round whose walk settled the cluster (the last round changed
+        nothing), since ``load_balance`` counts the rounds before each walk."""
+        settled_in = max(self.event_rounds - 2, 0)
+        return settled_in + self.cluster.rebalance_hold
 
     def bundles(self) -> list[Bundle]:
         """Running resources with their running positive partners, all on one node."""
@@ -197,7 +211,8 @@ def warnings_for(cluster: Cluster) -> list[str]:
                      "CRS and the bruteforce method, not here")
     elif cluster.auto_rebalance:
         found.append("ha-auto-rebalance is on: its moves are predicted once the cluster has "
-                     "settled after each event; the hold time only delays them")
+                     f"settled after each event and the imbalance has lasted "
+                     f"{cluster.rebalance_hold} rounds (the hold)")
     if cluster.crs == "dynamic":
         found.append("CRS 'dynamic' scores measured load, which is not modelled: predicted "
                      "with the static scores instead")

@@ -75,6 +75,8 @@ class Cluster:
     rebalance_threshold: float = 0.3
     rebalance_margin: float = 0.1
     rebalance_method: str = "bruteforce"
+    #: ``crs: ha-auto-rebalance-hold-duration``: manager rounds the imbalance must last.
+    rebalance_hold: int = 3
     shutdown_policy: str = "conditional"
     #: Static CRS: node CPUs and memory, guest sizes (by sid, and by non-HA guest id).
     capacity: Mapping[str, NodeCapacity] = field(default_factory=dict)
