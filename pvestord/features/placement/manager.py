@@ -18,6 +18,7 @@ CRM round around them: node states, commands, fencing).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 
 from pvestord.features.placement.crm import CrmRound
 from pvestord.features.placement.lrm import LrmRounds
@@ -28,6 +29,7 @@ from pvestord.features.placement.model import (
     EventResult,
     NodeFacts,
     Prediction,
+    TimingDependence,
 )
 from pvestord.features.placement.rebalance import Bundle, best_move
 from pvestord.features.placement.rules import build_rules
@@ -234,21 +236,65 @@ def warnings_for(cluster: Cluster) -> list[str]:
     return found
 
 
+#: Rounds until the next event in the alternatives of :func:`timing_dependences`: a
+#: simulator step's gap (the fence is still waiting), or one round (within the hold).
+_DURING_FENCE = 5
+_DURING_HOLD = 1
+
+
+def _run(cluster: Cluster, events: Sequence[Event],
+         storage: StorageFilter | None) -> tuple[_Manager, list[EventResult]]:
+    manager = _Manager(cluster, storage)
+    results = [manager.run_event(event, following.after_rounds if following else None)
+               for event, following in zip(events, [*events[1:], None], strict=True)]
+    return manager, results
+
+
+def timing_dependences(cluster: Cluster, events: Sequence[Event],
+                       results: Sequence[EventResult],
+                       storage: StorageFilter | None) -> list[TimingDependence]:
+    """For an admin's events (no known gap), the end placements that change when the next
+    event comes while a fence or the auto-rebalance hold of the one before is pending."""
+    found = []
+    final = results[-1].placement
+    for index, (event, result) in enumerate(zip(events[:-1], results[:-1], strict=True)):
+        following = events[index + 1]
+        if following.after_rounds is not None:
+            continue
+        kinds = {d.kind for d in result.decisions}
+        if kinds & {"recover", "recover-failed"}:
+            pending, gap = "a fence not yet acknowledged", _DURING_FENCE
+        elif "auto-rebalance" in kinds:
+            pending, gap = "the auto-rebalance hold", _DURING_HOLD
+        else:
+            continue
+        alternative = list(events)
+        alternative[index + 1] = replace(following, after_rounds=gap)
+        _, other = _run(cluster, alternative, storage)
+        other_final = other[-1].placement
+        changed = tuple(sid for sid in sorted(set(final) | set(other_final))
+                        if final.get(sid) != other_final.get(sid))
+        if changed:
+            found.append(TimingDependence(
+                event.label, following.label, pending, changed,
+                {"after": {sid: final[sid][1] for sid in changed if sid in final},
+                 "during": {sid: other_final[sid][1] for sid in changed if sid in other_final}}))
+    return found
+
+
 def predict(cluster: Cluster, events: Sequence[Event],
             storage: StorageFilter | None = None) -> Prediction:
     """What the manager decides after each event, in order (a pure function of its inputs)."""
-    manager = _Manager(cluster, storage)
     if not events:
         events = [Event("(no event)", ())]
-    results = [manager.run_event(event, following.after_rounds if following else None)
-               for event, following in zip(events, [*events[1:], None], strict=True)]
+    manager, results = _run(cluster, events, storage)
     rules = manager.first_rules or build_rules(cluster.rules, cluster.rule_order,
                                                sorted(cluster.nodes))
     options = {"rebalance_on_start": cluster.rebalance_on_start,
                "auto_rebalance": cluster.auto_rebalance}
     return Prediction(rules, tuple(results), tuple(warnings_for(cluster)),
                       cluster.crs if manager.static or cluster.crs != "static" else "basic",
-                      options)
+                      options, tuple(timing_dependences(cluster, events, results, storage)))
 
 
 def node_facts(names: Iterable[str], down: Callable[[str], bool] = lambda _: False) \

@@ -159,9 +159,25 @@ class EventResult:
 
 
 @dataclass(frozen=True)
+class TimingDependence:
+    """Where the end placement depends on when the next event comes, which the model
+    cannot know for an admin's events: each outcome, and the resources it changes."""
+
+    event: str
+    next_event: str
+    #: What may still be in progress when the next event comes.
+    pending: str
+    resources: tuple[str, ...]
+    #: {"after": {sid: node}, "during": {sid: node}}: the end placement of ``resources``
+    #: when the next event comes once the cluster has settled, or while it is pending.
+    outcomes: Mapping[str, Mapping[str, str]]
+
+
+@dataclass(frozen=True)
 class Prediction:
     rules: RuleSet
     events: tuple[EventResult, ...]
     warnings: tuple[str, ...]
     crs: str
     options: Mapping[str, bool]
+    timing: tuple[TimingDependence, ...] = ()
