@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pvestord.features.placement.explain import cannot_place
+from pvestord.features.placement.explain import cannot_place, render_json, render_text
 from pvestord.features.placement.failures import (
     FailureCounters,
     InjectedFailures,
@@ -92,3 +92,19 @@ def test_a_resource_left_in_error_cannot_be_placed() -> None:
     assert cannot_place(gives_up)
     recovers = predict(one_failing_resource(1, 0, 1), [Event("(settle)", ())])
     assert not cannot_place(recovers)
+
+
+def test_json_names_the_nodes_tried_as_the_text_does() -> None:
+    """give-up and retry-here carry the nodes the start failed on, in order, in both forms."""
+    gives_up = predict(one_failing_resource(9, 0, 1), [Event("(settle)", ())])
+    decision = render_json(gives_up)["events"][-1]["decisions"][-1]
+    assert decision["action"] == "give-up"
+    assert decision["tried"] == ["node1", "node2"]
+    assert "(tried node1, node2)" in render_text(gives_up)
+    # every node fails once (max_restart 0): the third failure finds no untried node
+    retries = predict(one_failing_resource(3, 0, 3), [Event("(settle)", ())])
+    decisions = render_json(retries)["events"][-1]["decisions"]
+    retry = [d for d in decisions if d["action"] == "retry-here"]
+    assert retry and retry[0]["tried"] == ["node1", "node2", "node3"]
+    moved = [d for d in decisions if d["action"] == "relocate"]
+    assert moved and all("tried" not in d for d in moved)

@@ -123,12 +123,23 @@ def _static_stats(pairs: Sequence[str]) -> str:
     return " ".join(out)
 
 
+#: The simulator applies a ``cmdlist`` step every 5 loop iterations of 20 s.
+SIM_ROUNDS_PER_STEP = 5
+SIM_ROUND_SECONDS = 20
+
+
 def sim_events(steps: Sequence[Sequence[str]]) -> list[Event]:
-    """A ``cmdlist``: every step (its commands together) is one event."""
+    """A ``cmdlist``: every step (its commands together) is one event, with the rounds
+    since the step before (``delay N`` holds the next step back by at least N s)."""
     events = []
+    gap: int | None = None
     for step in steps:
         commands = tuple(sim_command(c) for c in step)
-        events.append(Event("; ".join(step) if step else "(wait)", commands))
+        events.append(Event("; ".join(step) if step else "(wait)", commands, gap))
+        step_seconds = SIM_ROUNDS_PER_STEP * SIM_ROUND_SECONDS
+        delay = max((int(c.split()[1]) for c in step
+                     if re.match(r"^delay\s+\d+\s*$", c)), default=0)
+        gap = SIM_ROUNDS_PER_STEP * max(1, -(-delay // step_seconds))
     return events
 
 

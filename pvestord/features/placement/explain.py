@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from pvestord.features.placement import MODEL
-from pvestord.features.placement.model import Decision, Prediction
+from pvestord.features.placement.model import Decision, Prediction, TimingDependence
 from pvestord.features.placement.select import Selection
 
 #: The storage verdict of a node for a resource: (eligible, reasons, warnings).
@@ -116,6 +116,18 @@ def behaviour_warnings(prediction: Prediction) -> list[str]:
     return found
 
 
+def timing_warning(dependence: TimingDependence) -> str:
+    """One timing dependence, with both outcomes."""
+    def where(outcome: str) -> str:
+        nodes = dependence.outcomes.get(outcome, {})
+        return ", ".join(f"{sid} {nodes.get(sid, '(gone)')}" for sid in dependence.resources)
+    return (f"timing: where {', '.join(dependence.resources)} end depends on when "
+            f"'{dependence.next_event}' comes after '{dependence.event}', which the model "
+            f"cannot know: once the cluster has settled: {where('after')}; while "
+            f"{dependence.pending} is pending: {where('during')} (the manager then walks "
+            "the resources before it finishes that)")
+
+
 def storage_warnings(prediction: Prediction, storage: StorageView | None) -> list[str]:
     found: list[str] = []
     if storage is None:
@@ -157,7 +169,8 @@ def render_text(prediction: Prediction, storage: StorageView | None = None,
         for sid, why in event.unplaced.items():
             lines.append(f"  unplaced: {sid}: {why}")
     warnings = [*prediction.warnings, *behaviour_warnings(prediction),
-                *storage_warnings(prediction, storage)]
+                *storage_warnings(prediction, storage),
+                *(timing_warning(t) for t in prediction.timing)]
     if warnings:
         lines.append("warnings:")
         lines.extend(f"  {w}" for w in warnings)
@@ -181,6 +194,9 @@ def decision_json(d: Decision, storage: StorageView | None) -> dict[str, Any]:
     out: dict[str, Any] = {"sid": d.sid, "action": d.kind, "from": d.source, "to": d.target}
     if d.note:
         out["note"] = d.note
+    if d.kind in ("retry-here", "give-up"):
+        # The nodes its start failed on, in order: what the text output lists as "tried".
+        out["tried"] = list(d.tried)
     if d.selection is not None:
         out.update(selection_json(d.selection))
     if storage is not None and d.selection is not None:
@@ -213,7 +229,12 @@ def render_json(prediction: Prediction, storage: StorageView | None = None,
         "final_states": {sid: state for sid, (state, _) in final.items()},
         "unplaced": unplaced,
         "warnings": [*prediction.warnings, *behaviour_warnings(prediction),
-                     *storage_warnings(prediction, storage)],
+                     *storage_warnings(prediction, storage),
+                     *(timing_warning(t) for t in prediction.timing)],
+        "timing": [{"event": t.event, "next_event": t.next_event, "pending": t.pending,
+                    "resources": list(t.resources),
+                    "outcomes": {k: dict(v) for k, v in t.outcomes.items()}}
+                   for t in prediction.timing],
     }
 
 

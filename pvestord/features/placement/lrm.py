@@ -89,9 +89,18 @@ class LrmRounds(World):
             self.lrm_mode[node] = "shutdown"
 
     def lrm_round(self) -> None:
+        # An LRM takes its agent lock and then works in the same round; without the lock
+        # it does nothing. So a stop and a start on two nodes are done, and their results
+        # read by the manager, in the same rounds.
+        for node in sorted(self.power):
+            if self.power[node] and self.member(node) and self.quorate() \
+                    and not self.lock.get(node) and not self._fence_requested(node):
+                self.lock[node] = True
+                self.changed = True
         for sid in sorted(self.ss):
             sd = self.ss[sid]
-            if sd.lrm_done or not self.power.get(sd.node) or not self.member(sd.node):
+            if sd.lrm_done or not self.power.get(sd.node) or not self.member(sd.node) \
+                    or not self.lock.get(sd.node):
                 continue
             failures = injected_failures(sid)
             if sd.state in ("migrate", "relocate", "request_start_balance"):
@@ -111,16 +120,11 @@ class LrmRounds(World):
                     sd.lrm_error = failures.stop_fails
                     if not sd.lrm_error:
                         self.fa_running.discard(sid)
-            elif sd.state == "started" and failures is not None and sd.start_result is None \
-                    and self.lock.get(sd.node):
+            elif sd.state == "started" and failures is not None and sd.start_result is None:
                 self.lrm_start(sid, failures)
         for node in sorted(self.power):
             if not self.power[node]:
                 continue
-            if self.member(node) and self.quorate() and not self.lock.get(node) \
-                    and not self._fence_requested(node):
-                self.lock[node] = True
-                self.changed = True
             if node in self.lrm_restarting and self._active_services(node) == 0:
                 # Every resource is frozen: the LRM exits and its successor comes up.
                 self.lrm_restarting.discard(node)

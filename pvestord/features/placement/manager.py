@@ -5,7 +5,9 @@ rounds (node states, rules, commands, then every service in string order of
 its id, repeated until no state changes, then fencing), the LRMs carrying
 out migrations and stops, nodes finishing a shutdown; then the 60 s after
 which a lost node is fenced pass, and it runs again. Only the order of the
-manager's decisions is modelled, not their timing.
+manager's decisions is modelled, and of timing only what decides that order
+when events overlap: a simulator step comes a known number of rounds after
+the one before, and a fence not yet acknowledged by then waits into it.
 
 The rounds live beside this driver, split as Manager.pm's work splits:
 :mod:`.world` (the state and the queries on it), :mod:`.lrm` (nodes and
@@ -16,6 +18,7 @@ CRM round around them: node states, commands, fencing).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 
 from pvestord.features.placement.crm import CrmRound
 from pvestord.features.placement.lrm import LrmRounds
@@ -26,6 +29,7 @@ from pvestord.features.placement.model import (
     EventResult,
     NodeFacts,
     Prediction,
+    TimingDependence,
 )
 from pvestord.features.placement.rebalance import Bundle, best_move
 from pvestord.features.placement.rules import build_rules
@@ -34,28 +38,57 @@ from pvestord.features.placement.select import StorageFilter, used_nodes
 #: Bound on settle iterations per event: a real cluster always settles well before.
 MAX_STEPS = 200
 
+#: Manager rounds from a node's loss to the acknowledged fence, in the simulator's 20 s
+#: rounds: 60 s of fence delay put its resources in 'fence', then the manager waits for
+#: the node's agent lock, which expires 120 s after its LRM last renewed it.
+FENCE_ACK_ROUNDS = 6
+
 
 class _Manager(CrmRound, LrmRounds):
     """Runs the rounds until the cluster settles after each event, then rebalances."""
 
+    def one_round(self) -> None:
+        """One manager round, then one round of every LRM (the simulator's loop)."""
+        self.event_rounds += 1
+        self.changed = False
+        for daemon, round_of in (("crm", self.crm_round), ("lrm", self.lrm_round)):
+            if self.skip[daemon]:
+                self.skip[daemon] -= 1
+                self.changed = True
+            else:
+                round_of()
+        self.hardware_step()
+
     def settle(self) -> None:
         for _ in range(MAX_STEPS):
-            self.changed = False
-            for daemon, round_of in (("crm", self.crm_round), ("lrm", self.lrm_round)):
-                if self.skip[daemon]:
-                    self.skip[daemon] -= 1
-                    self.changed = True
-                else:
-                    round_of()
-            self.hardware_step()
+            self.one_round()
             if not self.changed:
                 return
 
-    def run_event(self, event: Event) -> EventResult:
+    def finish_pending_fences(self) -> None:
+        """Rounds of this event during which a fence from before is still waiting for
+        its node's agent lock; the round after the lock expired acknowledges it, after
+        the service walk of that round (so an evacuation in it comes first)."""
+        while self.fence_pending:
+            self.one_round()
+            for node in sorted(self.fence_pending):
+                self.fence_pending[node] -= 1
+                if self.fence_pending[node] <= 0:
+                    del self.fence_pending[node]
+                    self.lock[node] = False
+
+    def run_event(self, event: Event, next_after: int | None = None) -> EventResult:
+        """Apply ``event``, run until settled; ``next_after``: rounds until the next event
+        (None: it waits until this one has settled), so a fence not yet acknowledged by
+        then is carried into it."""
         start = len(self.decisions)
         self.kept_away = set()
+        self.event_rounds = 0
+        self.next_after = next_after
         for command in event.commands:
             self.apply(command)
+        self.finish_pending_fences()
+        defer = next_after is not None and next_after < FENCE_ACK_ROUNDS
         for _ in range(MAX_STEPS):
             self.settle()
             # The fence delay passes: lost nodes are fenced (their watchdog fired).
@@ -69,7 +102,12 @@ class _Manager(CrmRound, LrmRounds):
                 break
             self.delayed |= lost
             for node in sorted(lost | orphaned):
-                self.lock[node] = False
+                if defer and node in lost and node not in orphaned and next_after is not None:
+                    # The next event comes before the lost node's agent lock expires: its
+                    # resources wait in 'fence' into that event.
+                    self.fence_pending[node] = FENCE_ACK_ROUNDS - next_after
+                else:
+                    self.lock[node] = False
                 if node in orphaned or (self.power.get(node) and not self.network.get(node)):
                     self.power[node] = False
                     self.shutdown.pop(node, None)
@@ -86,6 +124,10 @@ class _Manager(CrmRound, LrmRounds):
                 sd.cmd is not None and sd.cmd[0] in ("migrate", "relocate"))
                for sd in self.ss.values()):
             return False
+        if self.next_after is not None and self.rebalance_round() >= self.next_after:
+            # The imbalance has to last the hold time; the next event comes first, and the
+            # manager looks again once it has settled after that one.
+            return False
         usage = self.usage
         move = best_move(self.bundles(), usage.cpu, usage.mem, cluster.capacity, self.sizes,
                          cluster.rebalance_threshold, cluster.rebalance_margin)
@@ -96,6 +138,13 @@ class _Manager(CrmRound, LrmRounds):
         task = "migrate" if self.sc[move.leader].kind == "vm" else "relocate"
         self.queue_motion(task, move.leader, move.target)
         return True
+
+    def rebalance_round(self) -> int:
+        """The round of this event in which the manager would queue the move: the hold
+        time after the round whose walk settled the cluster (the last round changed
+        nothing), since ``load_balance`` counts the rounds before each walk."""
+        settled_in = max(self.event_rounds - 2, 0)
+        return settled_in + self.cluster.rebalance_hold
 
     def bundles(self) -> list[Bundle]:
         """Running resources with their running positive partners, all on one node."""
@@ -164,7 +213,8 @@ def warnings_for(cluster: Cluster) -> list[str]:
                      "CRS and the bruteforce method, not here")
     elif cluster.auto_rebalance:
         found.append("ha-auto-rebalance is on: its moves are predicted once the cluster has "
-                     "settled after each event; the hold time only delays them")
+                     f"settled after each event and the imbalance has lasted "
+                     f"{cluster.rebalance_hold} rounds (the hold)")
     if cluster.crs == "dynamic":
         found.append("CRS 'dynamic' scores measured load, which is not modelled: predicted "
                      "with the static scores instead")
@@ -186,20 +236,65 @@ def warnings_for(cluster: Cluster) -> list[str]:
     return found
 
 
+#: Rounds until the next event in the alternatives of :func:`timing_dependences`: a
+#: simulator step's gap (the fence is still waiting), or one round (within the hold).
+_DURING_FENCE = 5
+_DURING_HOLD = 1
+
+
+def _run(cluster: Cluster, events: Sequence[Event],
+         storage: StorageFilter | None) -> tuple[_Manager, list[EventResult]]:
+    manager = _Manager(cluster, storage)
+    results = [manager.run_event(event, following.after_rounds if following else None)
+               for event, following in zip(events, [*events[1:], None], strict=True)]
+    return manager, results
+
+
+def timing_dependences(cluster: Cluster, events: Sequence[Event],
+                       results: Sequence[EventResult],
+                       storage: StorageFilter | None) -> list[TimingDependence]:
+    """For an admin's events (no known gap), the end placements that change when the next
+    event comes while a fence or the auto-rebalance hold of the one before is pending."""
+    found = []
+    final = results[-1].placement
+    for index, (event, result) in enumerate(zip(events[:-1], results[:-1], strict=True)):
+        following = events[index + 1]
+        if following.after_rounds is not None:
+            continue
+        kinds = {d.kind for d in result.decisions}
+        if kinds & {"recover", "recover-failed"}:
+            pending, gap = "a fence not yet acknowledged", _DURING_FENCE
+        elif "auto-rebalance" in kinds:
+            pending, gap = "the auto-rebalance hold", _DURING_HOLD
+        else:
+            continue
+        alternative = list(events)
+        alternative[index + 1] = replace(following, after_rounds=gap)
+        _, other = _run(cluster, alternative, storage)
+        other_final = other[-1].placement
+        changed = tuple(sid for sid in sorted(set(final) | set(other_final))
+                        if final.get(sid) != other_final.get(sid))
+        if changed:
+            found.append(TimingDependence(
+                event.label, following.label, pending, changed,
+                {"after": {sid: final[sid][1] for sid in changed if sid in final},
+                 "during": {sid: other_final[sid][1] for sid in changed if sid in other_final}}))
+    return found
+
+
 def predict(cluster: Cluster, events: Sequence[Event],
             storage: StorageFilter | None = None) -> Prediction:
     """What the manager decides after each event, in order (a pure function of its inputs)."""
-    manager = _Manager(cluster, storage)
     if not events:
         events = [Event("(no event)", ())]
-    results = [manager.run_event(event) for event in events]
+    manager, results = _run(cluster, events, storage)
     rules = manager.first_rules or build_rules(cluster.rules, cluster.rule_order,
                                                sorted(cluster.nodes))
     options = {"rebalance_on_start": cluster.rebalance_on_start,
                "auto_rebalance": cluster.auto_rebalance}
     return Prediction(rules, tuple(results), tuple(warnings_for(cluster)),
                       cluster.crs if manager.static or cluster.crs != "static" else "basic",
-                      options)
+                      options, tuple(timing_dependences(cluster, events, results, storage)))
 
 
 def node_facts(names: Iterable[str], down: Callable[[str], bool] = lambda _: False) \

@@ -75,6 +75,8 @@ class Cluster:
     rebalance_threshold: float = 0.3
     rebalance_margin: float = 0.1
     rebalance_method: str = "bruteforce"
+    #: ``crs: ha-auto-rebalance-hold-duration``: manager rounds the imbalance must last.
+    rebalance_hold: int = 3
     shutdown_policy: str = "conditional"
     #: Static CRS: node CPUs and memory, guest sizes (by sid, and by non-HA guest id).
     capacity: Mapping[str, NodeCapacity] = field(default_factory=dict)
@@ -111,6 +113,11 @@ class Command:
 class Event:
     label: str
     commands: tuple[Command, ...]
+    #: Manager rounds between the previous event and this one; None: it comes once the
+    #: cluster has settled after the previous one (an admin's events, whose timing is
+    #: not known). A simulator step comes 5 rounds after the one before, or later after
+    #: a ``delay``; what is still in progress then (a fence) overlaps with it.
+    after_rounds: int | None = None
 
 
 @dataclass(frozen=True)
@@ -152,9 +159,25 @@ class EventResult:
 
 
 @dataclass(frozen=True)
+class TimingDependence:
+    """Where the end placement depends on when the next event comes, which the model
+    cannot know for an admin's events: each outcome, and the resources it changes."""
+
+    event: str
+    next_event: str
+    #: What may still be in progress when the next event comes.
+    pending: str
+    resources: tuple[str, ...]
+    #: {"after": {sid: node}, "during": {sid: node}}: the end placement of ``resources``
+    #: when the next event comes once the cluster has settled, or while it is pending.
+    outcomes: Mapping[str, Mapping[str, str]]
+
+
+@dataclass(frozen=True)
 class Prediction:
     rules: RuleSet
     events: tuple[EventResult, ...]
     warnings: tuple[str, ...]
     crs: str
     options: Mapping[str, bool]
+    timing: tuple[TimingDependence, ...] = ()

@@ -7,7 +7,8 @@ stationary bundle (a resource with its positive-affinity partners, all on one no
 on every node it may go to, and queues the move that leaves the least imbalance
 (ties: leader id, source, target) if it improves the imbalance by at least the
 margin. One move at a time: the next is looked for once it is done. The hold time
-(rounds the imbalance must last) only delays a move, which the model does not time.
+(rounds the imbalance must last) is counted by the driver (:mod:`.manager`), which
+knows when the next event comes.
 """
 
 from __future__ import annotations

@@ -58,6 +58,12 @@ class World:
         self.power_on_next: set[str] = set()
         self.ns: dict[str, str] = dict(cluster.node_status)
         self.delayed: set[str] = set()
+        #: Lost nodes whose fence waits for their agent lock: rounds still to wait.
+        self.fence_pending: dict[str, int] = {}
+        #: Rounds run since the current event, and the rounds until the next one
+        #: (None: it waits until the cluster has settled).
+        self.event_rounds = 0
+        self.next_after: int | None = None
         self.requests: set[str] = set(cluster.maintenance_requests)
         self.sc: dict[str, ServiceConfig] = {
             sid: self._group_failback(cd) for sid, cd in cluster.services.items()}

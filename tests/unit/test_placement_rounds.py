@@ -1,0 +1,83 @@
+"""Several things in one manager round: the project's own scenarios in the simulator's format.
+
+Each folder ``tests/fixtures/placement/sim-*/`` holds a scenario written for this project in
+pve-ha-manager's simulator test format (``cmdlist``, ``hardware_status``, ``service_config``,
+...), a ``README`` saying how its decisions follow from the manager's round, and
+``expected.json``: per ``cmdlist`` step, the decisions in the normalised form the suite check
+uses, and where each resource ends (state and node).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pvestord.features.placement.events import parse_event
+from pvestord.features.placement.explain import render_json, render_text
+from pvestord.features.placement.inputs import read_sim_test
+from pvestord.features.placement.manager import predict
+from pvestord.features.placement.model import (
+    Cluster,
+    NodeFacts,
+    ServiceConfig,
+    ServiceStatus,
+)
+from pvestord.features.placement.suite import model_steps
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "placement"
+SIM_SCENARIOS = sorted(p for p in FIXTURES.glob("sim-*") if (p / "cmdlist").is_file())
+
+
+@pytest.mark.parametrize("folder", SIM_SCENARIOS, ids=[p.name for p in SIM_SCENARIOS])
+def test_round_scenario_gives_the_derived_decisions(folder: Path) -> None:
+    expected = json.loads((folder / "expected.json").read_text())
+    cluster, events = read_sim_test(folder)
+    prediction = predict(cluster, events)
+    assert len(prediction.events) == len(expected["events"])
+    for result, want in zip(prediction.events, expected["events"], strict=True):
+        assert result.label == want["event"]
+        assert [list(step) for step in model_steps(result.decisions)] == want["decisions"], \
+            want["event"]
+        assert {sid: list(where) for sid, where in result.placement.items()} == want["final"], \
+            want["event"]
+
+
+def four_nodes_one_failing() -> Cluster:
+    """The facts of sim-maintenance-during-fencing, as a running cluster."""
+    nodes = {n: NodeFacts(n) for n in ("node1", "node2", "node3", "node4")}
+    where = {"vm:101": "node1", "vm:102": "node2", "vm:103": "node3", "vm:104": "node4",
+             "vm:105": "node4"}
+    return Cluster(nodes=nodes,
+                   services={sid: ServiceConfig(sid, node, "started")
+                             for sid, node in where.items()},
+                   node_status={n: "online" for n in nodes},
+                   service_status={sid: ServiceStatus("started", node)
+                                   for sid, node in where.items()})
+
+
+def test_admin_events_whose_outcome_depends_on_the_fence_say_so() -> None:
+    """Command-line events come at times the model cannot know: if the maintenance comes
+    while node4's fence still waits, vm:104 and vm:105 end elsewhere; both outcomes are
+    given, by name, in the text and in --json."""
+    prediction = predict(four_nodes_one_failing(),
+                         [parse_event("fail=node4"), parse_event("maintenance=node3")])
+    assert [list(s) for s in model_steps(prediction.events[0].decisions)] == [
+        ["recover", "vm:104", "node1"], ["recover", "vm:105", "node2"]]
+    [dependence] = prediction.timing
+    assert dependence.resources == ("vm:104", "vm:105")
+    assert dependence.outcomes == {"after": {"vm:104": "node1", "vm:105": "node2"},
+                                   "during": {"vm:104": "node2", "vm:105": "node1"}}
+    text = render_text(prediction)
+    assert "timing: where vm:104, vm:105 end depends on when 'maintenance=node3'" in text
+    assert "vm:104 node2, vm:105 node1" in text
+    timing = render_json(prediction)["timing"]
+    assert timing[0]["resources"] == ["vm:104", "vm:105"]
+    assert timing[0]["outcomes"]["during"] == {"vm:104": "node2", "vm:105": "node1"}
+
+
+def test_events_far_apart_in_effect_give_no_timing_note() -> None:
+    prediction = predict(four_nodes_one_failing(),
+                         [parse_event("maintenance=node3"), parse_event("fail=node4")])
+    assert prediction.timing == ()
