@@ -51,9 +51,13 @@ packaging: deps
 # Node-guest tier: boots a Debian kernel under QEMU with dm-mod and runs
 # tests/integration/node inside it against real LVM on loop devices.
 # NODE=full adds the long tests the quick set covers otherwise (node_full).
+# BED=trixie boots Debian 13's kernel and userland instead of the host's
+# (Proxmox VE 9's QEMU 10, lvm2 2.03.31, Python 3.13; tests/harness/noderoot.py
+# makes the root the first time and caches it); also for demo and bench.
 NODE      ?= quick
+BED       ?= host
 node: deps
-	$(PY) -m tests.harness.nodeguest --out $(OUT)/node -- tests/integration/node \
+	$(PY) -m tests.harness.nodeguest --bed $(BED) --out $(OUT)/node -- tests/integration/node \
 		--node-set=$(NODE) --durations=20
 
 # The fault suite with every kill moment (the node tier runs its quick set),
@@ -61,7 +65,7 @@ node: deps
 # tier runs whole), then docs/reliability.md rendered from what it measured.
 faults: deps
 	rm -f $(OUT)/faults/faults.jsonl
-	$(PY) -m tests.harness.nodeguest --out $(OUT)/faults -- \
+	$(PY) -m tests.harness.nodeguest --bed $(BED) --out $(OUT)/faults -- \
 		tests/integration/node/test_faults.py \
 		$(wildcard tests/integration/node/test_faults_*.py) --faults=full
 	$(PY) -m tests.harness.reliability $(OUT)/faults/faults.jsonl
@@ -78,10 +82,10 @@ cluster: deps
 		--cluster=$(CLUSTER)
 
 demo: deps
-	$(PY) -m tests.harness.nodeguest --out $(OUT)/demo --demo
+	$(PY) -m tests.harness.nodeguest --bed $(BED) --out $(OUT)/demo --demo
 
 bench: deps
-	$(PY) -m tests.harness.nodeguest --out $(OUT)/bench --bench $(if $(QUICK),--quick) \
+	$(PY) -m tests.harness.nodeguest --bed $(BED) --out $(OUT)/bench --bench $(if $(QUICK),--quick) \
 		$(foreach s,$(ONLY),--only $(s))
 
 # pvestord placement's speed: pure Python, on the host (no guest).

@@ -27,13 +27,21 @@ LVM_PROFILE_DIR = Path("/etc/lvm/profile")
 CACHED_ROOT_TAG = "pvestord-host"
 #: Where the host's root is mounted with a page cache.
 CACHED_ROOT = Path("/run/pvestord-host")
-#: Read-only trees that tests read all the time: programs, libraries, Python
-#: and Perl modules, the repository's code and Proxmox's sources.
-CACHED_TREES = tuple(Path(p) for p in (
+#: Set when the guest boots a root of its own (tests.harness.noderoot): that
+#: root's path on the host, under which its trees are found in the cached view.
+GUEST_ROOT_ENV = "PVESTORD_GUEST_ROOT"
+#: On a root of its own, where vng mounts the writable out folder; bound at
+#: out's own path before anything is written there.
+GUEST_OUT_MOUNT = Path("/tmp/pvestord-out")
+#: Read-only trees of the guest's root that tests read all the time: programs,
+#: libraries, Python and Perl modules, QEMU's firmware, the trixie bed's venv.
+SYSTEM_TREES = tuple(Path(p) for p in (
     "/usr/bin", "/usr/sbin", "/usr/libexec", "/usr/lib/x86_64-linux-gnu", "/usr/lib/python3",
-    "/usr/lib/python3.11", "/usr/share/perl", "/usr/share/perl5", "/usr/share/qemu",
-    "/usr/share/seabios")) + tuple(REPO / p for p in (
-        ".venv", "pvestord", "qmeventd_py", "tests", "bench", "../shared"))
+    f"/usr/lib/python3.{sys.version_info.minor}", "/usr/share/perl", "/usr/share/perl5",
+    "/usr/share/qemu", "/usr/share/seabios", "/opt/pvestord-venv"))
+#: The repository's code, its venv and Proxmox's sources beside it.
+REPO_TREES = tuple(REPO / p for p in (".venv", "pvestord", "qmeventd_py", "tests", "bench",
+                                      "../shared"))
 
 
 def _run(argv: list[str]) -> None:
@@ -59,10 +67,13 @@ def cache_host_trees() -> None:
     CACHED_ROOT.mkdir(parents=True, exist_ok=True)
     _run(["mount", "-t", "9p", "-o", "trans=virtio,version=9p2000.L,cache=loose,ro,"
           "msize=512000", CACHED_ROOT_TAG, str(CACHED_ROOT)])
-    for tree in CACHED_TREES:
-        tree = tree.resolve()
-        if tree.is_dir():
-            _run(["mount", "--bind", str(CACHED_ROOT / tree.relative_to("/")), str(tree)])
+    # The guest's own root, where it has one, is a folder of the host's.
+    guest_root = CACHED_ROOT / os.environ.get(GUEST_ROOT_ENV, "/").lstrip("/")
+    trees = [(guest_root / t.relative_to("/"), t) for t in SYSTEM_TREES]
+    trees += [(CACHED_ROOT / t.resolve().relative_to("/"), t.resolve()) for t in REPO_TREES]
+    for cached, tree in trees:
+        if tree.is_dir() and cached.is_dir():
+            _run(["mount", "--bind", str(cached), str(tree)])
 
 
 def prepare() -> None:
@@ -90,6 +101,8 @@ def main() -> int:
     parser.add_argument("what", choices=["pytest", "demo", "bench", "exec"])
     parser.add_argument("rest", nargs=argparse.REMAINDER)
     args = parser.parse_args()
+    if os.environ.get(GUEST_ROOT_ENV) and GUEST_OUT_MOUNT.is_dir():
+        _run(["mount", "--bind", str(GUEST_OUT_MOUNT), str(args.out)])
     (args.out / "inguest.started").write_text("booted\n")
     prepare()
     os.environ["PVESTORD_TEST_OUT"] = str(args.out)

@@ -15,9 +15,17 @@ garble it); ``--force-9p``; the guest's exit status is the command's.
 Every guest run has a timeout. A guest that does not boot or hangs is killed
 and reported with the last lines of its console, never waited on forever.
 
+Two beds (``--bed``, or ``PVESTORD_NODE_BED``):
+
+- ``host``: the host's kernel, root and ``.venv``, as above;
+- ``trixie``: Debian 13's kernel and userland, Proxmox VE 9's (QEMU 10,
+  lvm2 2.03.31, Python 3.13), from a root made and cached by
+  :mod:`tests.harness.noderoot`, with the repository shared at its host path.
+
 Usage (the Makefile's ``node``, ``demo`` and ``bench`` targets)::
 
     python -m tests.harness.nodeguest --out out/node -- tests/integration/node [pytest args]
+    python -m tests.harness.nodeguest --bed trixie --out out/node -- tests/integration/node
     python -m tests.harness.nodeguest --out out/demo --demo
     python -m tests.harness.nodeguest --out out/bench --bench [--quick] [--only SCENARIO]
 """
@@ -38,10 +46,14 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.harness.inguest import CACHED_ROOT_TAG
+from tests.harness import noderoot
+from tests.harness.inguest import CACHED_ROOT_TAG, GUEST_OUT_MOUNT, GUEST_ROOT_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = REPO / ".venv" / "bin"
+#: The host's Python 3.13 venv (scripts/install-deps), which compiles the
+#: repository's bytecode for the trixie bed's Python 3.13.
+VENV313_PYTHON = REPO / ".venv313" / "bin" / "python"
 
 #: Modules the guest never needs; skipping them cut boot by a fifth (docs/design.md).
 BLACKLIST = (
@@ -92,26 +104,81 @@ def hardware_kvm_usable() -> bool:
 COMPILED_PACKAGES = ("pvestord", "qmeventd_py", "tests", "bench")
 
 
-def compile_repository() -> None:
+@dataclass(frozen=True)
+class Bed:
+    """What the node guest boots: a kernel, a root (None: the host's own) and
+    the Python that runs the tests in it."""
+
+    name: str
+    kernel: Path
+    root: Path | None
+    python: Path
+
+
+def host_bed() -> Bed:
+    return Bed("host", find_kernel(), None, VENV_BIN / "python")
+
+
+def trixie_bed() -> Bed:
+    """Debian 13's root, made the first time (minutes) and cached."""
+    root, took = noderoot.node_root()
+    if took is not None:
+        print(f"nodeguest: made the Debian 13 node root {root} in {took:.0f} s", flush=True)
+    noderoot.point_at(root, REPO)
+    return Bed("trixie", noderoot.kernel(root), root, noderoot.VENV / "bin" / "python")
+
+
+BEDS = {"host": host_bed, "trixie": trixie_bed}
+DEFAULT_BED = os.environ.get("PVESTORD_NODE_BED", "host")
+
+
+def compile_repository(bed: Bed | None = None) -> None:
     """Write the repository's bytecode caches before a guest boots.
 
     The guest sees the repository read-only, so without them every Python
     process in it (each daemon start, each CLI call) compiles the whole
     package from source again: about 8 s under nested TCG, most of a short
-    test's time. The host does it in a second, and only for changed files.
+    test's time. The host does it in a second, and only for changed files;
+    for the trixie bed with the host's Python 3.13, whose caches its 3.13 reads.
     """
+    if bed is not None and bed.root is not None:
+        if not VENV313_PYTHON.exists():
+            print("nodeguest: no .venv313 on this host: the trixie guest compiles the "
+                  "repository in each process", flush=True)
+            return
+        subprocess.run([str(VENV313_PYTHON), "-m", "compileall", "-q",  # noqa: S603
+                        *(str(REPO / p) for p in COMPILED_PACKAGES)],
+                       check=True, timeout=300, stdin=subprocess.DEVNULL)
+        return
     for package in COMPILED_PACKAGES:
         if not compileall.compile_dir(REPO / package, quiet=1):
             raise GuestError(f"{package} does not compile; see the errors above")
 
 
-def vng_argv(command: str, out: Path, *, memory: str, cpus: int, name: str = "node") -> list[str]:
+def vng_argv(command: str, out: Path, *, memory: str, cpus: int, name: str = "node",
+             bed: Bed | None = None) -> list[str]:
     vng = shutil.which("vng", path=f"{VENV_BIN}:{os.environ.get('PATH', '')}")
     if vng is None:
         raise GuestError("vng (virtme-ng) not found: run scripts/install-deps")
+    bed = bed or host_bed()
+    root_args: list[str] = []
+    writable = str(out)
+    if bed.root is not None:
+        # Its own root: the repository (and ../shared beside it) is shared in
+        # at the host's path (GUEST=HOST: vng takes a bare path as one inside
+        # the root), where noderoot.point_at made the mount points.
+        (bed.root / out.relative_to("/")).mkdir(parents=True, exist_ok=True)
+        root_args = ["--root", str(bed.root), "--rodir", f"{REPO}={REPO}"]
+        if (REPO.parent / "shared").is_dir():
+            root_args += ["--rodir", f"{REPO.parent / 'shared'}={REPO.parent / 'shared'}"]
+        # vng mounts --rwdir before --rodir, so the repository's share would
+        # hide an out folder inside it: out goes to a folder of its own, which
+        # inguest binds at out's path.
+        writable = f"{GUEST_OUT_MOUNT}={out}"
+        command = f"export {GUEST_ROOT_ENV}={shlex.quote(str(bed.root))} && {command}"
     argv = [
-        vng, "--run", str(find_kernel()), "--force-9p", "--name", name,
-        "-m", memory, "--cpus", str(cpus), "--rwdir", str(out),
+        vng, "--run", str(bed.kernel), "--force-9p", "--name", name, *root_args,
+        "-m", memory, "--cpus", str(cpus), "--rwdir", writable,
         "--append", f"modprobe.blacklist={BLACKLIST}",
         # The host's root a second time, for tests.harness.inguest to mount
         # with a page cache (see cache_host_trees there); "remap" keeps the
@@ -131,7 +198,8 @@ DEFAULT_MEMORY = os.environ.get("PVESTORD_GUEST_MEMORY", "6G")
 
 
 def run_guest(command: list[str], out: Path, *, timeout: float = DEFAULT_TIMEOUT,
-              memory: str = DEFAULT_MEMORY, cpus: int = 2, echo: bool = True) -> GuestResult:
+              memory: str = DEFAULT_MEMORY, cpus: int = 2, echo: bool = True,
+              bed: Bed | None = None) -> GuestResult:
     """Boot the node guest, run ``command`` in it, and return its exit status.
 
     ``command`` runs as root in the repository folder through
@@ -139,11 +207,11 @@ def run_guest(command: list[str], out: Path, *, timeout: float = DEFAULT_TIMEOUT
     The console goes to ``out/console.log`` (and to our stdout if ``echo``).
     """
     out.mkdir(parents=True, exist_ok=True)
-    compile_repository()
-    inner = [str(VENV_BIN / "python"), "-m", "tests.harness.inguest", "--out", str(out),
-             *command]
+    bed = bed or host_bed()
+    compile_repository(bed)
+    inner = [str(bed.python), "-m", "tests.harness.inguest", "--out", str(out), *command]
     argv = vng_argv(f"cd {shlex.quote(str(REPO))} && " + shlex.join(inner), out,
-                    memory=memory, cpus=cpus)
+                    memory=memory, cpus=cpus, bed=bed)
     env = dict(os.environ, PATH=f"{VENV_BIN}:{os.environ.get('PATH', '')}")
     console_log = out / "console.log"
     tail: deque[str] = deque(maxlen=CONSOLE_TAIL_LINES)
@@ -236,14 +304,15 @@ def junit_counts(path: Path) -> JUnitCounts:
     return total
 
 
-def run_pytest_in_guest(pytest_args: list[str], out: Path, timeout: float) -> int:
+def run_pytest_in_guest(pytest_args: list[str], out: Path, timeout: float,
+                        bed: Bed | None = None) -> int:
     """Run a pytest session in the guest; print the guest's counts on the host."""
     junit = out / "junit.xml"
     junit.unlink(missing_ok=True)
     (out / "inguest.started").unlink(missing_ok=True)
     result = run_guest(
         ["pytest", f"--junitxml={junit}", "-p", "no:cacheprovider", "-v", *pytest_args],
-        out, timeout=timeout)
+        out, timeout=timeout, bed=bed)
     if not junit.exists():
         print(f"node guest: pytest wrote no JUnit report (exit {result.returncode}); "
               f"console: {result.console_log}", file=sys.stderr)
@@ -265,6 +334,9 @@ def main(argv: list[str] | None = None) -> int:
         "inside a Debian kernel booted under QEMU (real device-mapper and LVM).")
     parser.add_argument("--out", type=Path, required=True, help="writable folder for results")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT)
+    parser.add_argument("--bed", choices=sorted(BEDS), default=DEFAULT_BED,
+                        help="host: the host's kernel and root (default); trixie: Debian 13's, "
+                        "Proxmox VE 9's userland (made and cached the first time)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--demo", action="store_true", help="run the live demo")
     mode.add_argument("--bench", action="store_true", help="run the benchmarks")
@@ -277,16 +349,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out: Path = args.out.resolve()
     try:
+        bed = BEDS[args.bed]()
         if args.demo:
-            return run_guest(["demo"], out, timeout=args.timeout).returncode
+            return run_guest(["demo"], out, timeout=args.timeout, bed=bed).returncode
         if args.bench:
             only = [arg for name in args.only for arg in ("--only", name)]
             return run_guest(["bench", *(["--quick"] if args.quick else []), *only], out,
-                             timeout=args.timeout).returncode
+                             timeout=args.timeout, bed=bed).returncode
         if args.exec_argv:
-            return run_guest(["exec", *args.exec_argv], out, timeout=args.timeout).returncode
+            return run_guest(["exec", *args.exec_argv], out, timeout=args.timeout,
+                             bed=bed).returncode
         return run_pytest_in_guest(args.pytest_args or ["tests/integration/node"], out,
-                                   args.timeout)
+                                   args.timeout, bed)
     except GuestError as err:
         print(f"nodeguest: {err}", file=sys.stderr)
         return 1
