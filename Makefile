@@ -78,7 +78,7 @@ faults: deps
 # test, 20 concurrent rounds, a clean stop seen by rank-nodes).
 CLUSTER   ?= quick
 cluster: deps
-	$(PYTEST) tests/integration/cluster -q -p no:cacheprovider --durations=0 \
+	PVESTORD_NODE_BED=$(BED) $(PYTEST) tests/integration/cluster -q -p no:cacheprovider --durations=0 \
 		--cluster=$(CLUSTER)
 
 demo: deps

@@ -30,9 +30,11 @@ CACHED_ROOT = Path("/run/pvestord-host")
 #: Set when the guest boots a root of its own (tests.harness.noderoot): that
 #: root's path on the host, under which its trees are found in the cached view.
 GUEST_ROOT_ENV = "PVESTORD_GUEST_ROOT"
-#: On a root of its own, where vng mounts the writable out folder; bound at
-#: out's own path before anything is written there.
+#: On a root of its own, where vng mounts the writable folder, and the
+#: variable naming its path on the host, where it is bound before anything
+#: is written there (a node's --out may be a folder inside it).
 GUEST_OUT_MOUNT = Path("/tmp/pvestord-out")
+GUEST_OUT_ENV = "PVESTORD_GUEST_OUT"
 #: Read-only trees of the guest's root that tests read all the time: programs,
 #: libraries, Python and Perl modules, QEMU's firmware, the trixie bed's venv.
 SYSTEM_TREES = tuple(Path(p) for p in (
@@ -101,8 +103,8 @@ def main() -> int:
     parser.add_argument("what", choices=["pytest", "demo", "bench", "exec"])
     parser.add_argument("rest", nargs=argparse.REMAINDER)
     args = parser.parse_args()
-    if os.environ.get(GUEST_ROOT_ENV) and GUEST_OUT_MOUNT.is_dir():
-        _run(["mount", "--bind", str(GUEST_OUT_MOUNT), str(args.out)])
+    if os.environ.get(GUEST_OUT_ENV) and GUEST_OUT_MOUNT.is_dir():
+        _run(["mount", "--bind", str(GUEST_OUT_MOUNT), os.environ[GUEST_OUT_ENV]])
     (args.out / "inguest.started").write_text("booted\n")
     prepare()
     os.environ["PVESTORD_TEST_OUT"] = str(args.out)

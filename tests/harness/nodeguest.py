@@ -47,7 +47,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.harness import noderoot
-from tests.harness.inguest import CACHED_ROOT_TAG, GUEST_OUT_MOUNT, GUEST_ROOT_ENV
+from tests.harness.inguest import (
+    CACHED_ROOT_TAG,
+    GUEST_OUT_ENV,
+    GUEST_OUT_MOUNT,
+    GUEST_ROOT_ENV,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = REPO / ".venv" / "bin"
@@ -175,7 +180,8 @@ def vng_argv(command: str, out: Path, *, memory: str, cpus: int, name: str = "no
         # hide an out folder inside it: out goes to a folder of its own, which
         # inguest binds at out's path.
         writable = f"{GUEST_OUT_MOUNT}={out}"
-        command = f"export {GUEST_ROOT_ENV}={shlex.quote(str(bed.root))} && {command}"
+        command = (f"export {GUEST_ROOT_ENV}={shlex.quote(str(bed.root))} "
+                   f"{GUEST_OUT_ENV}={shlex.quote(str(out))} && {command}")
     argv = [
         vng, "--run", str(bed.kernel), "--force-9p", "--name", name, *root_args,
         "-m", memory, "--cpus", str(cpus), "--rwdir", writable,

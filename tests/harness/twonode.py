@@ -39,11 +39,13 @@ from typing import Any
 
 from pvestord.adapters.lvm import FAST_CONFIG
 from tests.harness.daemonlog import records
-from tests.harness.nodeguest import VENV_BIN, GuestError, compile_repository, vng_argv
+from tests.harness.nodeguest import BEDS, DEFAULT_BED, Bed, GuestError, compile_repository, vng_argv
 from tests.harness.polling import wait_until
 from tests.harness.qemu import Pve9Disk
 
 REPO = Path(__file__).resolve().parents[2]
+#: The host's venv: vng runs from it (the guests' own is the bed's).
+HOST_BIN = REPO / ".venv" / "bin"
 #: Boot of both guests at once under TCG: 19-24 s on an idle machine (docs/design.md);
 #: a busy machine (other guests running) takes several times that.
 BOOT_TIMEOUT = 300.0
@@ -158,7 +160,7 @@ class Node:
         self.logs.mkdir(parents=True, exist_ok=True)
         pve = cluster.pve
         self.call("spawn", name="qmeventd", log=str(self.logs / "qmeventd.log"), argv=[
-            str(VENV_BIN / "qmeventd-py"), "--socket", self.event_socket,
+            str(cluster.bin / "qmeventd-py"), "--socket", self.event_socket,
             "--queue", str(pve / "extend-queue"), "--lock-dir", str(cluster.lock_dir),
             "--no-cleanup", "-f", "-v", "--node", self.name])
         self.start_pvestord(cluster, poll=poll, timeout=timeout, wait=wait)
@@ -174,7 +176,7 @@ class Node:
         pve = cluster.pve
         self.call("spawn", name="pvestord", log=str(self.logs / f"{log}.log"), env=env or {},
                   argv=[
-            str(VENV_BIN / "pvestord"), "--queue", str(pve / "extend-queue"), "-v", "run",
+            str(cluster.bin / "pvestord"), "--queue", str(pve / "extend-queue"), "-v", "run",
             "--storage-config", str(pve / "storage.cfg"), "--run-dir", self.run_dir,
             "--lock-dir", str(cluster.lock_dir), "--node", self.name, "--no-journal",
             "--poll-interval", str(poll), "--report-interval", str(report_interval)])
@@ -201,8 +203,15 @@ class Cluster:
     a: Node
     b: Node
     san: Path
+    #: What each node boots; its Python's folder holds the daemons' scripts.
+    bed: Bed
     vg: str = ""
     boot_seconds: float = 0.0
+
+    @property
+    def bin(self) -> Path:
+        """The guests' venv ``bin``: their Python, ``pvestord``, ``qmeventd-py``."""
+        return self.bed.python.parent
 
     @property
     def nodes(self) -> tuple[Node, Node]:
@@ -241,16 +250,16 @@ def _qemu_opts(work: Path, name: str, san: Path) -> str:
         "-device", f"virtio-net-pci,netdev=n1,mac={mac}"])
 
 
-def _boot(work: Path, node: Node, san: Path, memory: str) -> None:
+def _boot(work: Path, node: Node, san: Path, memory: str, bed: Bed) -> None:
     mac, addr = NODES[node.name]
     (node.dir / "inguest.started").unlink(missing_ok=True)
-    inner = [str(VENV_BIN / "python"), "-m", "tests.harness.inguest", "--out", str(node.dir),
-             "exec", str(VENV_BIN / "python"), "-m", "tests.harness.nodeagent",
+    inner = [str(bed.python), "-m", "tests.harness.inguest", "--out", str(node.dir),
+             "exec", str(bed.python), "-m", "tests.harness.nodeagent",
              "--dir", str(node.agent_dir), "--mac", mac, "--addr", f"{addr}/24"]
     argv = vng_argv(f"cd {shlex.quote(str(REPO))} && " + shlex.join(inner), work,
-                    memory=memory, cpus=1, name=node.name)
+                    memory=memory, cpus=1, name=node.name, bed=bed)
     argv.append("--qemu-opts=" + _qemu_opts(work, node.name, san))
-    env = dict(os.environ, PATH=f"{VENV_BIN}:{os.environ.get('PATH', '')}")
+    env = dict(os.environ, PATH=f"{HOST_BIN}:{os.environ.get('PATH', '')}")
     log = node.console_log.open("w")
     node.proc = subprocess.Popen(  # noqa: S603 - argument list
         argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -282,8 +291,10 @@ def _consoles(cluster: Cluster) -> str:
 
 @contextlib.contextmanager
 def cluster_pair(work: Path, *, boot_timeout: float = BOOT_TIMEOUT,
-                 memory: str = "2G") -> Iterator[Cluster]:
-    """Boot both guests, make the shared VG, yield; power both off at the end."""
+                 memory: str = "2G", bed: str = DEFAULT_BED) -> Iterator[Cluster]:
+    """Boot both guests, make the shared VG, yield; power both off at the end.
+
+    ``bed``: what the nodes boot (nodeguest.BEDS: the host's root, or Debian 13's)."""
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
@@ -291,16 +302,16 @@ def cluster_pair(work: Path, *, boot_timeout: float = BOOT_TIMEOUT,
     with san.open("wb") as f:
         f.truncate(SAN_SIZE)
     a, b = (Node(name, NODES[name][1], work / name) for name in NODES)
-    cluster = Cluster(work, a, b, san=san)
+    cluster = Cluster(work, a, b, san=san, bed=BEDS[bed]())
     for sub in ("pve/priv/lock",):
         (work / sub).mkdir(parents=True)
     (cluster.pve / "extend-queue").write_text("")
     started = time.monotonic()
-    compile_repository()
+    compile_repository(cluster.bed)
     try:
         for node in cluster.nodes:
             node.agent_dir.mkdir(parents=True)
-            _boot(work, node, san, memory)
+            _boot(work, node, san, memory, cluster.bed)
         for node in cluster.nodes:
             while not (node.agent_dir / "ready").exists():
                 if node.proc is not None and node.proc.poll() is not None:
@@ -312,7 +323,7 @@ def cluster_pair(work: Path, *, boot_timeout: float = BOOT_TIMEOUT,
                 time.sleep(0.2)
         cluster.boot_seconds = time.monotonic() - started
         _make_vg(cluster)
-        (work / "bed.json").write_text(json.dumps({"vg": cluster.vg,
+        (work / "bed.json").write_text(json.dumps({"vg": cluster.vg, "bed": cluster.bed.name,
                                                    "boot_seconds": cluster.boot_seconds}))
         yield cluster
     finally:
@@ -335,8 +346,8 @@ def attach(work: Path) -> Cluster:
     working on the tests without a boot per run)."""
     info = json.loads((work / "bed.json").read_text())
     a, b = (Node(name, NODES[name][1], work / name) for name in NODES)
-    cluster = Cluster(work, a, b, san=work / "san.img", vg=info["vg"],
-                      boot_seconds=info["boot_seconds"])
+    cluster = Cluster(work, a, b, san=work / "san.img", bed=BEDS[info.get("bed", "host")](),
+                      vg=info["vg"], boot_seconds=info["boot_seconds"])
     for node in cluster.nodes:
         node.call("ping", timeout=10)
     return cluster
@@ -511,7 +522,7 @@ def device_size(node: Node, vg: str, lv: str) -> int:
 
 def pvestord_cli(cluster: Cluster, node: Node, *args: str, timeout: float = 120.0) -> str:
     """``pvestord ARGS`` on ``node`` with the bed's queue, storage.cfg, run and lock dirs."""
-    argv = [str(VENV_BIN / "pvestord"), "--queue", str(cluster.pve / "extend-queue"), *args,
+    argv = [str(cluster.bin / "pvestord"), "--queue", str(cluster.pve / "extend-queue"), *args,
             "--storage-config", str(cluster.pve / "storage.cfg"), "--run-dir", node.run_dir,
             "--lock-dir", str(cluster.lock_dir), "--node", node.name]
     return node.sh(*argv, timeout=timeout)

@@ -13,7 +13,6 @@ import secrets
 from typing import Any
 
 from tests.harness.daemonlog import extensions, records
-from tests.harness.nodeguest import VENV_BIN
 from tests.harness.polling import wait_until
 from tests.harness.twonode import (
     Cluster,
@@ -27,7 +26,10 @@ from tests.harness.twonode import (
     vm_lv,
 )
 
-HOLDER = [str(VENV_BIN / "python"), "-m", "tests.harness.lockholder"]
+
+def holder_argv(cluster: Cluster) -> list[str]:
+    """The lock holder, run by the guests' Python."""
+    return [str(cluster.bin / "python"), "-m", "tests.harness.lockholder"]
 
 
 def events(text: str) -> list[dict[str, Any]]:
@@ -43,7 +45,7 @@ class Holder:
         node.logs.mkdir(parents=True, exist_ok=True)
         self.log = node.logs / f"{self.name}.log"
         node.call("spawn", name=self.name, log=str(self.log), argv=[
-            *HOLDER, "--lock-dir", str(cluster.lock_dir), "--id", lock_id, *args])
+            *holder_argv(cluster), "--lock-dir", str(cluster.lock_dir), "--id", lock_id, *args])
 
     def events(self) -> list[str]:
         text = self.log.read_text(errors="replace") if self.log.exists() else ""
@@ -70,8 +72,8 @@ class Holder:
 def take(cluster: Cluster, node: Node, lock_id: str, *args: str) -> tuple[int, dict[str, Any],
                                                                            str]:
     """Take and release the lock in the foreground: (exit status, last event, stderr)."""
-    r = node.run([*HOLDER, "--lock-dir", str(cluster.lock_dir), "--id", lock_id, *args],
-                 check=False, timeout=180)
+    r = node.run([*holder_argv(cluster), "--lock-dir", str(cluster.lock_dir), "--id", lock_id,
+                  *args], check=False, timeout=180)
     return r.rc, events(r.stdout)[-1], r.stderr
 
 

@@ -21,7 +21,6 @@ from typing import Any
 import pytest
 
 from tests.harness.daemonlog import records
-from tests.harness.nodeguest import VENV_BIN
 from tests.harness.polling import wait_until
 from tests.harness.twonode import Cluster, Node, create_thin_volume, vm_lv
 
@@ -31,7 +30,7 @@ HIDE_EVERYTHING = 'devices {\n\tglobal_filter = [ "r|.*|" ]\n}\n'
 
 
 def rank(cluster: Cluster, node: Node, *args: str) -> tuple[int, dict[str, Any]]:
-    r = node.run([str(VENV_BIN / "pvestord"), "--queue", str(cluster.pve / "extend-queue"),
+    r = node.run([str(cluster.bin / "pvestord"), "--queue", str(cluster.pve / "extend-queue"),
                   "rank-nodes", str(VMID), "--storage-config", str(cluster.pve / "storage.cfg"),
                   "--json", *args], check=False)
     assert r.rc in (0, 3), r.stderr
