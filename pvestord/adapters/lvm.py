@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -162,12 +163,19 @@ async def lv_info(vg: str, lv: str, *, timeout: float = REPORT_TIMEOUT,  # noqa:
     )
 
 
+#: What a resize to an absolute size says when the LV has that size already
+#: (a retried command that had its effect): lvm2 2.03.16 "New size (N extents)
+#: matches existing size (N extents).", 2.03.31 (Proxmox VE 9's) "No size
+#: change.", both with status 5.
+SIZE_UNCHANGED = ("matches existing size", "No size change.")
+
+
 async def _change(vg: str, lv: str, what: str, command: str, *args: str,
-                  done_if: str | None = None, timeout: float = CHANGE_TIMEOUT,  # noqa: ASYNC109
+                  done_if: Sequence[str] = (), timeout: float = CHANGE_TIMEOUT,  # noqa: ASYNC109
                   shells: LvmShells | None = None) -> None:
     """Run one metadata-changing ``command`` on ``vg/lv``; map its failure to a typed error.
 
-    ``done_if``: a message that means a retried command already had its effect
+    ``done_if``: messages that mean a retried command already had its effect
     (an absolute size the LV already has), which is success.
     """
     check_name("VG", vg)
@@ -176,7 +184,7 @@ async def _change(vg: str, lv: str, what: str, command: str, *args: str,
         await _run(_argv(command, "-q", *args, f"{vg}/{lv}"), vg, timeout=timeout,
                    shells=shells)
     except CommandError as err:
-        if done_if is not None and done_if in err.stderr:
+        if any(message in err.stderr for message in done_if):
             return
         raise _classify(err, what) from err
 
@@ -189,7 +197,7 @@ async def extend(vg: str, lv: str, size: int, *, timeout: float = CHANGE_TIMEOUT
     writing one VG's metadata at once lose an extension (docs/design.md, "Locks").
     """
     await _change(vg, lv, f"extending LV {vg}/{lv} to {size} bytes", "lvextend",
-                  "--size", f"{size}b", done_if="matches existing size", timeout=timeout,
+                  "--size", f"{size}b", done_if=SIZE_UNCHANGED, timeout=timeout,
                   shells=shells)
 
 
@@ -375,7 +383,7 @@ async def reduce(vg: str, lv: str, size: int) -> None:
     hold the storage lock, as for :func:`extend`.
     """
     await _change(vg, lv, f"reducing LV {vg}/{lv} to {size} bytes", "lvreduce", "-f",
-                  "--size", f"{size}b", done_if="matches existing size")
+                  "--size", f"{size}b", done_if=SIZE_UNCHANGED)
 
 
 async def vg_space(vg: str, *, timeout: float = REPORT_TIMEOUT,  # noqa: ASYNC109

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pvestord.adapters import lvmshell
+from pvestord.adapters import lvm, lvmshell
 from pvestord.adapters.command import KILL_WAIT, UnkillableCommandError
 from pvestord.adapters.lvm import FAST_CONFIG, LvmError, LvMissingError, VgFullError, _classify
 from pvestord.adapters.lvmshell import (
@@ -103,6 +103,32 @@ def test_a_document_that_is_not_the_commands_answer_is_a_shell_error(
         document: dict[str, object]) -> None:
     with pytest.raises(LvmShellError):
         command_status(document, "lvextend")
+
+
+#: A stand-in for ``lvm`` (through PVESTORD_LVM) that fails every command
+#: with status 5 and the message given in its environment.
+SIZE_ANSWER = """#!/bin/sh
+echo "  $PVESTORD_TEST_LVM_SAYS" >&2
+exit 5
+"""
+
+
+@pytest.mark.parametrize("says", [
+    "New size (4 extents) matches existing size (4 extents).",  # lvm2 2.03.16
+    "No size change.",  # lvm2 2.03.31, Proxmox VE 9's
+])
+async def test_a_resize_to_the_size_the_lv_has_is_done_in_every_lvm_release(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, says: str) -> None:
+    fake = tmp_path / "lvm"
+    fake.write_text(SIZE_ANSWER)
+    fake.chmod(0o755)
+    monkeypatch.setenv("PVESTORD_LVM", str(fake))
+    monkeypatch.setenv("PVESTORD_TEST_LVM_SAYS", says)
+    await lvm.extend("vg0", "vm-101-disk-0.qcow2", 16 * 1024 * 1024)
+    await lvm.reduce("vg0", "vm-101-disk-0.qcow2", 16 * 1024 * 1024)
+    monkeypatch.setenv("PVESTORD_TEST_LVM_SAYS", "Insufficient free space: 4 extents needed")
+    with pytest.raises(LvmError):
+        await lvm.extend("vg0", "vm-101-disk-0.qcow2", 16 * 1024 * 1024)
 
 
 @pytest.mark.parametrize(("stderr", "kind"), [
