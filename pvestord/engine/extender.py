@@ -84,6 +84,7 @@ from pvestord.engine.tables import Tables
 from pvestord.engine.werror import WerrorWatch
 from pvestord.errors import PvestordError
 from pvestord.policy import Decision, DriveState, Reason
+from pvestord.policy.resume import BlockedBecause
 from pvestord.policy.vmconfig import grows_while_renaming
 
 log = logging.getLogger(__name__)
@@ -226,7 +227,7 @@ class Extender:
                            " grown); the next pass gives it more", vm.vmid,
                            outcome.waits_for, policy.MAX_ROUNDS,
                            extra=fields(VMID=vm.vmid, BLOCK_NODE=outcome.waits_for,
-                                        RESUME_BLOCKED="needs-more"))
+                                        RESUME_BLOCKED=BlockedBecause.NEEDS_MORE.value))
         return outcome
 
     async def _round(self, vm: LocalVm, requests: dict[str, Reason] | None,

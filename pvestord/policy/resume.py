@@ -18,6 +18,9 @@ class BlockedBecause(enum.Enum):
     NOT_THIN = "not-thin"
     #: One of our thin drives failed this pass (LVM error, stale table).
     DRIVE_FAILED = "drive-failed"
+    #: A thin drive this pass may grow is past its threshold again after
+    #: every round: written faster than grown; the next pass goes on.
+    NEEDS_MORE = "needs-more"
 
 
 @dataclass(frozen=True)
