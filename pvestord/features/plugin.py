@@ -11,10 +11,18 @@ against the caller).
 Requests (sizes in bytes; ``storage`` is ``{"storeid", "vgname", "shared",
 "options": {chunksize, chunk-percentage, initial-size}}`` as Proxmox parsed them):
 
-``alloc``: ``{"virtual_size", "backing": bool, "callers": [perl sub names]}``
-    -> ``{"lv_size", "maximum", "kind": "thin"|"thick", "preallocation": "off"}``.
-    A new disk, a snapshot overlay (``backing``: Proxmox formats overlays with
-    ``extended_l2=on,cluster_size=128k``) or the new top after a rollback.
+``alloc``: ``{"vmid", "format", "name", "virtual_size", "backing": bool,
+    "callers": [perl sub names]}`` -> ``{"name", "format", "tags", "lv_size",
+    "maximum", "kind": "thin"|"thick"|"plain", "preallocation": "off"}``.
+    A new volume named ``name`` (Proxmox's, or the plugin's next free disk
+    name) in ``format``, as Proxmox asked for it: a disk, a snapshot overlay
+    (``backing``: Proxmox formats overlays with
+    ``extended_l2=on,cluster_size=128k``) or the new top after a rollback;
+    a VM's RAM state (raw: a *plain* LV of ``virtual_size`` in whole extents,
+    no image on it); a backup's fleecing image (a thin qcow2, its name given
+    the ``.qcow2`` suffix). :func:`pvestord.policy.volumes.new_volume` says
+    which names and formats are allowed; ``name`` in the answer is the LV to
+    create and the volume name to hand back to Proxmox.
     When one of :data:`COPY_FLOWS` is among the callers, the new volume is
     about to be filled at copy speed with nobody to grow it (no QEMU, or a
     block job QEMU reports only as a job error): it is made *thick*, the LV
@@ -60,7 +68,7 @@ from pvestord.adapters.config import ThinStorage, thin_from_options
 from pvestord.errors import PvestordError
 from pvestord.features import capacity
 from pvestord.policy.sizes import KiB, align_up
-from pvestord.policy.volumes import initial_lv_size
+from pvestord.policy.volumes import NewVolume, VolumeRole, initial_lv_size, new_volume
 
 #: ``PVE::Storage::Common::qemu_img_create_qcow2_backed``'s fixed overlay layout.
 OVERLAY_CLUSTER_SIZE = 128 * KiB
@@ -97,19 +105,28 @@ class PluginTimeoutError(PvestordError):
 class Kind(enum.Enum):
     THIN = "thin"
     THICK = "thick"
+    #: An LV of the size asked with no image on it (a VM's RAM state, raw).
+    PLAIN = "plain"
 
 
 # --- pure decisions ----------------------------------------------------------------
 
-def allocation_kind(callers: Iterable[str]) -> Kind:
-    """Thick when the allocation is for a copy (see :data:`COPY_FLOWS`), else thin."""
+def allocation_kind(callers: Iterable[str], role: VolumeRole = VolumeRole.DISK) -> Kind:
+    """Plain for a VM's RAM state; thick when the allocation is for a copy (see
+    :data:`COPY_FLOWS`); else thin.
+
+    A RAM state is raw, written once from start to end by QEMU's savevm, as
+    large as qemu-server sized it (twice the RAM plus 500 MiB): there is no
+    image that could grow, so nothing to make thin."""
+    if role is VolumeRole.VMSTATE:
+        return Kind.PLAIN
     return Kind.THICK if any(c in COPY_FLOWS for c in callers) else Kind.THIN
 
 
 def alloc_lv_size(kind: Kind, initial_size: int, maximum: int, extent_size: int) -> int:
     """The LV size of a new volume: the initial size (never above the maximum)
-    when thin, the maximum when thick; whole extents either way."""
-    if kind is Kind.THICK:
+    when thin, the maximum when thick or plain; whole extents either way."""
+    if kind is not Kind.THIN:
         return align_up(maximum, extent_size)
     return initial_lv_size(initial_size, maximum, extent_size)
 
@@ -157,6 +174,16 @@ class Request:
             raise PluginRequestError(f"{self.op}: 'lock_seconds_left' must be a positive "
                                      f"number of seconds or null, got {value!r}")
         return float(value)
+
+    def new_volume(self) -> NewVolume:
+        """The volume an ``alloc`` asks for (:func:`new_volume`'s rules).
+
+        :raises VolumeError: a name or format this storage does not hold."""
+        fmt, name = self.body.get("format"), self.body.get("name")
+        if not isinstance(fmt, str) or not isinstance(name, str):
+            raise PluginRequestError(f"{self.op}: 'format' and 'name' must be strings, "
+                                     f"got {fmt!r} and {name!r}")
+        return new_volume(self.integer("vmid"), fmt, name)
 
     def name(self, key: str) -> str:
         value = self.body.get(key)
@@ -214,22 +241,30 @@ async def _decide(request: Request) -> dict[str, Any]:
     storage = request.storage
     vg = storage.vgname
     if request.op == "alloc":
+        volume = request.new_volume()
         virtual_size = request.integer("virtual_size")
         backing = bool(request.body.get("backing"))
+        if backing and volume.role is not VolumeRole.DISK:
+            raise PluginRequestError(f"alloc: only a disk has snapshots, not {volume.name!r}")
         callers = request.body.get("callers", [])
         if not isinstance(callers, list):
             raise PluginRequestError("alloc: 'callers' must be a list of names")
         extent = (await lvm.vg_info(vg)).extent_size
-        measured = await qemu_img.measure(
-            virtual_size, cluster_size=OVERLAY_CLUSTER_SIZE if backing else None,
-            extended_l2=backing)
-        maximum = policy.maximum_size(measured.fully_allocated, extent)
-        kind = allocation_kind(str(c) for c in callers)
+        kind = allocation_kind((str(c) for c in callers), volume.role)
+        if kind is Kind.PLAIN:
+            maximum = align_up(virtual_size, extent)
+        else:
+            measured = await qemu_img.measure(
+                virtual_size, cluster_size=OVERLAY_CLUSTER_SIZE if backing else None,
+                extended_l2=backing)
+            maximum = policy.maximum_size(measured.fully_allocated, extent)
         lv_size = alloc_lv_size(kind, storage.initial_size, maximum, extent)
+        # A RAM state takes VG space the running thin VMs grow into: the same guards.
         await capacity.check_new_volume(storage, lv_size=lv_size, maximum=maximum,
                                         extent_size=extent)
-        return {"lv_size": lv_size,
-                "maximum": maximum, "kind": kind.value, "preallocation": "off"}
+        return {"name": volume.name, "format": volume.format, "tags": list(volume.tags),
+                "lv_size": lv_size, "maximum": maximum, "kind": kind.value,
+                "preallocation": "off"}
     if request.op == "resize":
         lv = request.name("lv")
         virtual_size = request.integer("virtual_size")

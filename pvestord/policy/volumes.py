@@ -8,11 +8,22 @@ without ``.qcow2``: a superset of what Proxmox counts, so we never pick a name
 Proxmox would consider used, and never put ``vm-100-disk-0.qcow2`` beside a
 raw ``vm-100-disk-0``.
 
+Besides disks, Proxmox allocates two kinds of volumes on a VM's storage by a
+fixed name (:func:`new_volume`): the RAM state of a snapshot or a hibernation,
+``vm-<vmid>-state-<snapshot>`` in raw (qemu-server ``QemuConfig.pm``
+``__snapshot_save_vmstate``; no extension on a storage without a path), and a
+backup's fleecing image, ``vm-<vmid>-fleece-<n>`` in the storage's format
+(``VZDump/QemuServer.pm`` ``allocate_fleecing_images``; the extension is
+added only for storages with a path). The LVM plugin reads a volume's format
+from its name (``.qcow2`` or raw), so a qcow2 fleecing image is named with the
+suffix here, and the name allocated is handed back to Proxmox.
+
 The I/O (LVM, ``qemu-img``, the locks) is :mod:`pvestord.features.volumes`'s.
 """
 
 from __future__ import annotations
 
+import enum
 import re
 from dataclasses import dataclass
 
@@ -29,6 +40,14 @@ MAX_VMID = 999_999_999
 # ends), then LVMPlugin::parse_volname ``vm-<vmid>-...``, qcow2 by suffix.
 _QCOW2_VOLNAME = re.compile(r"vm-([0-9]+)-[A-Za-z0-9_.\-]*\.qcow2")
 _STOREID = re.compile(r"[a-z][a-z0-9\-_.]*[a-z0-9]", re.IGNORECASE)
+# Proxmox's snapshot names are configuration ids (pve-common JSONSchema
+# ``$CONFIGID_RE``); a hibernation's state is named ``suspend-<date>`` alike.
+_VMSTATE_NAME = re.compile(r"vm-([0-9]+)-state-[A-Za-z][A-Za-z0-9_\-]+")
+_FLEECE_NAME = re.compile(r"vm-([0-9]+)-fleece-([0-9]+)(\.qcow2)?")
+_STATE_PREFIX = re.compile(r"vm-[0-9]+-state-")
+_PLAIN_DISK_NAME = re.compile(r"vm-[0-9]+-[A-Za-z0-9_\-]+")
+#: An LV name's length limit as Proxmox's parse_lvm_name allows it.
+_MAX_LV_NAME = 127
 
 
 class VolumeError(PvestordError):
@@ -71,6 +90,91 @@ def parse_volname(volname: str) -> int:
             f"{volname!r} is not a Proxmox qcow2 volume name on LVM "
             "(expected vm-<vmid>-<name>.qcow2, e.g. vm-100-disk-0.qcow2)")
     return check_vmid(int(match.group(1)))
+
+
+class VolumeRole(enum.Enum):
+    """What Proxmox allocates a volume on this storage for."""
+
+    #: A guest disk (or a snapshot overlay): a thin qcow2 image.
+    DISK = "disk"
+    #: A snapshot's or a hibernation's RAM state: QEMU's savevm writes it
+    #: once, from start to end, as a raw stream; a plain LV of the size asked.
+    VMSTATE = "vmstate"
+    #: A backup's fleecing image: a thin qcow2 the copy-before-write filter
+    #: fills as the guest overwrites data not yet backed up.
+    FLEECE = "fleece"
+
+
+@dataclass(frozen=True)
+class NewVolume:
+    """The LV to create for one of Proxmox's allocations, and how."""
+
+    vmid: int
+    #: The LV name, which is also the volume name handed back to Proxmox.
+    name: str
+    #: ``qcow2`` or ``raw``, as the name says it to Proxmox's parse_volname.
+    format: str
+    role: VolumeRole
+
+    @property
+    def tags(self) -> tuple[str, ...]:
+        """The LV's tags, as Proxmox's LVM plugin sets them: the owner's always,
+        the volume's own (shared with its snapshot LVs) for qcow2 only."""
+        owner = f"pve-vm-{self.vmid}"
+        return (owner, f"@pve-{self.name}") if self.format == "qcow2" else (owner,)
+
+
+def new_volume(vmid: int, fmt: str, name: str) -> NewVolume:
+    """What to create when Proxmox asks for volume ``name`` in format ``fmt`` for ``vmid``.
+
+    qcow2 disks are ``vm-<vmid>-<name>.qcow2``; raw only for a VM state
+    ``vm-<vmid>-state-<snapshot>``; a fleecing image ``vm-<vmid>-fleece-<n>``
+    is made qcow2 and named with the suffix. The VMID in the name must be
+    ``vmid``: the LV is tagged and listed as that VM's.
+
+    :raises VolumeError: anything else, saying which name would do.
+    """
+    check_vmid(vmid)
+    if len(name) > _MAX_LV_NAME:
+        raise VolumeError(f"volume name {name!r} is longer than {_MAX_LV_NAME} characters")
+    role, owner, allocated = _classify(fmt, name)
+    if owner != vmid:
+        raise VolumeError(f"volume name {name!r} belongs to VM {owner}, not to VM {vmid}")
+    return NewVolume(vmid, allocated, "raw" if role is VolumeRole.VMSTATE else "qcow2", role)
+
+
+def _classify(fmt: str, name: str) -> tuple[VolumeRole, int, str]:
+    """The role, the VMID the name gives and the LV name, or VolumeError."""
+    if fmt == "raw":
+        state = _VMSTATE_NAME.fullmatch(name)
+        if state is None:
+            raise VolumeError(
+                "storage type 'pvestord' holds raw volumes only for VM state "
+                f"(vm-<vmid>-state-<snapshot>), not {name!r}{_qcow2_hint(name)}")
+        return VolumeRole.VMSTATE, int(state.group(1)), name
+    if fmt != "qcow2":
+        raise VolumeError("storage type 'pvestord' holds qcow2 volumes (and raw VM state), "
+                          f"not {fmt!r}")
+    fleece = _FLEECE_NAME.fullmatch(name)
+    if fleece is not None:
+        return (VolumeRole.FLEECE, int(fleece.group(1)),
+                f"vm-{fleece.group(1)}-fleece-{fleece.group(2)}.qcow2")
+    if _VMSTATE_NAME.fullmatch(name):
+        raise VolumeError(f"a VM state volume is raw, not qcow2: {name!r}")
+    try:
+        return VolumeRole.DISK, parse_volname(name), name
+    except VolumeError:
+        raise VolumeError("storage type 'pvestord' holds qcow2 volumes named "
+                          f"vm-<vmid>-<name>.qcow2, not {name!r}{_qcow2_hint(name)}") from None
+
+
+def _qcow2_hint(name: str) -> str:
+    """`` (did you mean '<name>.qcow2'?)`` for a plain disk name without the
+    suffix (or with ``.raw``), as Proxmox's LVM plugin suggests the right name."""
+    base = name.removesuffix(".raw")
+    if _PLAIN_DISK_NAME.fullmatch(base) is None or _STATE_PREFIX.match(base):
+        return ""
+    return f" (did you mean '{base}.qcow2'?)"
 
 
 def parse_volume_id(text: str) -> VolumeId:
@@ -136,7 +240,8 @@ def shrink_target(lv_size: int, image_end: int, chunksize: int, initial_size: in
 
 
 __all__ = [
-    "MAX_VMID", "MAX_VOLUMES_PER_GUEST", "MIN_VMID", "ShrinkRefused", "VolumeError",
-    "VolumeId", "check_virtual_size", "check_vmid", "initial_lv_size", "next_disk_name",
-    "parse_volname", "parse_volume_id", "shrink_target",
+    "MAX_VMID", "MAX_VOLUMES_PER_GUEST", "MIN_VMID", "NewVolume", "ShrinkRefused",
+    "VolumeError", "VolumeId", "VolumeRole", "check_virtual_size", "check_vmid",
+    "initial_lv_size", "new_volume", "next_disk_name", "parse_volname", "parse_volume_id",
+    "shrink_target",
 ]

@@ -15,6 +15,7 @@ from pvestord.errors import PvestordError
 from pvestord.features import plugin
 from pvestord.features.plugin import Kind
 from pvestord.policy.sizes import GiB, MiB
+from pvestord.policy.volumes import VolumeRole
 
 extents = st.sampled_from([1 * MiB, 4 * MiB, 32 * MiB])
 sizes = st.integers(min_value=1, max_value=64 * 1024 * GiB)
@@ -195,6 +196,7 @@ class FakeWorld:
 
 
 EXTENT = 4 * MiB
+NEW_DISK = {"vmid": 100, "format": "qcow2", "name": "vm-100-disk-3.qcow2"}
 TARGET, SOURCE = "snap_vm-100-disk-0_s1.qcow2", "vm-100-disk-0.qcow2"
 
 
@@ -239,7 +241,7 @@ def test_an_answer_past_its_share_of_the_lock_alarm_gives_up_and_stops_its_comma
 
 def test_max_overcommit_measures_the_active_thin_lvs_within_the_answer_budget(
         world: FakeWorld) -> None:
-    text = _request(op="alloc", virtual_size=4 * GiB, lock_seconds_left=60).replace(
+    text = _request(op="alloc", virtual_size=4 * GiB, lock_seconds_left=60, **NEW_DISK).replace(
         '"initial-size": "1G"', '"initial-size": "1G", "max-overcommit": "10"')
     answer = _answer(text)
     assert answer["kind"] == "thin"
@@ -252,3 +254,54 @@ def test_max_overcommit_measures_the_active_thin_lvs_within_the_answer_budget(
     with pytest.raises(plugin.PluginTimeoutError, match="alloc: no answer"):
         _answer(text.replace('"lock_seconds_left": 60', '"lock_seconds_left": 0.05'))
     assert world.cancelled == ["vm-101-disk-0.qcow2"]
+
+
+def test_a_vm_state_is_a_plain_lv_of_the_size_asked(world: FakeWorld) -> None:
+    size = 8 * GiB + 500 * MiB + 1024
+    answer = _answer(_request(op="alloc", vmid=100, format="raw", name="vm-100-state-snap1",
+                              virtual_size=size, lock_seconds_left=60))
+    assert answer == {"name": "vm-100-state-snap1", "format": "raw", "tags": ["pve-vm-100"],
+                      "lv_size": -(-size // EXTENT) * EXTENT,
+                      "maximum": -(-size // EXTENT) * EXTENT, "kind": "plain",
+                      "preallocation": "off"}
+    # No image: nothing to measure.
+    assert not [call for call in world.calls if call[0].startswith("qemu-img")]
+
+
+def test_a_fleecing_image_is_thin_and_named_qcow2(world: FakeWorld) -> None:
+    answer = _answer(_request(op="alloc", vmid=100, format="qcow2", name="vm-100-fleece-0",
+                              virtual_size=10 * GiB + 512, lock_seconds_left=60,
+                              callers=["PVE::VZDump::QemuServer::__ANON__"]))
+    assert (answer["name"], answer["format"], answer["kind"]) == (
+        "vm-100-fleece-0.qcow2", "qcow2", "thin")
+    assert answer["tags"] == ["pve-vm-100", "@pve-vm-100-fleece-0.qcow2"]
+    assert answer["lv_size"] == 1 * GiB
+
+
+@pytest.mark.parametrize("body", [
+    {"vmid": 100, "format": "raw", "name": "vm-100-disk-0"},
+    {"vmid": 100, "format": "qcow2", "name": "vm-100-disk-0"},
+    {"vmid": 100, "format": "raw", "name": "vm-100-state-s1", "backing": True},
+    {"vmid": 100, "format": "qcow2", "name": "vm-100-fleece-0", "backing": True},
+    {"vmid": 100, "format": None, "name": "vm-100-disk-0.qcow2"},
+    {"vmid": "100", "format": "qcow2", "name": "vm-100-disk-0.qcow2"},
+    {"format": "qcow2", "name": "vm-100-disk-0.qcow2"},
+])
+def test_alloc_refuses_what_the_storage_does_not_hold(world: FakeWorld,
+                                                      body: dict[str, object]) -> None:
+    with pytest.raises(PvestordError):
+        _answer(_request(op="alloc", virtual_size=GiB, lock_seconds_left=60, **body))
+    assert world.calls == []
+
+
+def test_a_vm_state_is_plain_whoever_allocates_it() -> None:
+    assert plugin.allocation_kind(["PVE::QemuServer::clone_disk"],
+                                  VolumeRole.VMSTATE) is Kind.PLAIN
+    assert plugin.allocation_kind([], VolumeRole.FLEECE) is Kind.THIN
+
+
+@given(size=sizes, extent=extents)
+def test_a_plain_lv_holds_the_size_asked_in_whole_extents(size: int, extent: int) -> None:
+    lv = plugin.alloc_lv_size(Kind.PLAIN, 1 * GiB, size, extent)
+    assert lv % extent == 0
+    assert size <= lv < size + extent

@@ -6,6 +6,7 @@ The LVM and QEMU side runs in the node guest (tests/integration/node/test_volume
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -38,8 +39,10 @@ from pvestord.policy.volumes import (
     ShrinkRefused,
     VolumeError,
     VolumeId,
+    VolumeRole,
     check_virtual_size,
     initial_lv_size,
+    new_volume,
     next_disk_name,
     parse_volname,
     parse_volume_id,
@@ -143,6 +146,68 @@ def test_next_disk_name_is_the_first_free(taken: set[int], vmid: int) -> None:
     assert parse_volname(name) == vmid
     n = int(name.removeprefix(f"vm-{vmid}-disk-").removesuffix(".qcow2"))
     assert n == min(set(range(42)) - taken)
+
+
+# Proxmox's snapshot names (pve-common $CONFIGID_RE) and a hibernation's.
+snapshot_names = st.from_regex(r"[A-Za-z][A-Za-z0-9_\-]{1,40}", fullmatch=True)
+#: VMIDs with a next one (another VM's name must be refused).
+vmids = st.integers(100, 10**9 - 2)
+
+
+@given(vmids, snapshot_names)
+def test_vm_state_is_raw_under_the_name_qemu_server_gives(vmid: int, snap: str) -> None:
+    name = f"vm-{vmid}-state-{snap}"
+    volume = new_volume(vmid, "raw", name)
+    assert (volume.name, volume.format, volume.role) == (name, "raw", VolumeRole.VMSTATE)
+    # As Proxmox's LVM plugin tags a raw LV: the owner only.
+    assert volume.tags == (f"pve-vm-{vmid}",)
+    with pytest.raises(VolumeError, match="raw"):
+        new_volume(vmid, "qcow2", name)
+    with pytest.raises(VolumeError, match=f"VM {vmid}"):
+        new_volume(vmid + 1, "raw", name)
+
+
+@given(vmids, st.integers(0, 1000), st.booleans())
+def test_fleecing_image_is_qcow2_with_its_suffix(vmid: int, n: int, suffixed: bool) -> None:
+    asked = f"vm-{vmid}-fleece-{n}" + (".qcow2" if suffixed else "")
+    volume = new_volume(vmid, "qcow2", asked)
+    assert (volume.name, volume.format, volume.role) == (
+        f"vm-{vmid}-fleece-{n}.qcow2", "qcow2", VolumeRole.FLEECE)
+    # The name handed back parses as a qcow2 volume of the VM, as Proxmox reads it.
+    assert parse_volname(volume.name) == vmid
+    assert volume.tags == (f"pve-vm-{vmid}", f"@pve-{volume.name}")
+    with pytest.raises(VolumeError):
+        new_volume(vmid, "raw", asked)
+
+
+@given(vmids, st.integers(0, MAX_VOLUMES_PER_GUEST - 1))
+def test_disks_stay_qcow2_and_a_missing_suffix_is_named(vmid: int, n: int) -> None:
+    assert new_volume(vmid, "qcow2", f"vm-{vmid}-disk-{n}.qcow2").role is VolumeRole.DISK
+    for fmt in ("qcow2", "raw"):
+        with pytest.raises(VolumeError, match=rf"did you mean 'vm-{vmid}-disk-{n}\.qcow2'"):
+            new_volume(vmid, fmt, f"vm-{vmid}-disk-{n}")
+
+
+@given(st.text(max_size=140), st.sampled_from(["raw", "qcow2", "vmdk", ""]))
+def test_new_volume_names_are_always_safe_lv_names(name: str, fmt: str) -> None:
+    try:
+        volume = new_volume(100, fmt, name)
+    except VolumeError:
+        return
+    # Whatever is accepted is a name LVM and Proxmox's parse_lvm_name take as is.
+    assert re.fullmatch(r"vm-100-[A-Za-z0-9_.\-]+", volume.name)
+    assert len(volume.name) <= 127
+
+
+@pytest.mark.parametrize(("fmt", "name"), [
+    ("raw", "vm-100-state-x"), ("raw", "vm-100-state-snap1.raw"), ("raw", "vm-100-state-a/b"),
+    ("raw", "vm-100-state-snap1 x"), ("raw", "vm-100-fleece-0"), ("qcow2", "vm-100-fleece-"),
+    ("qcow2", "vm-100-fleece-0.raw"), ("vmdk", "vm-100-disk-0.vmdk"), ("raw", ""),
+    ("raw", "vm-100-state-" + "s" * 120),
+])
+def test_other_names_and_formats_refused(fmt: str, name: str) -> None:
+    with pytest.raises(VolumeError):
+        new_volume(100, fmt, name)
 
 
 @pytest.mark.parametrize("size", [0, -512, 1000, 512 * 3 + 1])

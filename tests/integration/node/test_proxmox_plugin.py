@@ -184,3 +184,45 @@ def test_rename_and_saferemove_of_small_lvs(proxmox: tuple[upstream.PerlSession,
     assert handed == ["del-snap_vm-101-disk-0_snap1.qcow2", "del-vm-101-disk-0.qcow2"]
     assert lv_sizes(vg) == {}
 
+
+
+def test_vm_state_and_fleecing_image_with_real_lvm(
+        proxmox: tuple[upstream.PerlSession, VG]) -> None:
+    """The two volumes Proxmox allocates by name: a snapshot's RAM state (raw,
+    as qemu-server's ``__snapshot_save_vmstate`` asks) kept across the disk's
+    rollback and freed with the snapshot, and a backup's fleecing image (qcow2
+    without its suffix, as vzdump asks), made thin and freed."""
+    pve, vg = proxmox
+    state_kib = 64 * 1024 + 4  # not whole extents: LVM rounds up, as for Proxmox's lvm
+    state = f"vm-{VMID}-state-snap1"
+    pve.call(f'return [PVE::Storage::vdisk_alloc($cfg, "{STORE}", {VMID}, "qcow2", undef,'
+             f' {DISK // 1024})];')
+    made = pve.call(f'return [PVE::Storage::vdisk_alloc($cfg, "{STORE}", {VMID}, "raw",'
+                    f' "{state}", {state_kib})];')[0]
+    assert made == f"{STORE}:{state}"
+    assert lv_sizes(vg)[state] == -(-state_kib * 1024 // EXTENT) * EXTENT
+    assert lv_tags(vg)[state] == {f"pve-vm-{VMID}"}
+    path = pve.call(f'PVE::Storage::activate_volumes($cfg, ["{made}"]);'
+                    f' return PVE::Storage::path($cfg, "{made}");')
+    assert path == f"/dev/{vg.name}/{state}"
+    sh("dd", "if=/dev/urandom", f"of={path}", "bs=1M", "count=1", "oflag=direct")
+    written = sh("sha256sum", path)
+    listed = pve.call(f'return PVE::Storage::vdisk_list($cfg, "{STORE}", {VMID})->{{"{STORE}"}};')
+    assert {v["volid"]: v["format"] for v in listed}[made] == "raw"
+
+    # The disk's snapshot and rollback leave the state alone; the snapshot's delete frees it.
+    pve.call(f'PVE::Storage::volume_snapshot($cfg, "{VOLID}", "snap1");')
+    pve.call(f'PVE::Storage::volume_snapshot_rollback($cfg, "{VOLID}", "snap1");')
+    assert sh("sha256sum", path) == written
+    pve.call(f'PVE::Storage::vdisk_free($cfg, "{made}");')
+    assert state not in lv_sizes(vg)
+
+    fleece_lv = f"vm-{VMID}-fleece-0.qcow2"
+    fleece_size = DISK + 512  # QEMU's size of the disk, passed exactly for qcow2
+    fleece = pve.call(f'return [PVE::Storage::vdisk_alloc($cfg, "{STORE}", {VMID}, "qcow2",'
+                      f' "vm-{VMID}-fleece-0", {fleece_size} / 1024)];')[0]
+    assert fleece == f"{STORE}:{fleece_lv}"
+    assert lv_sizes(vg)[fleece_lv] == INITIAL
+    assert image(vg, fleece_lv)["virtual-size"] == fleece_size
+    pve.call(f'PVE::Storage::vdisk_free($cfg, "{fleece}");')
+    assert fleece_lv not in lv_sizes(vg)

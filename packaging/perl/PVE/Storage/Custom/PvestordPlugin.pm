@@ -184,11 +184,13 @@ my sub grow_as_asked {
     );
 }
 
-# Create the LV $name at the size pvestord answers and format it as qcow2 of
-# $virtual_size bytes without preallocation; on top of snapshot $backing_snap
-# when given (an overlay, laid out as Proxmox lays them out).
+# Create the volume Proxmox asked for as $name in $fmt, of $virtual_size
+# bytes: the LV pvestord names, sized and tagged as it answers; a qcow2 image
+# on it without preallocation, on top of snapshot $backing_snap when given (an
+# overlay, laid out as Proxmox lays them out). A raw volume (a VM's RAM state)
+# is the LV alone, as LVMPlugin makes it. Returns the volume name made.
 my sub create_volume {
-    my ($class, $storeid, $scfg, $vmid, $name, $virtual_size, $backing_snap) = @_;
+    my ($class, $storeid, $scfg, $vmid, $fmt, $name, $virtual_size, $backing_snap) = @_;
 
     my @callers;
     for (my $depth = 1; my @frame = caller($depth); $depth++) {
@@ -199,15 +201,18 @@ my sub create_volume {
         $storeid,
         {
             op => 'alloc',
+            vmid => int($vmid),
+            format => $fmt,
+            name => $name,
             virtual_size => int($virtual_size),
             backing => $backing_snap ? JSON::true : JSON::false,
             callers => \@callers,
         },
     );
     my $vg = $scfg->{vgname};
-    PVE::Storage::LVMPlugin::lvcreate(
-        $vg, $name, "$plan->{lv_size}b", ["pve-vm-$vmid", "\@pve-$name"],
-    );
+    $name = $plan->{name};
+    PVE::Storage::LVMPlugin::lvcreate($vg, $name, "$plan->{lv_size}b", $plan->{tags});
+    return $name if $plan->{format} ne 'qcow2';
     eval {
         $class->activate_volume($storeid, $scfg, $name);
         my $path = $class->path($scfg, $name, $storeid);
@@ -225,6 +230,7 @@ my sub create_volume {
         warn $@ if $@;
         die $err;
     }
+    return $name;
 }
 
 # A new top for $volname on top of its snapshot $snap, at the snapshot's virtual size.
@@ -235,7 +241,7 @@ my sub create_top {
     my $snap_path = $class->path($scfg, $volname, $storeid, $snap);
     my $size = PVE::Storage::Plugin::file_size_info($snap_path, 5, 'qcow2');
     die "file_size_info on '$snap_path' failed\n" if !defined($size);
-    create_volume($class, $storeid, $scfg, $vmid, $volname, $size, $snap);
+    create_volume($class, $storeid, $scfg, $vmid, 'qcow2', $volname, $size, $snap);
 }
 
 my sub assert_qcow2 {
@@ -245,14 +251,15 @@ my sub assert_qcow2 {
         if $format ne 'qcow2';
 }
 
+# Disks are qcow2. pvestord also takes the two volumes Proxmox allocates by a
+# fixed name (which names and formats: pvestord/policy/volumes.py, new_volume):
+# a snapshot's or hibernation's RAM state, raw, and a backup's fleecing image,
+# which it names with '.qcow2' (the name Proxmox gets back and uses).
 sub alloc_image {
     my ($class, $storeid, $scfg, $vmid, $fmt, $name, $size) = @_;
 
-    die "storage type 'pvestord' holds qcow2 volumes only, not '$fmt'\n" if $fmt ne 'qcow2';
     $name = $class->find_free_diskname($storeid, $scfg, $vmid, $fmt) if !$name;
-    assert_qcow2($class, $name);
-    create_volume($class, $storeid, $scfg, $vmid, $name, $size * 1024, undef);
-    return $name;
+    return create_volume($class, $storeid, $scfg, $vmid, $fmt, $name, $size * 1024, undef);
 }
 
 sub volume_snapshot {
