@@ -164,9 +164,9 @@ def _mirror(vg: VG, run_dir: Path, kind: str, data: int, maximum: int) -> JobRun
 def _plugin(vg: VG, request: dict[str, Any]) -> dict[str, Any]:
     """The plugin's decision, asked as the Perl side asks it."""
     request["storage"] = {"storeid": STORE, "vgname": vg.name, "shared": False,
-                          "options": {"chunksize": f"{CHUNK // MiB}M",
-                                      "initial-size": f"{INITIAL // MiB}M",
-                                      "chunk-percentage": "0.5"}}
+                          "options": {"pvestord-chunksize": f"{CHUNK // MiB}M",
+                                      "pvestord-initial-size": f"{INITIAL // MiB}M",
+                                      "pvestord-chunk-percentage": "0.5"}}
     done = subprocess.run([str(VENV_BIN / "pvestord"), "plugin"],  # noqa: S603 - argument list
                           input=json.dumps(request), capture_output=True, text=True,
                           timeout=PLUGIN_TIMEOUT, check=True)

@@ -8,8 +8,11 @@ Every section is kept (:attr:`StorageConfig.sections`), whatever its type; only
 ``lvm:`` and ``pvestord:`` sections mean anything to us. A ``pvestord:`` storage
 (the type of pvestord's Proxmox storage plugin, ``PVE::Storage::Custom::PvestordPlugin``,
 an ``lvm`` storage that declares our options) is always *thin-enabled*. An
-``lvm:`` storage with ``chunksize`` still is, with a warning: Proxmox's own
-parser does not know the option and drops it on its next write of the file.
+``lvm:`` storage with ``pvestord-chunksize`` (or its former name ``chunksize``)
+still is, with a warning: Proxmox's own parser does not know the option and
+drops it on its next write of the file. An option of ours written under its
+former, unprefixed name is read as the prefixed one, with a warning (see
+:mod:`pvestord.policy.storageoptions`).
 Our options are validated and an invalid value is a :class:`StorageOptionError`
 naming the file, line, storage, option and value; unknown options are kept as
 they are (Proxmox adds options over time). Malformed lines and skipped
@@ -27,7 +30,15 @@ from types import MappingProxyType
 from pvestord.adapters.storagecfg import Section, parse_sections
 from pvestord.errors import ConfigError
 from pvestord.policy import capacity
-from pvestord.policy.storageoptions import THIN_OPTIONS, boolean_option, flag, thin_values
+from pvestord.policy.storageoptions import (
+    CHUNK_PERCENTAGE,
+    CHUNKSIZE,
+    PREFIX,
+    boolean_option,
+    flag,
+    sets_thin_option,
+    thin_values,
+)
 
 # The pve-storage-vgname format.
 _VGNAME = re.compile(r"[a-zA-Z0-9.+_][a-zA-Z0-9.+_\-]*")
@@ -144,8 +155,8 @@ class StorageConfig:
                                                              first.chunk_percentage):
                 raise ConfigError(
                     f"{self.source}: storages '{first.storeid}' and '{other.storeid}' both"
-                    f" use volume group '{vgname}' with different chunksize or"
-                    " chunk-percentage; make them agree or restrict them with 'nodes'")
+                    f" use volume group '{vgname}' with different {CHUNKSIZE} or"
+                    f" {CHUNK_PERCENTAGE}; make them agree or restrict them with 'nodes'")
         return first
 
     def vg_users(self, vgname: str) -> list[tuple[str, bool]]:
@@ -215,8 +226,18 @@ def _lvm_storage(section: Section, source: str, problems: list[OptionProblem],
         problems.append(OptionProblem(source, section.option_lines.get(option, section.line),
                                       sid, option, opts.get(option), reason))
 
-    thin_enabled = section.type == PLUGIN_TYPE or "chunksize" in opts
-    if section.type == "lvm" and "chunksize" in opts:
+    def former_name(former: str, current: str, current_also_set: bool) -> None:
+        line = section.option_lines.get(former, section.line)
+        if current_also_set:
+            warnings.append(f"{source} line {line}: storage '{sid}': '{former}' ignored:"
+                            f" '{current}' is set too (remove the '{former}' line)")
+        else:
+            warnings.append(f"{source} line {line}: storage '{sid}': '{former}' is"
+                            f" deprecated, read as '{current}': rename it in storage.cfg")
+
+    chunksize_set = CHUNKSIZE in opts or CHUNKSIZE.removeprefix(PREFIX) in opts
+    thin_enabled = section.type == PLUGIN_TYPE or chunksize_set
+    if section.type == "lvm" and chunksize_set:
         warnings.append(lvm_section_warning(source, section.line, sid))
     vgname = opts.get("vgname")
     if vgname is None or not _VGNAME.fullmatch(vgname):
@@ -231,11 +252,10 @@ def _lvm_storage(section: Section, source: str, problems: list[OptionProblem],
         return None
     shared = boolean_option(opts, "shared", problem)
     disabled = boolean_option(opts, "disable", problem)
-    values = thin_values(opts, problem)
-    if not thin_enabled and any(o in opts for o in THIN_OPTIONS):
-        present = ", ".join(o for o in THIN_OPTIONS if o in opts)
-        warnings.append(f"{source} line {section.line}: storage '{sid}' sets {present}"
-                        " but no chunksize: it is not thin-enabled")
+    values = thin_values(opts, problem, former_name if thin_enabled else None)
+    if not thin_enabled and (present := sets_thin_option(opts)):
+        warnings.append(f"{source} line {section.line}: storage '{sid}' sets"
+                        f" {', '.join(present)} but no {CHUNKSIZE}: it is not thin-enabled")
     nodes_opt = opts.get("nodes")
     nodes = (frozenset(n for n in re.split(r"[\s,;]+", nodes_opt) if n)
              if nodes_opt is not None else None)
@@ -248,11 +268,11 @@ def _lvm_storage(section: Section, source: str, problems: list[OptionProblem],
 
 def lvm_section_warning(source: str, line: int, storeid: str) -> str:
     """What to tell the admin of a thin ``lvm:`` section (see the module docstring)."""
-    return (f"{source} line {line}: storage '{storeid}' is an 'lvm:' section with chunksize:"
-            " Proxmox does not know chunksize, chunk-percentage or initial-size there and"
-            " drops them on its next edit of storage.cfg (the storage then turns thick);"
-            f" change the section header to '{PLUGIN_TYPE}: {storeid}' (pvestord's storage"
-            " plugin, see docs/proxmox.md) and keep the options as they are")
+    return (f"{source} line {line}: storage '{storeid}' is an 'lvm:' section with"
+            f" {CHUNKSIZE}: Proxmox does not know pvestord's options there and drops them"
+            " on its next edit of storage.cfg (the storage then turns thick); change the"
+            f" section header to '{PLUGIN_TYPE}: {storeid}' (pvestord's storage plugin, see"
+            " docs/proxmox.md)")
 
 
 def thin_from_options(storeid: str, vgname: str, shared: bool,
@@ -267,6 +287,9 @@ def thin_from_options(storeid: str, vgname: str, shared: bool,
     def problem(option: str, reason: str) -> None:
         problems.append(OptionProblem(source, 0, storeid, option, options.get(option), reason))
 
+    # Not told about former names: the daemon, reading the same storage.cfg,
+    # says so once per edit of the file, where a warning here would come with
+    # every disk Proxmox creates.
     values = thin_values(options, problem)
     if problems:
         raise StorageOptionError(problems)

@@ -9,7 +9,7 @@ decides, so it takes no lock (taking the storage lock here would deadlock
 against the caller).
 
 Requests (sizes in bytes; ``storage`` is ``{"storeid", "vgname", "shared",
-"options": {chunksize, chunk-percentage, initial-size}}`` as Proxmox parsed them):
+"options": {pvestord-chunksize, ...}}`` as Proxmox parsed them, former names too):
 
 ``alloc``: ``{"vmid", "format", "name", "virtual_size", "backing": bool,
     "callers": [perl sub names]}`` -> ``{"name", "format", "tags", "lv_size",

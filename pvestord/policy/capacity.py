@@ -36,10 +36,14 @@ from pvestord.policy.sizes import format_size, parse_size
 GROWTH_WINDOW = 3600.0
 #: A rate measured over less than this is noise (one extension), not a trend.
 MIN_GROWTH_SPAN = 60.0
-#: The storage.cfg options this module reads.
-#: ``thin-reserve``, not ``reserve``: Proxmox's storage properties share one
-#: namespace across every plugin, and a bare ``reserve`` is likely to clash.
-OPTIONS = ("thin-warn-free", "thin-critical-free", "max-overcommit", "thin-reserve")
+#: The storage.cfg options this module reads. Prefixed: Proxmox's storage
+#: properties share one namespace across every plugin, and a name declared by
+#: two plugins stops PVE::Storage from loading (see storageoptions.PREFIX).
+WARN_FREE = "pvestord-thin-warn-free"
+CRITICAL_FREE = "pvestord-thin-critical-free"
+MAX_OVERCOMMIT = "pvestord-max-overcommit"
+THIN_RESERVE = "pvestord-thin-reserve"
+OPTIONS = (WARN_FREE, CRITICAL_FREE, MAX_OVERCOMMIT, THIN_RESERVE)
 _PERCENT = re.compile(r"(\d+(?:\.\d+)?)%")
 _RATIO = re.compile(r"\d+(?:\.\d+)?")
 
@@ -80,22 +84,22 @@ def parse_guards(options: Mapping[str, str | None],
     """The guards set in ``options``; each unusable value is told to ``problem``
     (option, reason) and replaced by its default."""
     default = Guards()
-    warn = _threshold(options, "thin-warn-free", default.warn_free, problem)
-    critical = _threshold(options, "thin-critical-free", default.critical_free, problem)
+    warn = _threshold(options, WARN_FREE, default.warn_free, problem)
+    critical = _threshold(options, CRITICAL_FREE, default.critical_free, problem)
     ratio: float | None = None
-    text = options.get("max-overcommit")
-    if "max-overcommit" in options:
+    text = options.get(MAX_OVERCOMMIT)
+    if MAX_OVERCOMMIT in options:
         if text is None or not _RATIO.fullmatch(text) or float(text) <= 0:
-            problem("max-overcommit", "not a positive ratio (committed maxima over the VG"
+            problem(MAX_OVERCOMMIT, "not a positive ratio (committed maxima over the VG"
                     " size, e.g. 3 or 2.5)")
         else:
             ratio = float(text)
     reserve: int | None = None
-    if "thin-reserve" in options:
+    if THIN_RESERVE in options:
         try:
-            reserve = parse_size(options["thin-reserve"] or "")
+            reserve = parse_size(options[THIN_RESERVE] or "")
         except ValueError:
-            problem("thin-reserve", "not a size (e.g. 4G, or 0 for none)")
+            problem(THIN_RESERVE, "not a size (e.g. 4G, or 0 for none)")
     return Guards(warn, critical, ratio, reserve)
 
 
@@ -244,14 +248,14 @@ def new_volume_refusal(account: Account, guards: Guards, *, lv_size: int,
     if account.free - lv_size < critical:
         return (f"storage '{storeid}': refusing a new thin volume: {account.vg} would have"
                 f" {format_size(max(account.free - lv_size, 0))} free, below its"
-                f" thin-critical-free of {guards.critical_free} ({format_size(critical)});"
+                f" {CRITICAL_FREE} of {guards.critical_free} ({format_size(critical)});"
                 " the rest is kept for the running VMs to grow. Free space in the VG or"
-                " lower thin-critical-free in storage.cfg")
+                f" lower {CRITICAL_FREE} in storage.cfg")
     if guards.max_overcommit is not None and account.size > 0:
         ratio = (account.committed + maximum) / account.size
         if ratio > guards.max_overcommit:
             return (f"storage '{storeid}': refusing a new thin volume: it would bring"
-                    f" {account.vg}'s overcommit to {ratio:.2f}, above its max-overcommit"
+                    f" {account.vg}'s overcommit to {ratio:.2f}, above its {MAX_OVERCOMMIT}"
                     f" of {guards.max_overcommit:g} (committed maxima over the VG size)")
     return None
 

@@ -7,6 +7,14 @@ Both must accept and refuse exactly the same text. Every reader takes the
 options as written (``None``: a bare key) and reports an unusable value to
 ``problem(option, reason)``, then goes on with the default, so one pass over
 a section lists every problem at once.
+
+Every option of ours is named with :data:`PREFIX`. Proxmox's storage plugins
+share one namespace of properties, and ``PVE::SectionConfig`` refuses to load
+when two plugins declare the same one: were Proxmox's own LVM plugin to
+declare ``chunksize`` (thin LVM in Proxmox would want one), a plugin of ours
+declaring it too would stop ``PVE::Storage`` from loading in every Proxmox
+daemon. The names before the prefix (:data:`FORMER_NAMES`) are still read, so
+existing sections keep their values; the prefixed name wins when both are set.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import NamedTuple
 
 from pvestord.policy import capacity
@@ -30,8 +39,17 @@ DEFAULT_INITIAL_SIZE = 2 * GiB
 #: run time, from the VG).
 MIN_CHUNKSIZE = 1 * MiB
 
+#: What every option name of ours starts with (see the module docstring).
+PREFIX = "pvestord-"
+CHUNKSIZE = PREFIX + "chunksize"
+CHUNK_PERCENTAGE = PREFIX + "chunk-percentage"
+INITIAL_SIZE = PREFIX + "initial-size"
 #: The options of ours in an ``lvm:`` or ``pvestord:`` section.
-THIN_OPTIONS = ("chunksize", "chunk-percentage", "initial-size", *capacity.OPTIONS)
+THIN_OPTIONS = (CHUNKSIZE, CHUNK_PERCENTAGE, INITIAL_SIZE, *capacity.OPTIONS)
+#: Each option's name before it took the prefix -> its name now. Deprecated,
+#: still read: sections written before the rename keep their values.
+FORMER_NAMES: Mapping[str, str] = MappingProxyType(
+    {name.removeprefix(PREFIX): name for name in THIN_OPTIONS})
 
 # PVE::JSONSchema's number check; Python's float() would also take "nan", "1_0".
 _NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
@@ -41,6 +59,9 @@ _FALSE = frozenset({"0", "false", "no", "off"})
 Options = Mapping[str, str | None]
 #: Reports ``(option, reason)`` for the storage being read.
 Problem = Callable[[str, str], None]
+#: Reports ``(former, current, current_also_set)``: a former name was written;
+#: when the current name is set too, the former one is ignored.
+FormerName = Callable[[str, str, bool], None]
 
 
 class ThinValues(NamedTuple):
@@ -52,13 +73,49 @@ class ThinValues(NamedTuple):
     guards: capacity.Guards
 
 
-def thin_values(opts: Options, problem: Problem) -> ThinValues:
-    """Every thin option of one storage; each unusable value is told to ``problem``."""
-    chunksize = size_option(opts, "chunksize", DEFAULT_CHUNKSIZE, MIN_CHUNKSIZE, problem)
-    initial_size = size_option(opts, "initial-size", DEFAULT_INITIAL_SIZE, 1, problem)
-    percentage = chunk_percentage(opts, problem)
-    guards = capacity.parse_guards(opts, problem)
+def thin_values(opts: Options, problem: Problem,
+                former_name: FormerName | None = None) -> ThinValues:
+    """Every thin option of one storage, under its current or its former name;
+    each unusable value is told to ``problem`` under the name it was written
+    with, each former name to ``former_name``."""
+    current, written_as = with_current_names(opts, former_name)
+
+    def problem_as_written(option: str, reason: str) -> None:
+        problem(written_as.get(option, option), reason)
+
+    chunksize = size_option(current, CHUNKSIZE, DEFAULT_CHUNKSIZE, MIN_CHUNKSIZE,
+                            problem_as_written)
+    initial_size = size_option(current, INITIAL_SIZE, DEFAULT_INITIAL_SIZE, 1,
+                               problem_as_written)
+    percentage = chunk_percentage(current, problem_as_written)
+    guards = capacity.parse_guards(current, problem_as_written)
     return ThinValues(chunksize, percentage, initial_size, guards)
+
+
+def with_current_names(opts: Options, former_name: FormerName | None = None
+                       ) -> tuple[dict[str, str | None], dict[str, str]]:
+    """``opts`` with each option of ours set under a former name also set under
+    its current name, unless that is set already (the current name wins: it is
+    what Proxmox's GUI, API and ``pvesm`` now write, and the former line may
+    just be left over); and, for each current name taken from a former one,
+    that former name.
+    """
+    current = dict(opts)
+    written_as: dict[str, str] = {}
+    for former, name in FORMER_NAMES.items():
+        if former not in opts:
+            continue
+        if former_name is not None:
+            former_name(former, name, name in opts)
+        if name not in opts:
+            current[name] = opts[former]
+            written_as[name] = former
+    return current, written_as
+
+
+def sets_thin_option(opts: Options) -> list[str]:
+    """The options of ours ``opts`` sets, under either name, as written."""
+    return [o for o in opts if o in THIN_OPTIONS or o in FORMER_NAMES]
 
 
 def size_option(opts: Options, option: str, default: int, minimum: int,
@@ -82,7 +139,7 @@ def size_option(opts: Options, option: str, default: int, minimum: int,
 
 
 def chunk_percentage(opts: Options, problem: Problem) -> float:
-    option = "chunk-percentage"
+    option = CHUNK_PERCENTAGE
     if option not in opts:
         return DEFAULT_CHUNK_PERCENTAGE
     text = opts[option]

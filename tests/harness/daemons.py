@@ -52,9 +52,9 @@ class ThinStorageSpec:
         (docs/proxmox.md): every test then runs against what users run."""
         return (f"pvestord: {self.storeid}\n\tvgname {self.vgname}\n\tcontent images\n"
                 "\tsnapshot-as-volume-chain 1\n"
-                f"\tshared {int(self.shared)}\n\tchunksize {self.chunksize}\n"
-                f"\tchunk-percentage {self.chunk_percentage}\n"
-                f"\tinitial-size {self.initial_size}\n")
+                f"\tshared {int(self.shared)}\n\tpvestord-chunksize {self.chunksize}\n"
+                f"\tpvestord-chunk-percentage {self.chunk_percentage}\n"
+                f"\tpvestord-initial-size {self.initial_size}\n")
 
 
 @dataclass

@@ -42,8 +42,8 @@ def thin_storage(sources: upstream.Upstream, out_dir: Path, *, chunksize: int,
     with loop_vg(6 * GiB) as vg:
         sources.write_storage_cfg(
             f"pvestord: {STORE}\n\tvgname {vg.name}\n\tcontent images\n\tshared 1\n"
-            f"\tsnapshot-as-volume-chain 1\n\tchunksize {chunksize // MiB}M\n"
-            f"\tchunk-percentage 0.5\n\tinitial-size {initial_size // MiB}M\n")
+            f"\tsnapshot-as-volume-chain 1\n\tpvestord-chunksize {chunksize // MiB}M\n"
+            f"\tpvestord-chunk-percentage 0.5\n\tpvestord-initial-size {initial_size // MiB}M\n")
         session = sources.session(out_dir / "perl.log",
                                   PVESTORD_TEST_COMMAND=str(VENV_BIN / "pvestord"))
         try:

@@ -396,7 +396,8 @@ def storage_section(cluster: Cluster, *, storeid: str = STOREID, chunksize: str 
                     initial: str = "64M") -> str:
     return (f"pvestord: {storeid}\n\tvgname {cluster.vg}\n\tcontent images\n\tshared 1\n"
             "\tsnapshot-as-volume-chain 1\n"
-            f"\tchunksize {chunksize}\n\tchunk-percentage 0.5\n\tinitial-size {initial}\n")
+            f"\tpvestord-chunksize {chunksize}\n\tpvestord-chunk-percentage 0.5\n"
+            f"\tpvestord-initial-size {initial}\n")
 
 
 def lvm(node: Node, command: str, *args: str) -> str:

@@ -27,8 +27,8 @@ def test_installed_plugin_loads_into_real_pve_storage(installed_root: Path,
         pytest.skip(reason)
     pve = upstream.unpack(tmp_path / "upstream")
     pve.write_storage_cfg("pvestord: thin1\n\tvgname vg_san1\n\tshared 1\n"
-                          "\tsnapshot-as-volume-chain 1\n\tchunksize 256M\n"
-                          "\tchunk-percentage 0.25\n\tinitial-size 1G\n")
+                          "\tsnapshot-as-volume-chain 1\n\tpvestord-chunksize 256M\n"
+                          "\tpvestord-chunk-percentage 0.25\n\tpvestord-initial-size 1G\n")
     done = pve.perl_installed(
         'print encode_json({file => $INC{"PVE/Storage/Custom/PvestordPlugin.pm"},'
         ' thin1 => PVE::Storage::config()->{ids}{thin1}});',
@@ -38,4 +38,5 @@ def test_installed_plugin_loads_into_real_pve_storage(installed_root: Path,
     found = json.loads(done.stdout)
     assert found["file"] == f"/{INSTALLED}"
     assert found["thin1"]["type"] == "pvestord"
-    assert (found["thin1"]["chunksize"], found["thin1"]["initial-size"]) == ("256M", "1G")
+    assert (found["thin1"]["pvestord-chunksize"],
+            found["thin1"]["pvestord-initial-size"]) == ("256M", "1G")

@@ -45,9 +45,9 @@ STORAGE_CFG = """\
 lvm: thin1
 \tvgname pvsd
 \tcontent images
-\tchunksize 256M
-\tchunk-percentage 0.5
-\tinitial-size 256M
+\tpvestord-chunksize 256M
+\tpvestord-chunk-percentage 0.5
+\tpvestord-initial-size 256M
 """
 
 

@@ -24,7 +24,7 @@ from tests.proxmox import upstream
 
 VENV_BIN = Path(sys.executable).parent
 STORAGE_CFG = ("pvestord: thin1\n\tvgname vg_h1_absent\n\tcontent images\n\tshared 1\n"
-               "\tsnapshot-as-volume-chain 1\n\tchunksize 256M\n")
+               "\tsnapshot-as-volume-chain 1\n\tpvestord-chunksize 256M\n")
 #: How long the slow pvestord waits before it runs: longer than the short alarm.
 SLOW_START = 5
 #: The short alarm the tests give the locked code.

@@ -38,8 +38,8 @@ pvestord: thin1
 \tcontent images
 \tshared 1
 \tsnapshot-as-volume-chain 1
-\tchunksize 256M
-\tinitial-size 1G
+\tpvestord-chunksize 256M
+\tpvestord-initial-size 1G
 
 lvm: thick1
 \tvgname {VG}

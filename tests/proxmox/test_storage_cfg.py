@@ -23,15 +23,15 @@ pvestord: thin1
 \tcontent images
 \tshared 1
 \tsnapshot-as-volume-chain 1
-\tchunksize 256M
-\tchunk-percentage 0.25
-\tinitial-size 1G
+\tpvestord-chunksize 256M
+\tpvestord-chunk-percentage 0.25
+\tpvestord-initial-size 1G
 
 lvm: old
 \tvgname vg_san2
 \tshared 1
 \tsnapshot-as-volume-chain 1
-\tchunksize 1G
+\tpvestord-chunksize 1G
 """
 
 READ_AND_WRITE = ('my $cfg = PVE::Storage::config();'
@@ -61,8 +61,8 @@ def test_round_trip_keeps_the_thin_options(proxmox: upstream.Upstream) -> None:
     assert "thin1" not in first.stderr + second.stderr  # no warning about our section
     ids = proxmox.perl_json('print encode_json(PVE::Storage::config()->{ids}{thin1});')
     assert ids["type"] == "pvestord"
-    assert (ids["chunksize"], float(ids["chunk-percentage"]), ids["initial-size"]) == (
-        "256M", 0.25, "1G")
+    assert (ids["pvestord-chunksize"], float(ids["pvestord-chunk-percentage"]),
+            ids["pvestord-initial-size"]) == ("256M", 0.25, "1G")
     # pvestord reads what Proxmox wrote as the same thin storage.
     cfg = parse_storage_config(second.stdout, "storage.cfg")
     thin = cfg.thin_storages["thin1"]
@@ -75,18 +75,19 @@ def test_lvm_section_loses_chunksize_and_pvestord_says_what_to_change(
     proxmox.write_storage_cfg(THIN)
     done = proxmox.perl(READ_AND_WRITE)
     assert done.returncode == 0, done.stderr
-    assert "unexpected property 'chunksize'" in done.stderr
+    assert "unexpected property 'pvestord-chunksize'" in done.stderr
     written = parse_storage_config(done.stdout, "storage.cfg")
-    assert "chunksize" not in written.lvm_storages["old"].options
+    assert "pvestord-chunksize" not in written.lvm_storages["old"].options
     # Before Proxmox rewrote it, pvestord still took it as thin, and warned.
     before = parse_storage_config(THIN, "storage.cfg")
     assert before.thin_storages["old"].chunksize == 1 * GiB
     assert any("'pvestord: old'" in w for w in before.warnings)
 
 
-@pytest.mark.parametrize(("line", "bad"), [("chunksize 256M", "chunksize 256MB"),
-                                           ("initial-size 1G", "initial-size 1 G"),
-                                           ("chunk-percentage 0.25", "chunk-percentage 1.5")])
+@pytest.mark.parametrize(("line", "bad"), [
+    ("pvestord-chunksize 256M", "pvestord-chunksize 256MB"),
+    ("pvestord-initial-size 1G", "pvestord-initial-size 1 G"),
+    ("pvestord-chunk-percentage 0.25", "pvestord-chunk-percentage 1.5")])
 def test_proxmox_refuses_what_pvestord_refuses(proxmox: upstream.Upstream, line: str,
                                                 bad: str) -> None:
     option = line.split()[0]

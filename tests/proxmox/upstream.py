@@ -20,7 +20,7 @@ import select
 import subprocess
 import tarfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,10 +91,13 @@ class Upstream:
     def write_storage_cfg(self, text: str) -> None:
         (self.pve_dir / "storage.cfg").write_text(text)
 
-    def perl(self, code: str, **extra: str) -> subprocess.CompletedProcess[str]:
-        """Run ``code`` after the stand-ins loaded the real PVE::Storage."""
+    def perl(self, code: str, *, preload: Sequence[str] = (), **extra: str
+             ) -> subprocess.CompletedProcess[str]:
+        """Run ``code`` after the stand-ins loaded the real PVE::Storage; the
+        ``preload`` modules are loaded before them (before PVE::Storage)."""
         return subprocess.run(  # noqa: S603 - argument list
-            ["perl", "-MPvestordTest::StandIns", "-MJSON", "-e", code], env=self.env(extra),
+            ["perl", *(f"-M{module}" for module in preload), "-MPvestordTest::StandIns",
+             "-MJSON", "-e", code], env=self.env(extra),
             capture_output=True, text=True, timeout=PERL_TIMEOUT, check=False)
 
     def session(self, stderr: Path, **extra: str) -> PerlSession:

@@ -29,8 +29,9 @@ def test_defaults_warn_at_ten_percent_refuse_at_five_and_reserve_one_chunk() -> 
 
 
 def test_options_parse_shares_sizes_ratios_and_a_zero_reserve() -> None:
-    guards, problems = parsed({"thin-warn-free": "20%", "thin-critical-free": "50G",
-                               "max-overcommit": "2.5", "thin-reserve": "0"})
+    guards, problems = parsed({"pvestord-thin-warn-free": "20%",
+                               "pvestord-thin-critical-free": "50G",
+                               "pvestord-max-overcommit": "2.5", "pvestord-thin-reserve": "0"})
     assert problems == []
     assert guards.warn_free == FreeThreshold(percent=20.0)
     assert guards.critical_free == FreeThreshold(size=50 * GiB)
@@ -38,7 +39,8 @@ def test_options_parse_shares_sizes_ratios_and_a_zero_reserve() -> None:
     assert guards.reserve_bytes(GiB) == 0
 
 
-@given(st.sampled_from(["thin-warn-free", "thin-critical-free", "max-overcommit", "thin-reserve"]),
+@given(st.sampled_from(["pvestord-thin-warn-free", "pvestord-thin-critical-free",
+                        "pvestord-max-overcommit", "pvestord-thin-reserve"]),
        st.one_of(st.none(), st.sampled_from(["", "abc", "-1", "101%", "1g", "0", "1.5x"])))
 def test_an_unusable_value_is_reported_and_the_default_kept(option: str,
                                                             text: str | None) -> None:
@@ -48,7 +50,7 @@ def test_an_unusable_value_is_reported_and_the_default_kept(option: str,
         default = Guards()
         assert (guards.warn_free, guards.critical_free) == (default.warn_free,
                                                             default.critical_free) \
-            or option in ("max-overcommit", "thin-reserve")
+            or option in ("pvestord-max-overcommit", "pvestord-thin-reserve")
 
 
 @given(positive, sizes, st.lists(st.tuples(sizes, st.one_of(st.none(), sizes), st.booleans()),
@@ -141,7 +143,7 @@ def test_new_volumes_stop_at_critical_free(size: int, free_raw: int, lv_size: in
                                           storeid="s")
     assert (refusal is not None) == (free - lv_size < Guards().critical_free.bytes_of(size))
     if refusal is not None:
-        assert "thin-critical-free" in refusal
+        assert "pvestord-thin-critical-free" in refusal
 
 
 def test_max_overcommit_caps_new_volumes() -> None:
@@ -151,7 +153,7 @@ def test_max_overcommit_caps_new_volumes() -> None:
                                        storeid="s") is None
     refusal = capacity.new_volume_refusal(acc, guards, lv_size=GiB, maximum=51 * GiB,
                                           storeid="s")
-    assert refusal is not None and "max-overcommit" in refusal
+    assert refusal is not None and "pvestord-max-overcommit" in refusal
 
 
 @given(sizes, st.integers(1, 1 << 40), sizes, st.booleans())
@@ -173,15 +175,16 @@ def test_reserve_message_names_the_sizes() -> None:
 
 def test_storage_cfg_carries_the_guards_and_reports_bad_values() -> None:
     from pvestord.adapters.config import StorageOptionError, parse_storage_config
-    text = ("pvestord: thin\n\tvgname vg0\n\tshared 1\n\tthin-warn-free 20%\n"
-            "\tthin-critical-free 8G\n\tmax-overcommit 3\n\tthin-reserve 2G\n")
+    text = ("pvestord: thin\n\tvgname vg0\n\tshared 1\n\tpvestord-thin-warn-free 20%\n"
+            "\tpvestord-thin-critical-free 8G\n\tpvestord-max-overcommit 3\n"
+            "\tpvestord-thin-reserve 2G\n")
     thin = parse_storage_config(text, "storage.cfg").thin_storages["thin"]
     assert thin.guards == Guards(FreeThreshold(percent=20.0), FreeThreshold(size=8 * GiB),
                                  3.0, 2 * GiB)
     try:
         parse_storage_config(text.replace("20%", "lots"), "storage.cfg")
     except StorageOptionError as err:
-        assert [p.option for p in err.problems] == ["thin-warn-free"]
+        assert [p.option for p in err.problems] == ["pvestord-thin-warn-free"]
     else:
         raise AssertionError("an unusable thin-warn-free was taken")
 
@@ -207,7 +210,7 @@ def test_a_new_volume_is_refused_below_critical_free(monkeypatch: object) -> Non
     try:
         thin = parse_storage_config("pvestord: t0\n\tvgname vg0\n", "s").thin_storages["t0"]
         asyncio.run(check_new_volume(thin, lv_size=GiB // 2, maximum=GiB, extent_size=4 * MiB))
-        with pytest.raises(CapacityRefusedError, match="thin-critical-free"):
+        with pytest.raises(CapacityRefusedError, match="pvestord-thin-critical-free"):
             asyncio.run(check_new_volume(thin, lv_size=2 * GiB, maximum=GiB,
                                          extent_size=4 * MiB))
     finally:

@@ -6,11 +6,14 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pvestord.adapters.config import StorageOptionError, load_storage_config, parse_storage_config
 from pvestord.adapters.settings import DaemonSettings
 from pvestord.errors import ConfigError
 from pvestord.policy.sizes import GiB, MiB
+from pvestord.policy.storageoptions import FORMER_NAMES, THIN_OPTIONS
 
 # A Proxmox VE 9 node's file, tab-indented as Proxmox writes it, with two
 # shared LVM storages on a SAN (one thin-enabled) and one plugin we don't know.
@@ -30,9 +33,9 @@ lvm: san1
 \tcontent images
 \tshared 1
 \tsnapshot-as-volume-chain 1
-\tchunksize 256M
-\tchunk-percentage 0.25
-\tinitial-size 1G
+\tpvestord-chunksize 256M
+\tpvestord-chunk-percentage 0.25
+\tpvestord-initial-size 1G
 
 lvm: san2
 \tvgname vg_san2
@@ -76,7 +79,7 @@ def test_real_file() -> None:
 
 
 def test_defaults_when_only_chunksize() -> None:
-    cfg = parse_storage_config("lvm: s0\n\tvgname vg\n\tchunksize 1G\n", "t")
+    cfg = parse_storage_config("lvm: s0\n\tvgname vg\n\tpvestord-chunksize 1G\n", "t")
     thin = cfg.get("s0")
     assert thin is not None
     assert (thin.chunksize, thin.chunk_percentage, thin.initial_size, thin.shared) == (
@@ -88,7 +91,7 @@ def test_space_indentation_comments_crlf_and_case() -> None:
             "PVESTORD:   s1  \r\n"  # the plugin type; lvm: + chunksize warns
             "    vgname   vg1\r\n"
             "  # a comment inside a section does not end it\n"
-            "    chunksize 512M   \r\n"
+            "    pvestord-chunksize 512M   \r\n"
             "    shared\n"          # a bare key is a boolean 1
             "\n"
             "lvm: s2\n\tvgname vg2\n")
@@ -101,13 +104,13 @@ def test_space_indentation_comments_crlf_and_case() -> None:
 
 def test_single_character_ids_are_invalid_as_in_proxmox() -> None:
     # parse_storage_id: ^[a-z][a-z0-9\-_.]*[a-z0-9]$ needs two characters.
-    cfg = parse_storage_config("lvm: a\n\tvgname va\n\tchunksize 1G\n", "t")
+    cfg = parse_storage_config("lvm: a\n\tvgname va\n\tpvestord-chunksize 1G\n", "t")
     assert dict(cfg.lvm_storages) == {}
     assert "storage ID 'a' contains illegal characters" in cfg.warnings[0]
 
 
 def test_file_without_trailing_newline_and_empty_file() -> None:
-    cfg = parse_storage_config("lvm: s0\n\tvgname vg\n\tchunksize 1G", "t")
+    cfg = parse_storage_config("lvm: s0\n\tvgname vg\n\tpvestord-chunksize 1G", "t")
     assert cfg.get("s0") is not None
     empty = parse_storage_config("", "t")
     assert empty.sections == () and dict(empty.lvm_storages) == {}
@@ -125,8 +128,8 @@ def test_blank_only_line_does_not_end_a_section_as_in_proxmox() -> None:
 
 def test_malformed_lines_warn_and_keep_the_rest() -> None:
     text = ("stray line\n\n"
-            "lvm: bad!id\n\tvgname vg\n\tchunksize 1G\n\n"
-            "lvm: ok\n\tvgname vg\n\tchunksize 1G\n\tchunksize 2G\n\n"
+            "lvm: bad!id\n\tvgname vg\n\tpvestord-chunksize 1G\n\n"
+            "lvm: ok\n\tvgname vg\n\tpvestord-chunksize 1G\n\tpvestord-chunksize 2G\n\n"
             "lvm: ok\n\tvgname other\n")
     cfg = parse_storage_config(text, "f.cfg")
     ok = cfg.get("ok")
@@ -135,28 +138,28 @@ def test_malformed_lines_warn_and_keep_the_rest() -> None:
     joined = "\n".join(cfg.warnings)
     assert "f.cfg line 1: ignored line outside a section" in joined
     assert "illegal characters" in joined
-    assert "duplicate option 'chunksize'" in joined
+    assert "duplicate option 'pvestord-chunksize'" in joined
     assert "duplicate storage ID 'ok'" in joined
 
 
 @pytest.mark.parametrize(("option", "value", "reason"), [
-    ("chunk-percentage", "1.5", "must be between 0 and 1"),
-    ("chunk-percentage", "0", "must be between 0 and 1"),
-    ("chunk-percentage", "1", "must be between 0 and 1"),
-    ("chunk-percentage", "nan", "not a number"),
-    ("chunk-percentage", "half", "not a number"),
-    ("chunk-percentage", "-0.5", "must be between 0 and 1"),
-    ("chunksize", "1g", "not a size"),
-    ("chunksize", "0", "must be at least 1 MiB"),
-    ("chunksize", "1000", "must be at least 1 MiB"),
-    ("initial-size", "0", "must be at least 1 B"),
-    ("initial-size", "big", "not a size"),
+    ("pvestord-chunk-percentage", "1.5", "must be between 0 and 1"),
+    ("pvestord-chunk-percentage", "0", "must be between 0 and 1"),
+    ("pvestord-chunk-percentage", "1", "must be between 0 and 1"),
+    ("pvestord-chunk-percentage", "nan", "not a number"),
+    ("pvestord-chunk-percentage", "half", "not a number"),
+    ("pvestord-chunk-percentage", "-0.5", "must be between 0 and 1"),
+    ("pvestord-chunksize", "1g", "not a size"),
+    ("pvestord-chunksize", "0", "must be at least 1 MiB"),
+    ("pvestord-chunksize", "1000", "must be at least 1 MiB"),
+    ("pvestord-initial-size", "0", "must be at least 1 B"),
+    ("pvestord-initial-size", "big", "not a size"),
     ("shared", "maybe", "not a boolean"),
     ("vgname", "-vg", "not a valid volume group name"),
 ])
 def test_invalid_values_name_storage_option_and_value(option: str, value: str,
                                                       reason: str) -> None:
-    options = {"vgname": "vg", "chunksize": "1G", option: value}
+    options = {"vgname": "vg", "pvestord-chunksize": "1G", option: value}
     body = "".join(f"\t{k} {v}\n" for k, v in options.items())
     with pytest.raises(StorageOptionError) as caught:
         parse_storage_config(f"lvm: san1\n{body}", "/etc/pve/storage.cfg")
@@ -170,23 +173,23 @@ def test_invalid_values_name_storage_option_and_value(option: str, value: str,
 
 
 def test_every_problem_is_reported_at_once() -> None:
-    text = ("lvm: a0\n\tvgname va\n\tchunksize 1x\n\tchunk-percentage 2\n\n"
-            "lvm: b0\n\tchunksize 1G\n")
+    text = ("lvm: a0\n\tvgname va\n\tpvestord-chunksize 1x\n\tpvestord-chunk-percentage 2\n\n"
+            "lvm: b0\n\tpvestord-chunksize 1G\n")
     with pytest.raises(StorageOptionError) as caught:
         parse_storage_config(text, "t")
     assert [(p.storeid, p.option) for p in caught.value.problems] == [
-        ("a0", "chunksize"), ("a0", "chunk-percentage"), ("b0", "vgname")]
+        ("a0", "pvestord-chunksize"), ("a0", "pvestord-chunk-percentage"), ("b0", "vgname")]
     assert "storage 'b0': vgname = (no value): missing" in str(caught.value)
 
 
 def test_our_options_are_checked_even_without_chunksize() -> None:
     # A storage that sets chunk-percentage but forgot chunksize is not thin,
     # but a bad value is still an error and the omission is warned about.
-    with pytest.raises(StorageOptionError, match="chunk-percentage = 7"):
-        parse_storage_config("lvm: a0\n\tvgname va\n\tchunk-percentage 7\n", "t")
-    cfg = parse_storage_config("lvm: a0\n\tvgname va\n\tinitial-size 4G\n", "t")
+    with pytest.raises(StorageOptionError, match="pvestord-chunk-percentage = 7"):
+        parse_storage_config("lvm: a0\n\tvgname va\n\tpvestord-chunk-percentage 7\n", "t")
+    cfg = parse_storage_config("lvm: a0\n\tvgname va\n\tpvestord-initial-size 4G\n", "t")
     assert cfg.get("a0") is None
-    assert "sets initial-size but no chunksize" in cfg.warnings[0]
+    assert "sets pvestord-initial-size but no pvestord-chunksize" in cfg.warnings[0]
 
 
 def test_thick_lvm_without_vgname_is_skipped_like_proxmox() -> None:
@@ -196,8 +199,8 @@ def test_thick_lvm_without_vgname_is_skipped_like_proxmox() -> None:
 
 
 def test_by_vg_with_nodes() -> None:
-    text = ("lvm: n1\n\tvgname pve\n\tnodes node1\n\tchunksize 1G\n\n"
-            "lvm: n2\n\tvgname pve\n\tnodes node2,node3\n\tchunksize 2G\n")
+    text = ("lvm: n1\n\tvgname pve\n\tnodes node1\n\tpvestord-chunksize 1G\n\n"
+            "lvm: n2\n\tvgname pve\n\tnodes node2,node3\n\tpvestord-chunksize 2G\n")
     cfg = parse_storage_config(text, "t")
     n2 = cfg.by_vg("pve", node="node3")
     assert n2 is not None and n2.storeid == "n2"
@@ -209,8 +212,8 @@ def test_by_vg_with_nodes() -> None:
 
 
 def test_by_vg_same_settings_is_fine() -> None:
-    text = ("lvm: a0\n\tvgname vg\n\tchunksize 1G\n\n"
-            "lvm: b0\n\tvgname vg\n\tchunksize 1024M\n\tdisable\n")
+    text = ("lvm: a0\n\tvgname vg\n\tpvestord-chunksize 1G\n\n"
+            "lvm: b0\n\tvgname vg\n\tpvestord-chunksize 1024M\n\tdisable\n")
     cfg = parse_storage_config(text, "t")
     found = cfg.by_vg("vg")
     assert found is not None and found.storeid == "a0"
@@ -254,3 +257,99 @@ def test_the_shipped_example_is_a_thin_pvestord_storage_and_a_thick_one() -> Non
     assert sorted(config.thin_storages) == ["san-thin"]
     thin = config.thin_storages["san-thin"]
     assert (thin.vgname, thin.chunksize, thin.initial_size) == ("vg_san", GiB, 2 * GiB)
+
+
+# --- our options' former names ----------------------------------------------
+
+#: A valid value of each option of ours, by its current name.
+VALID_VALUES = {"pvestord-chunksize": ("256M", "1G", "3072K"),
+                "pvestord-chunk-percentage": ("0.25", "0.5", ".9"),
+                "pvestord-initial-size": ("512M", "2G", "1T"),
+                "pvestord-thin-warn-free": ("20%", "50G"),
+                "pvestord-thin-critical-free": ("8G", "5%"),
+                "pvestord-max-overcommit": ("2.5", "3"),
+                "pvestord-thin-reserve": ("0", "4G")}
+
+
+def _thin_settings(text: str) -> tuple[object, ...]:
+    thin = parse_storage_config(text, "t").thin_storages["s1"]
+    return (thin.chunksize, thin.chunk_percentage, thin.initial_size, thin.guards)
+
+
+def _section(lines: list[str]) -> str:
+    return "pvestord: s1\n\tvgname vg\n" + "".join(f"\t{line}\n" for line in lines)
+
+
+def test_former_names_are_the_current_ones_list_matches() -> None:
+    assert sorted(FORMER_NAMES.values()) == sorted(VALID_VALUES) == sorted(THIN_OPTIONS)
+    assert all(current == "pvestord-" + former for former, current in FORMER_NAMES.items())
+
+
+@pytest.mark.parametrize("current", sorted(VALID_VALUES))
+def test_a_former_name_reads_the_same_value_and_warns_once(current: str) -> None:
+    former = current.removeprefix("pvestord-")
+    value = VALID_VALUES[current][0]
+    assert _thin_settings(_section([f"{former} {value}"])) == _thin_settings(
+        _section([f"{current} {value}"])) != _thin_settings(_section([]))
+    warnings = parse_storage_config(_section([f"{former} {value}"]), "t").warnings
+    assert warnings == (f"t line 3: storage 's1': '{former}' is deprecated, read as"
+                        f" '{current}': rename it in storage.cfg",)
+    assert parse_storage_config(_section([f"{current} {value}"]), "t").warnings == ()
+
+
+def test_the_prefixed_name_wins_over_the_former_one_even_unusable() -> None:
+    text = _section(["chunksize 2G", "pvestord-chunksize 256M",
+                     "chunk-percentage nonsense", "pvestord-chunk-percentage 0.25"])
+    cfg = parse_storage_config(text, "t")
+    thin = cfg.thin_storages["s1"]
+    assert (thin.chunksize, thin.chunk_percentage) == (256 * MiB, 0.25)
+    assert cfg.warnings == (
+        "t line 3: storage 's1': 'chunksize' ignored: 'pvestord-chunksize' is set too"
+        " (remove the 'chunksize' line)",
+        "t line 5: storage 's1': 'chunk-percentage' ignored: 'pvestord-chunk-percentage'"
+        " is set too (remove the 'chunk-percentage' line)")
+
+
+def test_an_unusable_value_under_a_former_name_is_named_as_written() -> None:
+    with pytest.raises(StorageOptionError) as caught:
+        parse_storage_config(_section(["pvestord-initial-size 1G", "chunksize 1g"]), "t")
+    [problem] = caught.value.problems
+    assert (problem.option, problem.value, problem.line) == ("chunksize", "1g", 4)
+
+
+def test_an_lvm_section_with_the_former_chunksize_is_still_thin() -> None:
+    cfg = parse_storage_config("lvm: s1\n\tvgname vg\n\tchunksize 512M\n", "t")
+    assert cfg.thin_storages["s1"].chunksize == 512 * MiB
+    assert any("change the section header to 'pvestord: s1'" in w for w in cfg.warnings)
+    assert any("'chunksize' is deprecated" in w for w in cfg.warnings)
+    thick = parse_storage_config("lvm: s1\n\tvgname vg\n\tinitial-size 1G\n", "t")
+    assert thick.thin_storages == {}
+    assert thick.warnings == ("t line 1: storage 's1' sets initial-size but no"
+                              " pvestord-chunksize: it is not thin-enabled",)
+
+
+#: How one option is written: not at all, under one name, or under both.
+_SPELLINGS = st.sampled_from(["absent", "current", "former", "both"])
+
+
+@given(st.fixed_dictionaries({name: st.tuples(_SPELLINGS, st.sampled_from(values),
+                                              st.sampled_from(values))
+                              for name, values in VALID_VALUES.items()}))
+def test_any_mix_of_names_reads_as_the_winning_names_alone(
+        written: dict[str, tuple[str, str, str]]) -> None:
+    """Whatever names a section uses, it sets what a section with only the
+    prefixed names would: the prefixed value where it is written, else the
+    former one."""
+    mixed: list[str] = []
+    expected: list[str] = []
+    for current, (spelling, value, former_value) in written.items():
+        former = current.removeprefix("pvestord-")
+        if spelling in ("former", "both"):
+            mixed.append(f"{former} {former_value}")
+        if spelling in ("current", "both"):
+            mixed.append(f"{current} {value}")
+        if spelling != "absent":
+            expected.append(f"{current} {former_value if spelling == 'former' else value}")
+    assert _thin_settings(_section(mixed)) == _thin_settings(_section(expected))
+    warned = parse_storage_config(_section(mixed), "t").warnings
+    assert len(warned) == sum(s in ("former", "both") for s, _, _ in written.values())

@@ -43,7 +43,7 @@ class Run(Daemon):
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[Run]:
     (tmp_path / "storage.cfg").write_text(
-        "lvm: thin1\n\tvgname vg1\n\tchunksize 1G\n\tshared 1\n")
+        "lvm: thin1\n\tvgname vg1\n\tpvestord-chunksize 1G\n\tshared 1\n")
     run = Run(tmp_path)
     yield run
     if run.proc.poll() is None:
@@ -95,13 +95,13 @@ def _rewrite(path: Path, text: str) -> None:
 def test_invalid_storage_config_keeps_the_last_good_one(daemon: Run) -> None:
     config = daemon.tmp / "storage.cfg"
     daemon.record("the configuration read", CONFIG="loaded", STORAGES="thin1")
-    bad = "lvm: thin1\n\tvgname vg1\n\tchunksize 1G\n\tchunk-percentage 1.5\n"
+    bad = "lvm: thin1\n\tvgname vg1\n\tpvestord-chunksize 1G\n\tpvestord-chunk-percentage 1.5\n"
     _rewrite(config, bad)
     daemon.record("the bad configuration rejected", level="ERROR", CONFIG="rejected")
     _rewrite(config, bad)  # the same mistake, read again...
     daemon.record("the bad configuration read again", CONFIG="rejected", STILL_FAILING="yes")
     assert len(daemon.records(level="ERROR", CONFIG="rejected")) == 1  # ...logged once
-    _rewrite(config, "lvm: thin1\n\tvgname vg1\n\tchunksize 2G\n")
+    _rewrite(config, "lvm: thin1\n\tvgname vg1\n\tpvestord-chunksize 2G\n")
     daemon.record("the configuration valid again", CONFIG="loaded", RECOVERED="yes")
     assert daemon.proc.poll() is None
     assert daemon.stop() == 0
@@ -123,7 +123,7 @@ def test_run_folder_made_after_start_is_watched(tmp_path: Path) -> None:
     pvestord started at boot. A VM started then must be seen at once, not at
     the next poll: here the poll and the reconcile are an hour apart, so only
     the watch can tell the daemon."""
-    (tmp_path / "storage.cfg").write_text("lvm: thin1\n\tvgname vg1\n\tchunksize 1G\n")
+    (tmp_path / "storage.cfg").write_text("lvm: thin1\n\tvgname vg1\n\tpvestord-chunksize 1G\n")
     run = Run(tmp_path, "--poll-interval", "3600", "--reconcile-interval", "3600",
               make_run_dir=False)
     run_dir = tmp_path / "run"

@@ -116,7 +116,7 @@ def notify(tmp_path: Path) -> Iterator[NotifySocket]:
 
 def start(tmp_path: Path, notify: NotifySocket, *extra: str) -> subprocess.Popen[bytes]:
     (tmp_path / "run").mkdir(exist_ok=True)
-    (tmp_path / "storage.cfg").write_text("lvm: thin1\n\tvgname vg1\n\tchunksize 1G\n")
+    (tmp_path / "storage.cfg").write_text("lvm: thin1\n\tvgname vg1\n\tpvestord-chunksize 1G\n")
     argv = [PVESTORD, "--queue", str(tmp_path / "extend-queue"), "run", "--storage-config",
             str(tmp_path / "storage.cfg"), "--run-dir", str(tmp_path / "run"), "--node", "n1",
             "--poll-interval", "0.2", "--no-journal", "--nodes-dir", str(tmp_path / "nodes"),
@@ -217,7 +217,7 @@ async def test_a_pass_that_ignores_its_cancellation_stops_the_pings(
 
     monkeypatch.setattr(daemon_module.Daemon, "_pass_inner", swallows_its_cancellation)
     (tmp_path / "run").mkdir()
-    (tmp_path / "storage.cfg").write_text("lvm: thin1\n\tvgname vg1\n\tchunksize 1G\n")
+    (tmp_path / "storage.cfg").write_text("lvm: thin1\n\tvgname vg1\n\tpvestord-chunksize 1G\n")
     settings = DaemonSettings(
         node="n1", queue=tmp_path / "extend-queue", storage_config=tmp_path / "storage.cfg",
         run_dir=tmp_path / "run", nodes_dir=tmp_path / "nodes", inotify=False,

@@ -68,7 +68,7 @@ def hostile_sections(draw: st.DrawFn) -> str:
     header = draw(st.sampled_from(["lvm: ", "LVM:\t"]) | section_types.map(lambda t: t + ": "))
     lines = [header + draw(storage_ids)]
     if draw(st.booleans()):  # a thin storage to start from, then the hostile lines
-        lines += ["\tvgname vg_san1", "\tchunksize 1G"]
+        lines += ["\tvgname vg_san1", "\tpvestord-chunksize 1G"]
     for _ in range(draw(st.integers(0, 8))):
         lines.append(draw(st.one_of(
             st.tuples(indents, option_keys, st.none() | option_values).map(
@@ -145,11 +145,11 @@ class Storage:
     def lines(self, indent: str) -> list[str]:
         options = [("vgname", self.vgname), *self.others]
         if self.chunksize is not None:
-            options.append(("chunksize", self.chunksize.text))
+            options.append(("pvestord-chunksize", self.chunksize.text))
         if self.per_mille is not None:
-            options.append(("chunk-percentage", f"0.{self.per_mille:03d}"))
+            options.append(("pvestord-chunk-percentage", f"0.{self.per_mille:03d}"))
         if self.initial_size is not None:
-            options.append(("initial-size", self.initial_size.text))
+            options.append(("pvestord-initial-size", self.initial_size.text))
         if self.shared is not None:
             options.append(("shared", self.shared))
         return [f"lvm: {self.storeid}"] + [
@@ -171,7 +171,7 @@ storages = st.builds(
                     max_size=3, unique_by=lambda kv: kv[0]).map(tuple),
 )
 OTHER_SECTIONS = ["dir: local\n\tpath /var/lib/vz\n\tcontent iso",
-                  "lvmthin: local-lvm\n\tthinpool data\n\tvgname pve\n\tchunksize 1"]
+                  "lvmthin: local-lvm\n\tthinpool data\n\tvgname pve\n\tpvestord-chunksize 1"]
 
 
 @fuzz

@@ -50,7 +50,7 @@ STORAGE_CFG = """\
 lvm: san1
 \tvgname san
 \tshared 1
-\tchunksize 256M
+\tpvestord-chunksize 256M
 """
 
 FAKE_LVM = """#!/usr/bin/env python3

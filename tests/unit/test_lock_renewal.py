@@ -45,7 +45,7 @@ STORAGE_CFG = """\
 lvm: thin1
 \tvgname san
 \tshared 1
-\tchunksize 1G
+\tpvestord-chunksize 1G
 
 lvm: thick1
 \tvgname san

@@ -21,7 +21,7 @@ from pvestord.engine.migration import Deferral
 
 CFG = """lvm: thin
 \tvgname san
-\tchunksize 1G
+\tpvestord-chunksize 1G
 \tshared 1
 
 lvm: thick
@@ -29,7 +29,7 @@ lvm: thick
 
 lvm: thin2
 \tvgname san2
-\tchunksize 256M
+\tpvestord-chunksize 256M
 """
 
 

@@ -38,7 +38,7 @@ MiB = 1 << 20
 VMID = 4343
 NODE = "f-scsi0"
 
-STORAGE_CFG = "pvestord: thin1\n\tvgname san\n\tshared 1\n\tchunksize 1G\n"
+STORAGE_CFG = "pvestord: thin1\n\tvgname san\n\tshared 1\n\tpvestord-chunksize 1G\n"
 
 
 class StayingQemu:

@@ -298,7 +298,8 @@ def test_storage_view_and_hook(tmp_path: Path, capsys: pytest.CaptureFixture[str
              "services": {"vm:101": {"node": "node3"}, "vm:102": {"node": "node1"}},
              "rules": []}
     pve = write_pve_dir(tmp_path / "pve", facts, thin=True)
-    (pve / "storage.cfg").write_text("lvm: san\n\tvgname san\n\tshared 1\n\tchunksize 1G\n")
+    (pve / "storage.cfg").write_text(
+        "lvm: san\n\tvgname san\n\tshared 1\n\tpvestord-chunksize 1G\n")
     good = StorageView(vg="san", visible=True, pvs=4, free=10 << 30, extent_size=4 << 20)
     broken = StorageView(vg="san", visible=True, pvs=4, missing_pvs=3)
     for node, view in (("node1", good), ("node2", broken), ("node3", good)):

@@ -71,8 +71,9 @@ def test_commit_target_has_room_for_the_source_capped_at_maximum(
 
 def _request(**body: object) -> str:
     return json.dumps({"storage": {"storeid": "san1", "vgname": "vg_san1", "shared": 1,
-                                   "options": {"chunksize": "256M", "chunk-percentage": 0.25,
-                                               "initial-size": "1G"}}, **body})
+                                   "options": {"pvestord-chunksize": "256M",
+                                               "pvestord-chunk-percentage": 0.25,
+                                               "pvestord-initial-size": "1G"}}, **body})
 
 
 def test_request_carries_the_storage_options_as_proxmox_parsed_them() -> None:
@@ -80,6 +81,17 @@ def test_request_carries_the_storage_options_as_proxmox_parsed_them() -> None:
     assert (request.storage.chunksize, request.storage.chunk_percentage,
             request.storage.initial_size, request.storage.shared) == (256 * MiB, 0.25, GiB, True)
     assert request.integer("virtual_size") == 4 * GiB
+
+
+def test_request_with_the_former_option_names_reads_the_same_values() -> None:
+    """Sections written before the options took their prefix reach the plugin
+    under their former names; the prefixed name wins when both are there."""
+    former = plugin.parse_request(_request(op="alloc").replace('"pvestord-', '"'))
+    assert (former.storage.chunksize, former.storage.chunk_percentage,
+            former.storage.initial_size) == (256 * MiB, 0.25, GiB)
+    both = plugin.parse_request(_request(op="alloc").replace(
+        '"pvestord-chunksize": "256M"', '"pvestord-chunksize": "256M", "chunksize": "2G"'))
+    assert both.storage.chunksize == 256 * MiB
 
 
 @pytest.mark.parametrize("text", ["", "[]", '{"op": "grow"}', '{"op": "alloc"}',
@@ -91,7 +103,7 @@ def test_malformed_requests_are_refused(text: str) -> None:
 
 def test_bad_thin_option_names_the_option() -> None:
     text = _request(op="alloc").replace('"256M"', '"256MB"')
-    with pytest.raises(StorageOptionError, match="chunksize = 256MB"):
+    with pytest.raises(StorageOptionError, match="pvestord-chunksize = 256MB"):
         plugin.parse_request(text)
 
 
@@ -105,7 +117,7 @@ def test_resize_needs_a_positive_size() -> None:
 def test_plugin_section_is_thin_and_lvm_with_chunksize_warns() -> None:
     cfg = parse_storage_config(
         f"{PLUGIN_TYPE}: san1\n\tvgname vg1\n\tshared 1\n\tsnapshot-as-volume-chain 1\n\n"
-        "lvm: san2\n\tvgname vg2\n\tchunksize 1G\n", "storage.cfg")
+        "lvm: san2\n\tvgname vg2\n\tpvestord-chunksize 1G\n", "storage.cfg")
     assert set(cfg.thin_storages) == {"san1", "san2"}
     assert cfg.thin_storages["san1"].chunksize == 1 * GiB  # the default
     warned = [w for w in cfg.warnings if "san2" in w]
@@ -242,7 +254,8 @@ def test_an_answer_past_its_share_of_the_lock_alarm_gives_up_and_stops_its_comma
 def test_max_overcommit_measures_the_active_thin_lvs_within_the_answer_budget(
         world: FakeWorld) -> None:
     text = _request(op="alloc", virtual_size=4 * GiB, lock_seconds_left=60, **NEW_DISK).replace(
-        '"initial-size": "1G"', '"initial-size": "1G", "max-overcommit": "10"')
+        '"pvestord-initial-size": "1G"',
+        '"pvestord-initial-size": "1G", "pvestord-max-overcommit": "10"')
     answer = _answer(text)
     assert answer["kind"] == "thin"
     measured = {lv for what, lv in world.calls if what == "qemu-img info"}

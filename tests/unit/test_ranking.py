@@ -177,7 +177,7 @@ def test_lvm_health_keeps_the_last_outcome_until_taken() -> None:
 
 # -- the command
 
-CFG = "lvm: san\n\tvgname san\n\tshared 1\n\tchunksize 1G\n\nlvm: thick\n\tvgname other\n"
+CFG = "lvm: san\n\tvgname san\n\tshared 1\n\tpvestord-chunksize 1G\n\nlvm: thick\n\tvgname other\n"
 
 
 def rank_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:

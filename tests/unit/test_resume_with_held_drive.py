@@ -23,7 +23,7 @@ from pvestord.policy import BlockDevice
 GiB = 1 << 30
 MiB = 1 << 20
 VMID = 101
-STORAGE = parse_storage_config("pvestord: thin1\n\tvgname san\n\tchunksize 1G\n",
+STORAGE = parse_storage_config("pvestord: thin1\n\tvgname san\n\tpvestord-chunksize 1G\n",
                                "storage.cfg").get("thin1")
 
 

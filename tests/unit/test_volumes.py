@@ -60,8 +60,8 @@ dir: local
 lvm: thin1
 \tvgname vgthin
 \tshared 1
-\tchunksize 256M
-\tinitial-size 512M
+\tpvestord-chunksize 256M
+\tpvestord-initial-size 512M
 
 lvm: thick1
 \tvgname vgthick
@@ -69,7 +69,7 @@ lvm: thick1
 
 lvm: off1
 \tvgname vgoff
-\tchunksize 1G
+\tpvestord-chunksize 1G
 \tdisable
 """
 

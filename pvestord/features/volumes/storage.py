@@ -18,6 +18,7 @@ from pvestord.adapters import vghealth
 from pvestord.adapters.config import StorageConfig, ThinStorage, load_storage_config
 from pvestord.adapters.locks import PMXCFS_LOCK_EXPIRY, Held, vg_lock
 from pvestord.adapters.vghealth import VgHealth
+from pvestord.policy.storageoptions import CHUNKSIZE
 from pvestord.policy.volumes import VolumeError
 
 #: pmxcfs's mount: ``.members`` (quorum, node name), ``.vmlist`` (VM -> node), ``.rrd``.
@@ -53,7 +54,7 @@ def thin_storage(config: StorageConfig, storeid: str) -> ThinStorage:
     if lvm_storage.disabled:
         raise VolumeError(f"storage '{storeid}' is disabled")
     if lvm_storage.thin is None:
-        raise VolumeError(f"storage '{storeid}' is not thin-enabled (no chunksize in "
+        raise VolumeError(f"storage '{storeid}' is not thin-enabled (no {CHUNKSIZE} in "
                           f"{config.source}): its LVs would never grow")
     return lvm_storage.thin
 

@@ -31,7 +31,8 @@ EXTEND_TIMEOUT = 180.0
 CHUNK = 32 * MiB
 #: chunk-percentage 0.5: the threshold sits half a chunk below the LV's end.
 HEADROOM = CHUNK // 2
-GUARDS = "\tthin-warn-free 60%\n\tthin-critical-free 30%\n"  # thin-reserve: one chunk
+# pvestord-thin-reserve unset: one chunk.
+GUARDS = "\tpvestord-thin-warn-free 60%\n\tpvestord-thin-critical-free 30%\n"
 #: The guest's writes, in order and back to back: qcow2 allocates clusters at
 #: the image's end whatever the guest offset, so each write moves the LV's
 #: highest written offset past the next threshold (+ half a chunk of margin
@@ -134,7 +135,7 @@ def test_a_filling_vg_warns_refuses_new_volumes_and_keeps_the_reserve(
         fill_to(vg, "filler-b", size * 25 // 100)
         refused = volume_create(bed, 151)
         assert refused.returncode == 1, (refused.stdout, refused.stderr)
-        assert "thin-critical-free" in refused.stderr, refused.stderr
+        assert "pvestord-thin-critical-free" in refused.stderr, refused.stderr
         assert not any(name.startswith("vm-151-") for name in lv_names(vg))
         wait_until(lambda: vm.named_node(file_node)["write_threshold"] == 2 * CHUNK - HEADROOM,
                    EXTEND_TIMEOUT, "the threshold re-armed")

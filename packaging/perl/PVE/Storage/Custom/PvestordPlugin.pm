@@ -50,57 +50,98 @@ sub plugindata {
     };
 }
 
+# Our options, every name with 'pvestord-' in front. Proxmox's storage plugins
+# share one namespace of properties, and PVE::SectionConfig dies on a property
+# two plugins declare ("duplicate property"), which stops PVE::Storage from
+# loading in every Proxmox daemon. Plain names such as 'chunksize' are what
+# Proxmox's own LVM plugin would declare for thin LVM of its own; prefixed ones
+# cannot collide.
+my $PROPERTIES = {
+    'pvestord-chunksize' => {
+        description => "pvestord: how much a thin LV grows at a time.",
+        type => 'string',
+        format => 'disk-size',
+    },
+    'pvestord-chunk-percentage' => {
+        description => "pvestord: the share of a chunk still free when the LV is grown"
+            . " (between 0 and 1).",
+        type => 'number',
+        minimum => 0,
+        maximum => 1,
+    },
+    'pvestord-initial-size' => {
+        description => "pvestord: the LV size of a new disk or snapshot overlay.",
+        type => 'string',
+        format => 'disk-size',
+    },
+    'pvestord-thin-warn-free' => {
+        description => "pvestord: warn once when the VG's free space falls below this"
+            . " share (10%) or size (50G). Default 10%.",
+        type => 'string',
+        pattern => '\d+(?:\.\d+)?(?:%|[KMGT]?)',
+    },
+    'pvestord-thin-critical-free' => {
+        description => "pvestord: refuse new thin volumes below this free share or size;"
+            . " running VMs keep growing. Default 5%.",
+        type => 'string',
+        pattern => '\d+(?:\.\d+)?(?:%|[KMGT]?)',
+    },
+    'pvestord-max-overcommit' => {
+        description => "pvestord: refuse new thin volumes past this ratio of committed"
+            . " maxima to the VG size. Default: no cap.",
+        type => 'number',
+        minimum => 0,
+    },
+    'pvestord-thin-reserve' => {
+        description => "pvestord: free space an extension of a running VM never takes,"
+            . " kept to let a VM paused on ENOSPC run again. Default: one chunk.",
+        type => 'string',
+        format => 'disk-size',
+    },
+};
+
+# The names of our options before the prefix: sections written with them must
+# keep their values, or Proxmox would drop them on its next write of
+# storage.cfg. pvestord reads them as the prefixed ones (the prefixed name wins).
+my %FORMER_NAMES = map { (s/^pvestord-//r) => $_ } keys $PROPERTIES->%*;
+
+# Whether a former name of ours is declared by another registered plugin, or
+# by the base (the properties every storage has). Then it is not declared here
+# again (that is the duplicate SectionConfig dies on), only used in options():
+# sections keep it under that plugin's declaration.
+my sub declared_elsewhere {
+    my ($name) = @_;
+
+    my $pdata = PVE::Storage::Plugin->private();
+    # While SectionConfig's init() runs, its propertyList is being filled with
+    # every plugin's properties, ours among them; the base ones are kept apart.
+    my $base = $pdata->{'base-property-list'} // {};
+    return 1 if $base->{$name};
+    for my $type (keys(($pdata->{plugins} // {})->%*)) {
+        next if $type eq type();
+        return 1 if $pdata->{plugins}->{$type}->properties()->{$name};
+    }
+    return 0;
+}
+
 sub properties {
-    return {
-        chunksize => {
-            description => "pvestord: how much a thin LV grows at a time.",
-            type => 'string',
-            format => 'disk-size',
-        },
-        'chunk-percentage' => {
-            description => "pvestord: the share of a chunk still free when the LV is grown"
-                . " (between 0 and 1).",
-            type => 'number',
-            minimum => 0,
-            maximum => 1,
-        },
-        'initial-size' => {
-            description => "pvestord: the LV size of a new disk or snapshot overlay.",
-            type => 'string',
-            format => 'disk-size',
-        },
-        'thin-warn-free' => {
-            description => "pvestord: warn once when the VG's free space falls below this"
-                . " share (10%) or size (50G). Default 10%.",
-            type => 'string',
-            pattern => '\d+(?:\.\d+)?(?:%|[KMGT]?)',
-        },
-        'thin-critical-free' => {
-            description => "pvestord: refuse new thin volumes below this free share or size;"
-                . " running VMs keep growing. Default 5%.",
-            type => 'string',
-            pattern => '\d+(?:\.\d+)?(?:%|[KMGT]?)',
-        },
-        'max-overcommit' => {
-            description => "pvestord: refuse new thin volumes past this ratio of committed"
-                . " maxima to the VG size. Default: no cap.",
-            type => 'number',
-            minimum => 0,
-        },
-        'thin-reserve' => {
-            description => "pvestord: free space an extension of a running VM never takes,"
-                . " kept to let a VM paused on ENOSPC run again. Default: one chunk.",
-            type => 'string',
-            format => 'disk-size',
-        },
-    };
+    my $properties = { map { $_ => { $PROPERTIES->{$_}->%* } } keys $PROPERTIES->%* };
+    for my $former (keys %FORMER_NAMES) {
+        next if declared_elsewhere($former);
+        my $current = $FORMER_NAMES{$former};
+        $properties->{$former} = {
+            $PROPERTIES->{$current}->%*,
+            description => "Deprecated, read as '$current': use that instead.",
+        };
+    }
+    return $properties;
 }
 
 sub options {
     my $options = { PVE::Storage::LVMPlugin->options()->%* };
     # Thin volumes are qcow2 images, which LVM storages hold only as volume chains.
     $options->{'snapshot-as-volume-chain'} = { fixed => 1 };
-    $options->{$_} = { optional => 1 } for keys properties()->%*;
+    $options->{$_} = { optional => 1 } for keys $PROPERTIES->%*, keys %FORMER_NAMES;
     return $options;
 }
 
@@ -134,9 +175,9 @@ our $PVESTORD = '/usr/bin/pvestord';
 my sub ask {
     my ($scfg, $storeid, $request) = @_;
 
+    # Under either name: pvestord decides which one counts.
     my %options = map { defined($scfg->{$_}) ? ($_ => "$scfg->{$_}") : () }
-        qw(chunksize chunk-percentage initial-size thin-warn-free thin-critical-free
-            max-overcommit thin-reserve);
+        keys $PROPERTIES->%*, keys %FORMER_NAMES;
     $request->{storage} = {
         storeid => $storeid,
         vgname => $scfg->{vgname},
