@@ -128,11 +128,34 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else "(no message)"
 
 
+def report_errors(stdout: str) -> list[str]:
+    """The error messages in the command log of a JSON report on ``stdout``.
+
+    lvm2 2.03.31 (Proxmox VE 9's) writes a failing ``--reportformat json``
+    command's errors there, in the report's ``log``, and nothing to stderr
+    ("Volume group ... not found" included); 2.03.16 wrote them to stderr.
+    """
+    try:
+        document = json.loads(stdout)
+    except ValueError:
+        return []
+    entries = document.get("log") if isinstance(document, dict) else None
+    if not isinstance(entries, list):
+        return []
+    return [str(entry.get("log_message", "")) for entry in entries
+            if isinstance(entry, dict) and entry.get("log_type") == "error"]
+
+
 async def _run(argv: list[str], vg: str, *, timeout: float,  # noqa: ASYNC109
                shells: LvmShells | None) -> Completed:
     """``argv`` as a process, or in ``vg``'s shell when there are ``shells``."""
     if shells is None:
-        return await run_async(argv, timeout=timeout)
+        done = await run_async(argv, timeout=timeout, check=False)
+        if done.returncode != 0:
+            errors = done.stderr if done.stderr.strip() else "\n".join(
+                f"  {message}" for message in report_errors(done.stdout))
+            raise CommandError(list(argv), done.returncode, errors)
+        return done
     try:
         return await shells.run(vg, argv, timeout=timeout)
     except LvmShellError as err:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shlex
 import signal
@@ -129,6 +130,29 @@ async def test_a_resize_to_the_size_the_lv_has_is_done_in_every_lvm_release(
     monkeypatch.setenv("PVESTORD_TEST_LVM_SAYS", "Insufficient free space: 4 extents needed")
     with pytest.raises(LvmError):
         await lvm.extend("vg0", "vm-101-disk-0.qcow2", 16 * 1024 * 1024)
+
+
+#: What lvm2 2.03.31 answers ``lvs --reportformat json`` about a VG it cannot
+#: see: the error in the report's log on stdout, nothing on stderr.
+MISSING_VG_REPORT = {"log": [
+    {"log_seq_num": "1", "log_type": "error", "log_context": "processing",
+     "log_object_type": "vg", "log_object_name": "vg0",
+     "log_message": 'Volume group "vg0" not found', "log_errno": "-1", "log_ret_code": "0"},
+    {"log_seq_num": "2", "log_type": "status", "log_context": "processing",
+     "log_object_type": "vg", "log_object_name": "vg0", "log_message": "failure",
+     "log_errno": "-1", "log_ret_code": "5"}]}
+
+
+async def test_an_error_lvm_reports_in_its_json_log_is_typed_as_on_stderr(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps(MISSING_VG_REPORT, indent=2))
+    fake = tmp_path / "lvm"
+    fake.write_text(f"#!/bin/sh\ncat {report}\nexit 5\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PVESTORD_LVM", str(fake))
+    with pytest.raises(LvMissingError, match='Volume group "vg0" not found'):
+        await lvm.lv_info("vg0", "vm-101-disk-0.qcow2")
 
 
 @pytest.mark.parametrize(("stderr", "kind"), [
