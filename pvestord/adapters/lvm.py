@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pvestord.adapters.command import Completed, binary, run_async
-from pvestord.adapters.lvmshell import LvmShellError, LvmShells
+from pvestord.adapters.command import Completed, binary
+from pvestord.adapters.lvmshell import LvmShellError, LvmShells, run_lvm_process
 from pvestord.errors import CommandError, PvestordError
 
 log = logging.getLogger(__name__)
@@ -128,34 +128,11 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else "(no message)"
 
 
-def report_errors(stdout: str) -> list[str]:
-    """The error messages in the command log of a JSON report on ``stdout``.
-
-    lvm2 2.03.31 (Proxmox VE 9's) writes a failing ``--reportformat json``
-    command's errors there, in the report's ``log``, and nothing to stderr
-    ("Volume group ... not found" included); 2.03.16 wrote them to stderr.
-    """
-    try:
-        document = json.loads(stdout)
-    except ValueError:
-        return []
-    entries = document.get("log") if isinstance(document, dict) else None
-    if not isinstance(entries, list):
-        return []
-    return [str(entry.get("log_message", "")) for entry in entries
-            if isinstance(entry, dict) and entry.get("log_type") == "error"]
-
-
 async def _run(argv: list[str], vg: str, *, timeout: float,  # noqa: ASYNC109
                shells: LvmShells | None) -> Completed:
     """``argv`` as a process, or in ``vg``'s shell when there are ``shells``."""
     if shells is None:
-        done = await run_async(argv, timeout=timeout, check=False)
-        if done.returncode != 0:
-            errors = done.stderr if done.stderr.strip() else "\n".join(
-                f"  {message}" for message in report_errors(done.stdout))
-            raise CommandError(list(argv), done.returncode, errors)
-        return done
+        return await run_lvm_process(argv, timeout=timeout)
     try:
         return await shells.run(vg, argv, timeout=timeout)
     except LvmShellError as err:
@@ -378,7 +355,7 @@ async def create(vg: str, lv: str, size: int, tags: tuple[str, ...] = ()) -> Non
         argv += ["--addtag", tag]
     argv.append(vg)
     try:
-        await run_async(argv, timeout=CHANGE_TIMEOUT)
+        await run_lvm_process(argv, timeout=CHANGE_TIMEOUT)
     except CommandError as err:
         raise _classify(err, f"creating LV {vg}/{lv} of {size} bytes") from err
 

@@ -98,6 +98,38 @@ class _NotDelivered(LvmShellError):
     """The shell was gone before it could read the command: sending it again is safe."""
 
 
+def report_errors(stdout: str) -> list[str]:
+    """The error messages in the command log of a JSON report on ``stdout``.
+
+    lvm2 2.03.31 (Proxmox VE 9's) writes a failing ``--reportformat json``
+    command's errors there, in the report's ``log``, and nothing to stderr
+    ("Volume group ... not found", "Failed to find logical volume" included);
+    2.03.16 wrote them to stderr.
+    """
+    try:
+        document = json.loads(stdout)
+    except ValueError:
+        return []
+    entries = document.get("log") if isinstance(document, dict) else None
+    if not isinstance(entries, list):
+        return []
+    return [str(entry.get("log_message", "")) for entry in entries
+            if isinstance(entry, dict) and entry.get("log_type") == "error"]
+
+
+async def run_lvm_process(argv: Sequence[str], *, timeout: float,  # noqa: ASYNC109
+                          check: bool = True) -> Completed:
+    """``argv`` as a plain ``lvm`` process; a failure's :class:`CommandError`
+    carries LVM's error messages from stderr or, where LVM put them, from
+    its JSON report's log (:func:`report_errors`), as a shell's answer does."""
+    done = await run_async(argv, timeout=timeout, check=False)
+    if done.returncode != 0 and check:
+        errors = done.stderr if done.stderr.strip() else "\n".join(
+            f"  {message}" for message in report_errors(done.stdout))
+        raise CommandError(list(argv), done.returncode, errors)
+    return done
+
+
 def command_line(args: Sequence[str]) -> str:
     """``args`` as one line for the shell; :class:`ValueError` if it cannot be said.
 
@@ -432,10 +464,10 @@ class LvmShells:
         try:
             command_line(argv[1:])
         except ValueError:
-            return await run_async(argv, timeout=timeout, check=check)
+            return await run_lvm_process(argv, timeout=timeout, check=check)
         if self._failed_at is not None:
             if time.monotonic() - self._failed_at < RETRY_START_AFTER:
-                return await run_async(argv, timeout=timeout, check=check)
+                return await run_lvm_process(argv, timeout=timeout, check=check)
             self._failed_at = None
         shell = self._shells.get(vg)
         if shell is None:
@@ -449,7 +481,7 @@ class LvmShells:
                 log.warning("%s; running LVM commands as separate processes for %g s (is "
                             "/etc/lvm/profile/%s.profile installed?)", err, RETRY_START_AFTER,
                             self.profile)
-                return await run_async(argv, timeout=timeout, check=check)
+                return await run_lvm_process(argv, timeout=timeout, check=check)
         return await shell.run(argv, timeout=timeout, check=check)
 
     def pids(self) -> dict[str, int]:

@@ -28,6 +28,7 @@ from pvestord.adapters.lvm import FAST_CONFIG, LvmError, LvMissingError, VgFullE
 from pvestord.adapters.lvmshell import (
     SET_BY_PROFILE,
     LvmShellError,
+    LvmShells,
     command_line,
     command_status,
 )
@@ -153,6 +154,10 @@ async def test_an_error_lvm_reports_in_its_json_log_is_typed_as_on_stderr(
     monkeypatch.setenv("PVESTORD_LVM", str(fake))
     with pytest.raises(LvMissingError, match='Volume group "vg0" not found'):
         await lvm.lv_info("vg0", "vm-101-disk-0.qcow2")
+    # The same through the shells' fallback: a shell that cannot start (this
+    # stand-in is no shell) runs the command as a process.
+    with pytest.raises(LvMissingError, match='Volume group "vg0" not found'):
+        await lvm.lv_info("vg0", "vm-101-disk-0.qcow2", shells=LvmShells())
 
 
 @pytest.mark.parametrize(("stderr", "kind"), [
