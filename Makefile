@@ -51,11 +51,12 @@ packaging: deps
 # Node-guest tier: boots a Debian kernel under QEMU with dm-mod and runs
 # tests/integration/node inside it against real LVM on loop devices.
 # NODE=full adds the long tests the quick set covers otherwise (node_full).
-# BED=trixie boots Debian 13's kernel and userland instead of the host's
-# (Proxmox VE 9's QEMU 10, lvm2 2.03.31, Python 3.13; tests/harness/noderoot.py
-# makes the root the first time and caches it); also for demo and bench.
+# The bed is Debian 13's kernel and userland, Proxmox VE 9's (QEMU 10, lvm2
+# 2.03.31, Python 3.13; tests/harness/noderoot.py makes the root the first
+# time and caches it), for demo, bench and faults too; BED=host boots the
+# host's own root instead (Debian 12 here: what older nodes run).
 NODE      ?= quick
-BED       ?= host
+BED       ?= trixie
 node: deps
 	$(PY) -m tests.harness.nodeguest --bed $(BED) --out $(OUT)/node -- tests/integration/node \
 		--node-set=$(NODE) --durations=20
@@ -76,9 +77,14 @@ faults: deps
 # and the two guest tiers cannot share them: run together, each took 2.4 times
 # as long); CLUSTER=full adds the rest (both hint variants of every migration
 # test, 20 concurrent rounds, a clean stop seen by rank-nodes).
+# CLUSTER_BED: the two-node tier boots the host's root until its
+# fill-while-migrating test passes on Debian 13 (there the migration itself
+# fails, status 'failed', under QEMU 10 in the bed: not yet understood);
+# CLUSTER_BED=trixie runs it there, where its other tests pass.
 CLUSTER   ?= quick
+CLUSTER_BED ?= host
 cluster: deps
-	PVESTORD_NODE_BED=$(BED) $(PYTEST) tests/integration/cluster -q -p no:cacheprovider --durations=0 \
+	PVESTORD_NODE_BED=$(CLUSTER_BED) $(PYTEST) tests/integration/cluster -q -p no:cacheprovider --durations=0 \
 		--cluster=$(CLUSTER)
 
 demo: deps
