@@ -73,7 +73,7 @@ faults: deps
 
 # Two-node tier: two node guests sharing one SAN image, driven from the host
 # (tests/harness/twonode.py); the pair boots once for the whole session.
-# `make check` runs one variant of each scenario (CI has 45 minutes on 2 cores,
+# `make check` runs one variant of each scenario (CI aims at 40 minutes on 2 cores,
 # and the two guest tiers cannot share them: run together, each took 2.4 times
 # as long); CLUSTER=full adds the rest (both hint variants of every migration
 # test, 20 concurrent rounds, a clean stop seen by rank-nodes).
