@@ -39,13 +39,19 @@ from typing import Any
 
 from pvestord.adapters.lvm import FAST_CONFIG
 from tests.harness.daemonlog import records
-from tests.harness.nodeguest import BEDS, DEFAULT_BED, Bed, GuestError, compile_repository, vng_argv
+from tests.harness.nodeguest import (
+    BEDS,
+    DEFAULT_BED,
+    VENV_BIN,
+    Bed,
+    GuestError,
+    compile_repository,
+    vng_argv,
+)
 from tests.harness.polling import wait_until
 from tests.harness.qemu import Pve9Disk
 
 REPO = Path(__file__).resolve().parents[2]
-#: The host's venv: vng runs from it (the guests' own is the bed's).
-HOST_BIN = REPO / ".venv" / "bin"
 #: Boot of both guests at once under TCG: 19-24 s on an idle machine (docs/design.md);
 #: a busy machine (other guests running) takes several times that.
 BOOT_TIMEOUT = 300.0
@@ -259,7 +265,7 @@ def _boot(work: Path, node: Node, san: Path, memory: str, bed: Bed) -> None:
     argv = vng_argv(f"cd {shlex.quote(str(REPO))} && " + shlex.join(inner), work,
                     memory=memory, cpus=1, name=node.name, bed=bed)
     argv.append("--qemu-opts=" + _qemu_opts(work, node.name, san))
-    env = dict(os.environ, PATH=f"{HOST_BIN}:{os.environ.get('PATH', '')}")
+    env = dict(os.environ, PATH=f"{VENV_BIN}:{os.environ.get('PATH', '')}")
     log = node.console_log.open("w")
     node.proc = subprocess.Popen(  # noqa: S603 - argument list
         argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -10,7 +10,6 @@ registers its plugins: SectionConfig dies on a property two plugins declare.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -49,16 +48,6 @@ pvestord: thin1
 \tthin-reserve 4G
 """
 
-READ_AND_WRITE = ('my $cfg = PVE::Storage::config();'
-                  'print PVE::Storage::Plugin->write_config("storage.cfg", $cfg);')
-
-
-@pytest.fixture(scope="module")
-def proxmox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[upstream.Upstream]:
-    reason = upstream.skip_reason()
-    if reason is not None:
-        pytest.skip(reason)
-    yield upstream.unpack(tmp_path_factory.mktemp("upstream"))
 
 
 def round_trip(proxmox: upstream.Upstream, text: str, preload: tuple[str, ...]
@@ -66,10 +55,10 @@ def round_trip(proxmox: upstream.Upstream, text: str, preload: tuple[str, ...]
     """Proxmox's storage.cfg after one read and write, and after a second
     (stdout); every warning Perl gave (stderr)."""
     proxmox.write_storage_cfg(text)
-    first = proxmox.perl(READ_AND_WRITE, preload=preload)
+    first = proxmox.perl(upstream.READ_AND_WRITE, preload=preload)
     assert first.returncode == 0, first.stderr
     proxmox.write_storage_cfg(first.stdout)
-    second = proxmox.perl(READ_AND_WRITE, preload=preload)
+    second = proxmox.perl(upstream.READ_AND_WRITE, preload=preload)
     assert second.returncode == 0, second.stderr
     assert thin1_options(second.stdout) == thin1_options(first.stdout)  # a fixed point
     return second.stdout, first.stderr + second.stderr

@@ -32,13 +32,10 @@ SHORT_ALARM = 2
 
 
 @pytest.fixture(scope="module")
-def proxmox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[upstream.Upstream]:
-    reason = upstream.skip_reason()
-    if reason is not None:
-        pytest.skip(reason)
-    sources = upstream.unpack(tmp_path_factory.mktemp("upstream"))
-    sources.write_storage_cfg(STORAGE_CFG)
-    yield sources
+def proxmox(proxmox: upstream.Upstream) -> upstream.Upstream:
+    """The sources, with this module's storage.cfg."""
+    proxmox.write_storage_cfg(STORAGE_CFG)
+    return proxmox
 
 
 def test_stand_in_lock_keeps_cfs_locks_contract(proxmox: upstream.Upstream) -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,13 +90,10 @@ class Bed:
 
 
 @pytest.fixture(scope="module")
-def proxmox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[upstream.Upstream]:
-    reason = upstream.skip_reason()
-    if reason is not None:
-        pytest.skip(reason)
-    sources = upstream.unpack(tmp_path_factory.mktemp("upstream"))
-    sources.write_storage_cfg(STORAGE_CFG)
-    yield sources
+def proxmox(proxmox: upstream.Upstream) -> upstream.Upstream:
+    """The sources, with this module's storage.cfg."""
+    proxmox.write_storage_cfg(STORAGE_CFG)
+    return proxmox
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ storage.cfg, what every GUI/API/pvesm edit ends in) writes it back.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,25 +33,15 @@ lvm: old
 \tpvestord-chunksize 1G
 """
 
-READ_AND_WRITE = ('my $cfg = PVE::Storage::config();'
-                  'print PVE::Storage::Plugin->write_config("storage.cfg", $cfg);')
-
-
-@pytest.fixture(scope="module")
-def proxmox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[upstream.Upstream]:
-    reason = upstream.skip_reason()
-    if reason is not None:
-        pytest.skip(reason)
-    yield upstream.unpack(tmp_path_factory.mktemp("upstream"))
 
 
 def test_round_trip_keeps_the_thin_options(proxmox: upstream.Upstream) -> None:
     proxmox.write_storage_cfg(THIN)
-    first = proxmox.perl(READ_AND_WRITE)
+    first = proxmox.perl(upstream.READ_AND_WRITE)
     assert first.returncode == 0, first.stderr
     # Written once, read and written again: Proxmox's output is a fixed point.
     proxmox.write_storage_cfg(first.stdout)
-    second = proxmox.perl(READ_AND_WRITE)
+    second = proxmox.perl(upstream.READ_AND_WRITE)
     assert second.returncode == 0, second.stderr
     def thin_options(text: str) -> dict[str, str | None]:
         return dict(parse_storage_config(text, "storage.cfg").lvm_storages["thin1"].options)
@@ -73,7 +62,7 @@ def test_round_trip_keeps_the_thin_options(proxmox: upstream.Upstream) -> None:
 def test_lvm_section_loses_chunksize_and_pvestord_says_what_to_change(
         proxmox: upstream.Upstream) -> None:
     proxmox.write_storage_cfg(THIN)
-    done = proxmox.perl(READ_AND_WRITE)
+    done = proxmox.perl(upstream.READ_AND_WRITE)
     assert done.returncode == 0, done.stderr
     assert "unexpected property 'pvestord-chunksize'" in done.stderr
     written = parse_storage_config(done.stdout, "storage.cfg")
@@ -94,7 +83,7 @@ def test_proxmox_refuses_what_pvestord_refuses(proxmox: upstream.Upstream, line:
     text = THIN.replace(f"\t{line}\n", f"\t{bad}\n", 1)
     assert bad in text
     proxmox.write_storage_cfg(text)
-    done = proxmox.perl(READ_AND_WRITE)
+    done = proxmox.perl(upstream.READ_AND_WRITE)
     assert done.returncode == 0, done.stderr
     assert f"unable to parse value of '{option}'" in done.stderr
     assert bad not in done.stdout
@@ -104,7 +93,7 @@ def test_proxmox_refuses_what_pvestord_refuses(proxmox: upstream.Upstream, line:
 
 def test_section_without_volume_chain_is_refused(proxmox: upstream.Upstream) -> None:
     proxmox.write_storage_cfg(THIN.replace("\tsnapshot-as-volume-chain 1\n", "", 1))
-    done = proxmox.perl(READ_AND_WRITE)
+    done = proxmox.perl(upstream.READ_AND_WRITE)
     assert "missing value for required option 'snapshot-as-volume-chain'" in done.stderr
     assert "thin1" not in done.stdout
 

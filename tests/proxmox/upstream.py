@@ -36,6 +36,9 @@ PERL_MODULES = ("AnyEvent", "Clone", "Devel::Cycle", "Encode::Locale", "File::ch
                 "Net::IP", "Net::SSLeay", "NetAddr::IP", "POSIX::strptime",
                 "String::ShellQuote", "Date::Parse", "URI", "LWP::UserAgent", "XML::LibXML")
 PERL_TIMEOUT = 300.0
+#: Perl that reads storage.cfg through PVE::Storage and prints it as Proxmox writes it.
+READ_AND_WRITE = ('my $cfg = PVE::Storage::config();'
+                  'print PVE::Storage::Plugin->write_config("storage.cfg", $cfg);')
 
 
 def sources_dir() -> Path:

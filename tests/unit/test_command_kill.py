@@ -28,6 +28,7 @@ import pytest
 from pvestord.adapters import command
 from pvestord.adapters.command import KILL_WAIT, UnkillableCommandError, run_async
 from pvestord.errors import CommandError
+from tests.harness.faults import alive
 from tests.harness.polling import wait_until_async
 
 #: Slack for a loaded test machine on top of the timeout and the kill wait.
@@ -45,15 +46,6 @@ time.sleep(120)
 
 #: The same descendant, left in the command's process group.
 STAYER = ESCAPER.replace("start_new_session=True", "start_new_session=False")
-
-
-def ended(pid: int) -> bool:
-    """Whether ``pid`` is gone or a zombie (dead, its parent not yet reaping)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return True
-    return stat.rpartition(")")[2].split()[0] in ("Z", "X")
 
 
 @contextlib.contextmanager
@@ -102,7 +94,7 @@ async def test_a_command_and_its_group_killed_at_the_timeout_is_a_plain_timeout(
         assert not isinstance(info.value, UnkillableCommandError)
         assert info.value.timed_out
         descendant = int(pid_file.read_text())
-        await wait_until_async(lambda: ended(descendant), SLACK, "the group's descendant gone")
+        await wait_until_async(lambda: not alive(descendant), SLACK, "the group's descendant gone")
 
 
 async def test_a_process_sigkill_does_not_end_is_not_waited_for(
