@@ -81,3 +81,54 @@ def test_events_far_apart_in_effect_give_no_timing_note() -> None:
     prediction = predict(four_nodes_one_failing(),
                          [parse_event("maintenance=node3"), parse_event("fail=node4")])
     assert prediction.timing == ()
+
+
+def three_nodes_two_on_node1() -> Cluster:
+    """vm:101 and vm:102 on node1, vm:103 on node2, node3 empty (basic CRS)."""
+    return three_nodes({"vm:101": "node1", "vm:102": "node1", "vm:103": "node2"})
+
+
+def three_nodes(where: dict[str, str]) -> Cluster:
+    nodes = {n: NodeFacts(n) for n in ("node1", "node2", "node3")}
+    return Cluster(nodes=nodes,
+                   services={sid: ServiceConfig(sid, node, "started")
+                             for sid, node in where.items()},
+                   node_status={n: "online" for n in nodes},
+                   service_status={sid: ServiceStatus("started", node)
+                                   for sid, node in where.items()})
+
+
+def test_a_migration_still_running_when_the_next_event_comes_is_named() -> None:
+    """How long a live migration takes on the admin's cluster is not known. While vm:101
+    migrates node1 -> node3 the manager counts it on both nodes, so vm:103, leaving node2
+    for maintenance, takes node3 (node1 2, node3 1); once it has arrived the two tie at 1
+    and node1 wins by name. Both outcomes are given, naming vm:103 and the migration."""
+    prediction = predict(three_nodes_two_on_node1(),
+                         [parse_event("migrate=vm:101@node3"), parse_event("maintenance=node2")])
+    assert [list(s) for s in model_steps(prediction.events[1].decisions)] == [
+        ["migrate", "vm:103", "node1"]]
+    [dependence] = prediction.timing
+    assert dependence.kind == "migration"
+    assert dependence.resources == ("vm:103",)
+    assert dependence.outcomes == {"after": {"vm:103": "node1"}, "during": {"vm:103": "node3"}}
+    assert "vm:101" in dependence.pending
+    text = render_text(prediction)
+    assert "timing: where vm:103 end depends on when 'maintenance=node2'" in text
+    assert "migration of vm:101 (node1 -> node3)" in text
+    timing = render_json(prediction)["timing"]
+    assert timing[0]["kind"] == "migration"
+    assert timing[0]["moving"] == ["vm:101"]
+    assert timing[0]["outcomes"] == {"after": {"vm:103": "node1"}, "during": {"vm:103": "node3"}}
+
+
+def test_a_migration_whose_target_fails_meanwhile_goes_on_at_its_source() -> None:
+    """The LRM cannot finish a migration to a node that has left the cluster: the manager
+    reads the failure and the resource goes on where it is (next_state_migrate_relocate).
+    Had it arrived, node3's fence would recover it to the empty node2."""
+    prediction = predict(three_nodes({"vm:101": "node1", "vm:102": "node1"}),
+                         [parse_event("migrate=vm:101@node3"), parse_event("fail=node3")])
+    assert [list(s) for s in model_steps(prediction.events[1].decisions)] == [
+        ["recover", "vm:101", "node2"]]
+    [dependence] = prediction.timing
+    assert (dependence.kind, dependence.resources) == ("migration", ("vm:101",))
+    assert dependence.outcomes == {"after": {"vm:101": "node2"}, "during": {"vm:101": "node1"}}

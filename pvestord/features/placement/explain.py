@@ -118,14 +118,26 @@ def behaviour_warnings(prediction: Prediction) -> list[str]:
 
 def timing_warning(dependence: TimingDependence) -> str:
     """One timing dependence, with both outcomes."""
+    still, why = _WHILE_PENDING[dependence.kind]
+
     def where(outcome: str) -> str:
         nodes = dependence.outcomes.get(outcome, {})
         return ", ".join(f"{sid} {nodes.get(sid, '(gone)')}" for sid in dependence.resources)
     return (f"timing: where {', '.join(dependence.resources)} end depends on when "
             f"'{dependence.next_event}' comes after '{dependence.event}', which the model "
             f"cannot know: once the cluster has settled: {where('after')}; while "
-            f"{dependence.pending} is pending: {where('during')} (the manager then walks "
-            "the resources before it finishes that)")
+            f"{dependence.pending} {still}: {where('during')} ({why})")
+
+
+#: Per kind of pending work: how it is still going, and why the manager decides otherwise
+#: meanwhile.
+_WHILE_PENDING = {
+    "fence": ("is pending", "the manager then walks the resources before it finishes that"),
+    "hold": ("is pending", "the manager then walks the resources before it finishes that"),
+    "migration": ("is still running", "until its LRM has finished, the manager counts a "
+                  "moving resource on both nodes, and a move to a node that fails meanwhile "
+                  "fails: the resource goes on at its source"),
+}
 
 
 def storage_warnings(prediction: Prediction, storage: StorageView | None) -> list[str]:
@@ -231,7 +243,8 @@ def render_json(prediction: Prediction, storage: StorageView | None = None,
         "warnings": [*prediction.warnings, *behaviour_warnings(prediction),
                      *storage_warnings(prediction, storage),
                      *(timing_warning(t) for t in prediction.timing)],
-        "timing": [{"event": t.event, "next_event": t.next_event, "pending": t.pending,
+        "timing": [{"event": t.event, "next_event": t.next_event, "kind": t.kind,
+                    "pending": t.pending, "moving": list(t.moving),
                     "resources": list(t.resources),
                     "outcomes": {k: dict(v) for k, v in t.outcomes.items()}}
                    for t in prediction.timing],

@@ -13,7 +13,7 @@ from dataclasses import replace
 from pvestord.features.placement.failures import InjectedFailures, injected_failures
 from pvestord.features.placement.model import Command, ServiceConfig
 from pvestord.features.placement.scores import GuestSize
-from pvestord.features.placement.world import World
+from pvestord.features.placement.world import MOTION_STATES, World
 
 
 class LrmRounds(World):
@@ -103,7 +103,16 @@ class LrmRounds(World):
                     or not self.lock.get(sd.node):
                 continue
             failures = injected_failures(sid)
-            if sd.state in ("migrate", "relocate", "request_start_balance"):
+            if sid in self.unfinished_motions:
+                # Still copying the guest to its target (an alternative timing).
+                continue
+            if sd.state in MOTION_STATES and sd.target is not None \
+                    and not self.member(sd.target):
+                # The target left the cluster: the LRM's migration fails, and the manager
+                # keeps the resource where it is (next_state_migrate_relocate).
+                sd.lrm_done = sd.lrm_error = True
+                self.changed = True
+            elif sd.state in ("migrate", "relocate", "request_start_balance"):
                 if sd.target is not None and self.member(sd.target):
                     sd.lrm_done = True
                     self.changed = True

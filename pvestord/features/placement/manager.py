@@ -18,7 +18,7 @@ CRM round around them: node states, commands, fencing).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from pvestord.features.placement.crm import CrmRound
 from pvestord.features.placement.lrm import LrmRounds
@@ -77,14 +77,20 @@ class _Manager(CrmRound, LrmRounds):
                     del self.fence_pending[node]
                     self.lock[node] = False
 
-    def run_event(self, event: Event, next_after: int | None = None) -> EventResult:
+    def run_event(self, event: Event, next_after: int | None = None,
+                  next_while_moving: bool = False) -> EventResult:
         """Apply ``event``, run until settled; ``next_after``: rounds until the next event
         (None: it waits until this one has settled), so a fence not yet acknowledged by
-        then is carried into it."""
+        then is carried into it; ``next_while_moving``: the next event comes while the
+        migrations started in this one still run."""
         start = len(self.decisions)
         self.kept_away = set()
         self.event_rounds = 0
         self.next_after = next_after
+        self.motions_outlast_event = next_while_moving
+        # Motions of the event before that were still running when this one came: they
+        # finish once this event's own decisions are made.
+        carried = set(self.unfinished_motions)
         for command in event.commands:
             self.apply(command)
         self.finish_pending_fences()
@@ -97,6 +103,9 @@ class _Manager(CrmRound, LrmRounds):
             orphaned = set() if self.quorate() else {
                 n for n in self.power if self.power[n] and self.lock.get(n)}
             if not lost and not orphaned:
+                if carried & self.unfinished_motions:
+                    self.unfinished_motions -= carried
+                    continue
                 if self.rebalance():
                     continue
                 break
@@ -245,7 +254,8 @@ _DURING_HOLD = 1
 def _run(cluster: Cluster, events: Sequence[Event],
          storage: StorageFilter | None) -> tuple[_Manager, list[EventResult]]:
     manager = _Manager(cluster, storage)
-    results = [manager.run_event(event, following.after_rounds if following else None)
+    results = [manager.run_event(event, following.after_rounds if following else None,
+                                 following.while_moving if following else False)
                for event, following in zip(events, [*events[1:], None], strict=True)]
     return manager, results
 
@@ -261,24 +271,56 @@ def timing_dependences(cluster: Cluster, events: Sequence[Event],
         following = events[index + 1]
         if following.after_rounds is not None:
             continue
-        kinds = {d.kind for d in result.decisions}
-        if kinds & {"recover", "recover-failed"}:
-            pending, gap = "a fence not yet acknowledged", _DURING_FENCE
-        elif "auto-rebalance" in kinds:
-            pending, gap = "the auto-rebalance hold", _DURING_HOLD
-        else:
-            continue
-        alternative = list(events)
-        alternative[index + 1] = replace(following, after_rounds=gap)
-        _, other = _run(cluster, alternative, storage)
-        other_final = other[-1].placement
-        changed = tuple(sid for sid in sorted(set(final) | set(other_final))
-                        if final.get(sid) != other_final.get(sid))
-        if changed:
-            found.append(TimingDependence(
-                event.label, following.label, pending, changed,
-                {"after": {sid: final[sid][1] for sid in changed if sid in final},
-                 "during": {sid: other_final[sid][1] for sid in changed if sid in other_final}}))
+        for work in _pending_work(result.decisions, following):
+            alternative = list(events)
+            alternative[index + 1] = work.next_event
+            _, other = _run(cluster, alternative, storage)
+            other_final = other[-1].placement
+            changed = tuple(sid for sid in sorted(set(final) | set(other_final))
+                            if final.get(sid) != other_final.get(sid))
+            if changed:
+                found.append(TimingDependence(
+                    event.label, following.label, work.kind, work.told, changed,
+                    {"after": {sid: final[sid][1] for sid in changed if sid in final},
+                     "during": {sid: other_final[sid][1] for sid in changed
+                                if sid in other_final}},
+                    work.moving))
+    return found
+
+
+#: Decisions that start a running resource's migration or relocation.
+MOTION_KINDS = frozenset({"migrate", "relocate", "manual-migrate", "manual-relocate"})
+
+
+@dataclass(frozen=True)
+class PendingWork:
+    """Work an event may leave in progress when an admin's next event comes."""
+
+    #: As :attr:`TimingDependence.kind`.
+    kind: str
+    told: str
+    #: The next event, coming while the work is still in progress.
+    next_event: Event
+    #: kind "migration": the resources still moving.
+    moving: tuple[str, ...] = ()
+
+
+def _pending_work(decisions: Sequence[Decision], following: Event) -> list[PendingWork]:
+    """What an event's decisions may leave in progress when ``following`` comes."""
+    kinds = {d.kind for d in decisions}
+    found = []
+    if kinds & {"recover", "recover-failed"}:
+        found.append(PendingWork("fence", "a fence not yet acknowledged",
+                                 replace(following, after_rounds=_DURING_FENCE)))
+    elif "auto-rebalance" in kinds:
+        found.append(PendingWork("hold", "the auto-rebalance hold",
+                                 replace(following, after_rounds=_DURING_HOLD)))
+    motions = {d.sid: (d.source, d.target) for d in decisions if d.kind in MOTION_KINDS}
+    if motions:
+        told = ", ".join(f"{sid} ({source} -> {target})"
+                         for sid, (source, target) in sorted(motions.items()))
+        found.append(PendingWork("migration", f"the migration of {told}",
+                                 replace(following, while_moving=True), tuple(sorted(motions))))
     return found
 
 

@@ -118,6 +118,11 @@ class Event:
     #: not known). A simulator step comes 5 rounds after the one before, or later after
     #: a ``delay``; what is still in progress then (a fence) overlaps with it.
     after_rounds: int | None = None
+    #: It comes while the migrations and relocations the event before started are still
+    #: running: their LRMs have not finished them (a live migration takes as long as the
+    #: guest's memory takes to copy; the simulator's LRM finishes one in the round it
+    #: starts it, so this is only ever set for an alternative timing of admin's events).
+    while_moving: bool = False
 
 
 @dataclass(frozen=True)
@@ -165,12 +170,16 @@ class TimingDependence:
 
     event: str
     next_event: str
-    #: What may still be in progress when the next event comes.
+    #: What may still be in progress: "fence", "hold" (auto-rebalance's), "migration".
+    kind: str
+    #: The same, told.
     pending: str
     resources: tuple[str, ...]
     #: {"after": {sid: node}, "during": {sid: node}}: the end placement of ``resources``
     #: when the next event comes once the cluster has settled, or while it is pending.
     outcomes: Mapping[str, Mapping[str, str]]
+    #: kind "migration": the resources whose migration or relocation may still run.
+    moving: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

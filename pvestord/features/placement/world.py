@@ -20,6 +20,9 @@ from pvestord.features.placement.scores import GuestSize
 from pvestord.features.placement.select import Placed, StorageFilter, select_service_node
 from pvestord.features.placement.usage import Usage
 
+#: The states of a resource that the LRM moves to another node while it runs.
+MOTION_STATES = frozenset({"migrate", "relocate"})
+
 
 @dataclass
 class ServiceState:
@@ -64,6 +67,11 @@ class World:
         #: (None: it waits until the cluster has settled).
         self.event_rounds = 0
         self.next_after: int | None = None
+        #: The next event comes while the motions started in this one still run: the
+        #: LRMs do not finish them before it (an alternative timing, for admin's events).
+        self.motions_outlast_event = False
+        #: Resources in 'migrate' / 'relocate' whose LRM has not finished the motion yet.
+        self.unfinished_motions: set[str] = set()
         self.requests: set[str] = set(cluster.maintenance_requests)
         self.sc: dict[str, ServiceConfig] = {
             sid: self._group_failback(cd) for sid, cd in cluster.services.items()}
@@ -126,6 +134,10 @@ class World:
                   target: str | None = None) -> None:
         sd = self.ss[sid]
         sd.state = state
+        if state in MOTION_STATES and self.motions_outlast_event:
+            self.unfinished_motions.add(sid)
+        elif state not in MOTION_STATES:
+            self.unfinished_motions.discard(sid)
         if node is not None:
             sd.node = node
         sd.target = target
