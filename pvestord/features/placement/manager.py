@@ -7,7 +7,8 @@ out migrations and stops, nodes finishing a shutdown; then the 60 s after
 which a lost node is fenced pass, and it runs again. Only the order of the
 manager's decisions is modelled, and of timing only what decides that order
 when events overlap: a simulator step comes a known number of rounds after
-the one before, and a fence not yet acknowledged by then waits into it.
+the one before; a fence not yet acknowledged by then waits into it, and any
+other work not settled by then goes on in its rounds.
 
 The rounds live beside this driver, split as Manager.pm's work splits:
 :mod:`.world` (the state and the queries on it), :mod:`.lrm` (nodes and
@@ -59,11 +60,20 @@ class _Manager(CrmRound, LrmRounds):
                 round_of()
         self.hardware_step()
 
-    def settle(self) -> None:
+    def settle(self) -> bool:
+        """Rounds until nothing changes: True; False when the next event comes first
+        (its commands then enter the round in which they arrive, as the manager reads
+        them, and what this event started goes on in the next one's rounds)."""
         for _ in range(MAX_STEPS):
+            if self.next_event_due():
+                return False
             self.one_round()
             if not self.changed:
-                return
+                return True
+        return True
+
+    def next_event_due(self) -> bool:
+        return self.next_after is not None and self.event_rounds >= self.next_after
 
     def finish_pending_fences(self) -> None:
         """Rounds of this event during which a fence from before is still waiting for
@@ -96,13 +106,15 @@ class _Manager(CrmRound, LrmRounds):
         self.finish_pending_fences()
         defer = next_after is not None and next_after < FENCE_ACK_ROUNDS
         for _ in range(MAX_STEPS):
-            self.settle()
+            settled = self.settle()
             # The fence delay passes: lost nodes are fenced (their watchdog fired).
             lost = {n for n in self.power if not self.member(n)} - self.delayed
             # Without quorum, a node whose LRM holds its lock is reset by its watchdog.
             orphaned = set() if self.quorate() else {
                 n for n in self.power if self.power[n] and self.lock.get(n)}
             if not lost and not orphaned:
+                if not settled:
+                    break
                 if carried & self.unfinished_motions:
                     self.unfinished_motions -= carried
                     continue
