@@ -10,20 +10,25 @@ uses, and where each resource ends (state and node).
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pvestord.features.placement.events import parse_event
 from pvestord.features.placement.explain import render_json, render_text
 from pvestord.features.placement.inputs import read_sim_test
-from pvestord.features.placement.manager import predict
+from pvestord.features.placement.manager import MOTION_KINDS, pending_work, predict
 from pvestord.features.placement.model import (
     Cluster,
+    Decision,
     NodeFacts,
     ServiceConfig,
     ServiceStatus,
 )
+from pvestord.features.placement.rules import RuleData
 from pvestord.features.placement.suite import model_steps
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "placement"
@@ -132,3 +137,52 @@ def test_a_migration_whose_target_fails_meanwhile_goes_on_at_its_source() -> Non
     [dependence] = prediction.timing
     assert (dependence.kind, dependence.resources) == ("migration", ("vm:101",))
     assert dependence.outcomes == {"after": {"vm:101": "node2"}, "during": {"vm:101": "node1"}}
+
+
+def test_admin_commands_read_in_the_same_round_are_named() -> None:
+    """Two commands an admin gives seconds apart reach the manager in one round: then
+    neither migration of two resources kept apart vetoes the other, both are carried out,
+    and negative affinity sends both back. Once the first is carried out, the second is
+    refused. Where the manager puts vm:101 depends on that timing: both outcomes."""
+    apart: RuleData = {"type": "resource-affinity", "resources": {"vm:101", "vm:102"},
+                       "affinity": "negative"}
+    cluster = replace(three_nodes({"vm:101": "node1", "vm:102": "node2"}),
+                      rules={"keep-apart": apart}, rule_order={"keep-apart": 1})
+    prediction = predict(cluster, [parse_event("migrate=vm:101@node3"),
+                                   parse_event("migrate=vm:102@node3")])
+    assert [list(s) for s in model_steps(prediction.events[1].decisions)] == [
+        ["veto", "vm:102", "node3"]]
+    [dependence] = prediction.timing
+    assert dependence.kind == "same-round"
+    assert dependence.resources == ("vm:101",)
+    assert dependence.outcomes == {"after": {"vm:101": "node3"}, "during": {"vm:101": "node1"}}
+    text = render_text(prediction)
+    assert "timing: where vm:101 end depends on when 'migrate=vm:102@node3' comes" in text
+    assert "before the manager has read 'migrate=vm:101@node3'" in text
+    assert render_json(prediction)["timing"][0]["kind"] == "same-round"
+
+
+KINDS = ("migrate", "relocate", "manual-migrate", "manual-relocate", "follow", "recover",
+         "recover-failed", "auto-rebalance", "veto", "stuck", "back", "move-stopped")
+
+
+@given(st.lists(st.tuples(st.sampled_from(KINDS), st.sampled_from(["vm:101", "ct:102", "vm:9"]),
+                          st.sampled_from(["node1", "node2"]),
+                          st.sampled_from(["node2", "node3"])), max_size=8))
+def test_pending_work_names_what_each_decision_leaves_running(
+        made: list[tuple[str, str, str, str]]) -> None:
+    """The alternatives an admin's event gets: a fence after a recovery, the hold after an
+    auto-rebalance choice (not both), the migrations of exactly the resources a decision
+    started moving, and always, last, the next event read in the same round."""
+    decisions = [Decision(kind, sid, source, target) for kind, sid, source, target in made]
+    following = parse_event("maintenance=node3")
+    work = pending_work(parse_event("fail=node1"), decisions, following)
+    kinds = [w.kind for w in work]
+    made_kinds = {kind for kind, *_ in made}
+    assert ("fence" in kinds) == bool(made_kinds & {"recover", "recover-failed"})
+    assert ("hold" in kinds) == ("auto-rebalance" in made_kinds and "fence" not in kinds)
+    moving = tuple(sorted({sid for kind, sid, *_ in made if kind in MOTION_KINDS}))
+    assert [w.moving for w in work if w.kind == "migration"] == ([moving] if moving else [])
+    assert kinds[-1] == "same-round"
+    assert work[-1].next_event.after_rounds == 0
+    assert all(w.next_event.label == following.label for w in work)

@@ -118,25 +118,31 @@ def behaviour_warnings(prediction: Prediction) -> list[str]:
 
 def timing_warning(dependence: TimingDependence) -> str:
     """One timing dependence, with both outcomes."""
-    still, why = _WHILE_PENDING[dependence.kind]
+    when, why = _WHILE_PENDING[dependence.kind]
 
     def where(outcome: str) -> str:
         nodes = dependence.outcomes.get(outcome, {})
         return ", ".join(f"{sid} {nodes.get(sid, '(gone)')}" for sid in dependence.resources)
     return (f"timing: where {', '.join(dependence.resources)} end depends on when "
             f"'{dependence.next_event}' comes after '{dependence.event}', which the model "
-            f"cannot know: once the cluster has settled: {where('after')}; while "
-            f"{dependence.pending} {still}: {where('during')} ({why})")
+            f"cannot know: once the cluster has settled: {where('after')}; "
+            f"{when.format(dependence.pending)}: {where('during')} ({why})")
 
 
-#: Per kind of pending work: how it is still going, and why the manager decides otherwise
-#: meanwhile.
+#: Per kind of pending work: when the next event comes, and why the manager decides
+#: otherwise then.
 _WHILE_PENDING = {
-    "fence": ("is pending", "the manager then walks the resources before it finishes that"),
-    "hold": ("is pending", "the manager then walks the resources before it finishes that"),
-    "migration": ("is still running", "until its LRM has finished, the manager counts a "
-                  "moving resource on both nodes, and a move to a node that fails meanwhile "
-                  "fails: the resource goes on at its source"),
+    "fence": ("while {} is pending",
+              "the manager then walks the resources before it finishes that"),
+    "hold": ("while {} is pending",
+             "the manager then walks the resources before it finishes that"),
+    "migration": ("while {} is still running",
+                  "until its LRM has finished, the manager counts a moving resource on both "
+                  "nodes, and a move to a node that fails meanwhile fails: the resource goes "
+                  "on at its source"),
+    "same-round": ("before the manager has read {}",
+                   "it then reads both events' commands in the same round and carries out "
+                   "neither before the other is read"),
 }
 
 

@@ -278,25 +278,28 @@ def timing_dependences(cluster: Cluster, events: Sequence[Event],
     """For an admin's events (no known gap), the end placements that change when the next
     event comes while a fence or the auto-rebalance hold of the one before is pending."""
     found = []
+    told: list[tuple[tuple[str, ...], dict[str, dict[str, str]]]] = []
     final = results[-1].placement
     for index, (event, result) in enumerate(zip(events[:-1], results[:-1], strict=True)):
         following = events[index + 1]
         if following.after_rounds is not None:
             continue
-        for work in _pending_work(result.decisions, following):
+        for work in pending_work(event, result.decisions, following):
             alternative = list(events)
             alternative[index + 1] = work.next_event
             _, other = _run(cluster, alternative, storage)
             other_final = other[-1].placement
             changed = tuple(sid for sid in sorted(set(final) | set(other_final))
                             if final.get(sid) != other_final.get(sid))
-            if changed:
+            outcomes = {"after": {sid: final[sid][1] for sid in changed if sid in final},
+                        "during": {sid: other_final[sid][1] for sid in changed
+                                   if sid in other_final}}
+            if changed and (changed, outcomes) not in told:
+                # The same outcomes from two kinds of pending work: the first one says it.
+                told.append((changed, outcomes))
                 found.append(TimingDependence(
                     event.label, following.label, work.kind, work.told, changed,
-                    {"after": {sid: final[sid][1] for sid in changed if sid in final},
-                     "during": {sid: other_final[sid][1] for sid in changed
-                                if sid in other_final}},
-                    work.moving))
+                    outcomes, work.moving))
     return found
 
 
@@ -317,7 +320,8 @@ class PendingWork:
     moving: tuple[str, ...] = ()
 
 
-def _pending_work(decisions: Sequence[Decision], following: Event) -> list[PendingWork]:
+def pending_work(event: Event, decisions: Sequence[Decision],
+                  following: Event) -> list[PendingWork]:
     """What an event's decisions may leave in progress when ``following`` comes."""
     kinds = {d.kind for d in decisions}
     found = []
@@ -333,6 +337,11 @@ def _pending_work(decisions: Sequence[Decision], following: Event) -> list[Pendi
                          for sid, (source, target) in sorted(motions.items()))
         found.append(PendingWork("migration", f"the migration of {told}",
                                  replace(following, while_moving=True), tuple(sorted(motions))))
+    # An admin's commands seconds apart reach the manager in one round: it reads them
+    # together and carries out neither before the other is read. Last: the kinds above
+    # name what is pending more precisely when they give the same outcomes.
+    found.append(PendingWork("same-round", f"'{event.label}'",
+                             replace(following, after_rounds=0)))
     return found
 
 
