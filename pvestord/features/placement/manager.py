@@ -276,14 +276,14 @@ def timing_dependences(cluster: Cluster, events: Sequence[Event],
                        results: Sequence[EventResult],
                        storage: StorageFilter | None) -> list[TimingDependence]:
     """For an admin's events (no known gap), the end placements that change when the next
-    event comes while a fence or the auto-rebalance hold of the one before is pending."""
+    event comes while work of the one before is pending (:func:`pending_work`)."""
     found = []
-    told: list[tuple[tuple[str, ...], dict[str, dict[str, str]]]] = []
     final = results[-1].placement
     for index, (event, result) in enumerate(zip(events[:-1], results[:-1], strict=True)):
         following = events[index + 1]
         if following.after_rounds is not None:
             continue
+        told: list[tuple[tuple[str, ...], dict[str, dict[str, str]]]] = []
         for work in pending_work(event, result.decisions, following):
             alternative = list(events)
             alternative[index + 1] = work.next_event
