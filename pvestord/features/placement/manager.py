@@ -321,7 +321,7 @@ class PendingWork:
 
 
 def pending_work(event: Event, decisions: Sequence[Decision],
-                  following: Event) -> list[PendingWork]:
+                 following: Event) -> list[PendingWork]:
     """What an event's decisions may leave in progress when ``following`` comes."""
     kinds = {d.kind for d in decisions}
     found = []
