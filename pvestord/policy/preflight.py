@@ -277,6 +277,18 @@ def lvm_metadata(meta: VgMetadata, extensions: int | None = None) -> Finding:
     return Finding("lvm-metadata", Level.PASS, f"VG {vg}: {figures}, enough for {basis}")
 
 
+def vg_not_visible(vg: str, storeids: Sequence[str]) -> Finding:
+    return Finding("lvm-metadata", Level.FAIL, f"VG {vg} of storage {', '.join(storeids)}"
+                   " is not visible on this node: its thin disks cannot run here",
+                   "check the SAN paths (multipath -ll, iscsiadm -m session), then pvscan;"
+                   " or restrict the storage with 'nodes'")
+
+
+def lvm_unreadable(problem: str) -> Finding:
+    return Finding("lvm-metadata", Level.FAIL, f"cannot read LVM's PVs: {problem}",
+                   "run 'pvs' by hand to see why; pvestord cannot extend anything without LVM")
+
+
 # -- queue, lock, metrics ----------------------------------------------------------
 
 
@@ -301,6 +313,11 @@ def lock(name: str, problem: str | None) -> Finding:
                        " for minutes is a stuck holder: see 'The storage lock' in"
                        " docs/operations.md")
     return Finding("lock", Level.PASS, f"queue lock {name} taken and released")
+
+
+def lock_not_tried(name: str) -> Finding:
+    return Finding("lock", Level.SKIP, f"queue lock {name}: not tried",
+                   "the queue's folder is missing (above); fix that first")
 
 
 def metrics(folder: str, exists: bool, writable: bool) -> Finding:
