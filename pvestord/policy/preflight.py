@@ -302,7 +302,7 @@ def queue(path: str, problem: str | None, entries: int, rejected: int) -> Findin
         return Finding("queue", Level.WARN, f"extend queue {path}: {rejected} line(s) that do"
                        " not parse", "see them with 'pvestord queue list --rejected'; the"
                        " next change of the queue moves them aside")
-    return Finding("queue", Level.PASS, f"extend queue {path} readable, {entries} entries")
+    return Finding("queue", Level.PASS, f"extend queue {path} readable, {entries} queued")
 
 
 def lock(name: str, problem: str | None) -> Finding:
