@@ -229,14 +229,20 @@ def socket_owner(socket_path: Path, proc: Path) -> tuple[Owner, str]:
         is_socket = False
     if not is_socket:
         return Owner.NOBODY, ""
-    held = holders(listening_inodes(socket_path, proc), proc)
+    inodes = listening_inodes(socket_path, proc)
+    if not inodes:
+        return Owner.NOBODY, ""  # a socket file left behind: connections are refused
+    held = holders(inodes, proc)
     if not held:
-        return Owner.NOBODY, ""
+        # /proc/net/unix is for everyone, another user's /proc/<pid>/fd is not.
+        return Owner.UNKNOWN, ""
     owners = {pid: program_of(cmdline) for pid, cmdline in held.items()}
     kinds = set(owners.values())
     if len(kinds) == 1 and Owner.OTHER not in kinds:
         return kinds.pop(), ""
-    named = "; ".join(f"pid {pid} ({' '.join(held[pid])[:80]})" for pid in sorted(held))
+    # The program and its script by name: enough to recognise, never a long path.
+    named = "; ".join(f"pid {pid} ({' '.join(os.path.basename(w) for w in held[pid][:2])})"
+                      for pid in sorted(held))
     return Owner.OTHER, named
 
 

@@ -15,6 +15,7 @@ knowable from here, with the reason).
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -135,7 +136,9 @@ def plugin_loaded(daemon: str, state: UnitState | None, installed_at: float | No
     if state.since is None:
         return Finding("plugin", Level.WARN, f"{daemon}: systemd does not say when it started",
                        f"run '{restart}' to be sure it has the plugin")
-    if state.since < installed_at:
+    # systemd says whole seconds: a reload in the second of the install
+    # counts as after it (a script that installs and restarts at once).
+    if state.since < math.floor(installed_at):
         return Finding("plugin", Level.FAIL, f"{daemon} runs code from before the storage"
                        f" plugin was installed{f' ({when})' if when else ''}: it knows no"
                        " 'pvestord:' storage", f"run '{restart}'")
@@ -151,6 +154,8 @@ class Owner(enum.Enum):
     QMEVENTD = "qmeventd"
     OTHER = "another program"
     NOBODY = "nobody"
+    #: A socket listens there, but whose it is cannot be read (not root).
+    UNKNOWN = "unknown"
 
 
 HAND_OVER = ("systemctl mask --now qmeventd.service && systemctl enable --now"
@@ -165,6 +170,9 @@ def socket_owner(path: str, owner: Owner, program: str = "") -> Finding:
         return Finding("event-socket", Level.WARN, f"Proxmox's qmeventd listens on {path}:"
                        " thin disks grow only at pvestord's 30 s reconcile, not on their"
                        " write-threshold events", f"hand the socket over: {HAND_OVER}")
+    if owner is Owner.UNKNOWN:
+        return Finding("event-socket", Level.SKIP, f"a program listens on {path}, but which"
+                       " cannot be seen from here", "run the check as root")
     if owner is Owner.OTHER:
         return Finding("event-socket", Level.WARN, f"{program or 'an unknown program'}"
                        f" listens on {path}, neither qmeventd-py nor qmeventd",

@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -309,3 +310,17 @@ def test_help_explains_each_check(node: Node) -> None:
                   "lock", "metrics"):
         assert f"\n  {check} " in done.stdout
     assert "Exit status: 0 all passed, 1 a failure, 2 warnings only." in done.stdout
+
+
+def test_a_socket_file_left_behind_or_held_by_another_program(node: Node) -> None:
+    # Bound and closed: the file stays, nobody listens (a crashed server's leftover).
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as left:
+        left.bind(str(node.socket))
+    done = node.check()
+    assert any("nobody listens on" in f for f in lines(done, "FAIL"))
+    node.socket.unlink()
+    with listening(node, [sys.executable, str(node.root / "some-proxy")]):
+        done = node.check()
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert any("some-proxy" in w and "neither qmeventd-py nor qmeventd" in w
+               for w in lines(done, "WARN"))
