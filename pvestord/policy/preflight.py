@@ -75,10 +75,10 @@ def exit_status(findings: Iterable[Finding]) -> int:
 
 
 def summary(findings: Sequence[Finding]) -> str:
-    counts = {level: sum(1 for f in findings if f.level is level) for level in Level}
-    return (f"SUMMARY: {len(findings)} checks: {counts[Level.PASS]} passed,"
-            f" {counts[Level.WARN]} warnings, {counts[Level.FAIL]} failures,"
-            f" {counts[Level.SKIP]} skipped")
+    """``SUMMARY: N checks: PASS a, WARN b, FAIL c, SKIP d``, by the levels' own names."""
+    counts = ", ".join(f"{level.name} {sum(1 for f in findings if f.level is level)}"
+                       for level in (Level.PASS, Level.WARN, Level.FAIL, Level.SKIP))
+    return f"SUMMARY: {len(findings)} checks: {counts}"
 
 
 # -- the storage plugin in each Proxmox daemon ----------------------------------
