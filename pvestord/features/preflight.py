@@ -36,7 +36,7 @@ import re
 import stat
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from pvestord import paths
@@ -80,7 +80,7 @@ class Where:
     #: The number of extensions the VGs' metadata should hold; None: the
     #: most their thin storages' chunks can make.
     extensions: int | None = None
-    daemons: Sequence[str] = field(default=preflight.PROXMOX_DAEMONS)
+    daemons: Sequence[str] = preflight.PROXMOX_DAEMONS
 
 
 def run_checks(where: Where) -> list[Finding]:
@@ -138,10 +138,9 @@ def _unit_state(unit: str, block: str) -> UnitState:
 def _installed_at(path: Path) -> float | None:
     """When ``path`` was put in place: its ctime (see the module docstring)."""
     try:
-        st = path.stat()
+        return path.stat().st_ctime
     except OSError:
         return None
-    return max(st.st_ctime, st.st_mtime)
 
 
 def plugin_checks(where: Where, units: Mapping[str, UnitState] | None) -> list[Finding]:
@@ -178,9 +177,9 @@ def listening_inodes(socket_path: Path, proc: Path) -> list[int]:
             flags, inode = int(cols[3], 16), int(cols[6])
         except ValueError:
             continue
+        if not flags & _ACCEPTING or cols[7].startswith("@"):
+            continue  # not listening, or an abstract name (no file)
         bound = Path(cols[7])
-        if not flags & _ACCEPTING:
-            continue
         if (bound.name == socket_path.name or temporary.fullmatch(bound.name)) and \
                 os.path.realpath(bound.parent) == folder:
             found.append(inode)
@@ -326,17 +325,16 @@ def queue_checks(where: Where) -> list[Finding]:
     lock taken and released."""
     path = where.queue
     problem = None
-    entries: list[object] = []
-    rejected: list[object] = []
+    entries = rejected = 0
     if not path.parent.is_dir():
         problem = f"its folder {path.parent} does not exist (is /etc/pve mounted?)"
     else:
         try:
             parsed, bad = parse_queue(read_bounded(path, MAX_READ))
-            entries, rejected = list(parsed), list(bad)
+            entries, rejected = len(parsed), len(bad)
         except (OSError, PvestordError) as err:
             problem = str(err)
-    found = [preflight.queue(str(path), problem, len(entries), len(rejected))]
+    found = [preflight.queue(str(path), problem, entries, rejected)]
     lock = queue_lock(path, where.lock_dir)
     if problem is not None:
         found.append(preflight.lock_not_tried(lock.name))

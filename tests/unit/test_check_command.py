@@ -116,8 +116,7 @@ class Node:
             f"UnitFileState={enablement}\nStateChangeTimestamp={stamp}\n")
 
     def plugin_installed_at(self) -> float:
-        st = self.plugin.stat()
-        return max(st.st_ctime, st.st_mtime)
+        return self.plugin.stat().st_ctime
 
     def daemons_started(self, offset: float) -> None:
         """Every Proxmox daemon active since ``offset`` seconds after the plugin."""
