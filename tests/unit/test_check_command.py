@@ -323,3 +323,20 @@ def test_a_socket_file_left_behind_or_held_by_another_program(node: Node) -> Non
     assert done.returncode == 2, done.stdout + done.stderr
     assert any("some-proxy" in w and "neither qmeventd-py nor qmeventd" in w
                for w in lines(done, "WARN"))
+
+
+@pytest.mark.usefixtures("listener")
+def test_a_queue_lock_held_by_another_fails_with_what_to_do(node: Node) -> None:
+    """pmxcfs-style lock directories (``--lock-dir``, as the daemon's): free,
+    the lock is taken and released; held (a directory just made, so not
+    expired), the check gives up after its few seconds and says why."""
+    locks = node.root / "locks"
+    locks.mkdir()
+    done = node.check("--lock-dir", str(locks))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not list(locks.iterdir())
+    (locks / "file-extend-queue").mkdir()
+    done = node.check("--lock-dir", str(locks))
+    assert done.returncode == 1
+    failed = [f for f in lines(done, "FAIL") if f.startswith("FAIL: queue lock")]
+    assert failed and "pvecm status" in failed[0]
