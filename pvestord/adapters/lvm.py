@@ -391,3 +391,37 @@ async def vg_space(vg: str, *, timeout: float = REPORT_TIMEOUT,  # noqa: ASYNC10
     """``vg``'s size and free bytes, for its capacity account."""
     row = await _vg_row(vg, "vg_name,vg_size,vg_free", timeout=timeout, shells=shells)
     return int(row["vg_size"]), int(row["vg_free"])
+
+
+@dataclass(frozen=True)
+class PvMetadata:
+    """One PV's metadata area, as ``pvs`` reports it (for ``pvestord check``)."""
+
+    pv: str
+    #: "" for a PV in no VG.
+    vg: str
+    #: ``pv_mda_size``: 0 for a PV made with ``--metadatacopies 0``.
+    mda_size: int
+    mda_free: int
+    vg_size: int
+
+
+async def pv_metadata(*, timeout: float = REPORT_TIMEOUT) -> list[PvMetadata]:  # noqa: ASYNC109
+    """Every PV this node sees, with its metadata area and its VG's size."""
+    argv = _argv("pvs", "--reportformat", "json", "--units", "b", "--nosuffix",
+                 "-o", "pv_name,vg_name,pv_mda_size,pv_mda_free,vg_size")
+    try:
+        done = await run_lvm_process(argv, timeout=timeout)
+    except CommandError as err:
+        raise _classify(err, "listing PVs") from err
+    rows = []
+    for row in _report_rows(done.stdout, "pv"):
+        try:
+            rows.append(PvMetadata(
+                pv=str(row["pv_name"]), vg=str(row.get("vg_name", "")),
+                mda_size=int(row.get("pv_mda_size") or 0),
+                mda_free=int(row.get("pv_mda_free") or 0),
+                vg_size=int(row.get("vg_size") or 0)))
+        except (KeyError, ValueError) as err:
+            raise LvmError(f"listing PVs: unreadable report row {row!r}") from err
+    return rows

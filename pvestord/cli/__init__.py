@@ -34,6 +34,7 @@ COMMANDS = {
     "placement": "pvestord.cli.placement",
     "plugin": "pvestord.cli.plugin",
     "status": "pvestord.cli.status",
+    "check": "pvestord.cli.check",
 }
 
 Handler = Callable[[argparse.Namespace], int]

@@ -37,6 +37,7 @@ from pvestord.adapters.atomicfile import write_atomically
 from pvestord.adapters.config import StorageConfig
 from pvestord.adapters.lvmshell import LvmShells
 from pvestord.adapters.service import fields
+from pvestord.policy.lvmetadata import extensions_left, metadata_low
 
 log = logging.getLogger(__name__)
 
@@ -227,33 +228,6 @@ class LvmHealth:
     def take(self, vg: str) -> str | None:
         """The last outcome recorded for ``vg`` since the previous take, if it failed."""
         return self._errors.pop(vg, None)
-
-
-#: Bytes of VG metadata one more LV segment takes: LVM's on-disk text for a
-#: linear segment is ~100 bytes (measured: 2048 bytes of ``vg_mda_free`` per 20
-#: interleaved one-extent extensions, LVM 2.03.16), rounded up for longer
-#: numbers. Each chunk extension of an LV whose neighbour grew in between is
-#: a new segment.
-SEGMENT_BYTES = 128
-#: Warn when less than this share of the metadata room is left. The room is
-#: half the area (LVM keeps the old copy while writing the new one), so with
-#: Debian's default area (~1 MiB, ~510 KiB of room, ~5000 segments) the
-#: warning comes ~1000 extensions before every lvextend in the VG fails.
-METADATA_LOW_SHARE = 0.25
-
-
-def metadata_low(mda_free: int, mda_size: int) -> bool:
-    """True when a VG's metadata has less than :data:`METADATA_LOW_SHARE` of its
-    room left (room = half the metadata area, what ``vg_mda_free`` counts down
-    from). False when LVM reported no area (``mda_size`` 0: unknown)."""
-    if mda_size <= 0:
-        return False
-    return mda_free < METADATA_LOW_SHARE * (mda_size / 2)
-
-
-def extensions_left(mda_free: int) -> int:
-    """About how many more one-segment extensions the VG's metadata takes."""
-    return max(0, mda_free) // SEGMENT_BYTES
 
 
 class MetadataWatch:

@@ -8,14 +8,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pvestord.engine.nodereport import (
+from pvestord.engine.nodereport import MetadataWatch, StorageView, parse_report
+from pvestord.policy.lvmetadata import (
     METADATA_LOW_SHARE,
     SEGMENT_BYTES,
-    MetadataWatch,
-    StorageView,
     extensions_left,
     metadata_low,
-    parse_report,
 )
 
 KiB = 1024

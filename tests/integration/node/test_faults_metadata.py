@@ -4,7 +4,7 @@ Every chunk extension of an LV whose neighbour grew in between adds a segment
 to the VG's metadata; when the metadata area is full, every ``lvextend`` and
 ``lvcreate`` in the VG fails. pvestord's periodic VG probe reads
 ``vg_mda_free``/``vg_mda_size`` and warns, once per crossing, when less than a
-quarter of the room is left (:func:`pvestord.engine.nodereport.metadata_low`). Here a
+quarter of the room is left (:func:`pvestord.policy.lvmetadata.metadata_low`). Here a
 VG gets the smallest metadata area LVM allows (32 KiB) and two LVs extended in
 turn, one extent at a time, through one ``lvm`` shell per batch.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from pvestord.engine.nodereport import metadata_low
+from pvestord.policy.lvmetadata import metadata_low
 from tests.harness.daemonlog import LogLine, parse
 from tests.harness.daemons import Daemon, NodeBed, ThinStorageSpec, start_pvestord
 from tests.harness.lvmbed import scratch_dir, sh
