@@ -3,7 +3,9 @@
 ``pvesm alloc STORAGE VMID NAME SIZE`` runs the API's ``Content->create``,
 which takes the format from the name's suffix and otherwise asks for the
 storage's default (qcow2): a name typed without ``.qcow2`` must be refused
-saying which name to give.
+saying which name to give. A storage converted from ``lvm:`` keeps the raw
+disks it held, which must still be resized as Proxmox's ``lvm`` type resizes
+them.
 
 The bed (LVM and qemu-img recording stand-ins, the storage.cfg with ``thin1``
 and the same VG as Proxmox's ``lvm`` type ``thick1``) is
@@ -12,8 +14,13 @@ and the same VG as Proxmox's ``lvm`` type ``thick1``) is
 
 from __future__ import annotations
 
+import json
+
+import pytest
+
+from pvestord.policy.sizes import GiB
 from tests.proxmox import test_state_and_fleece_volumes as beds
-from tests.proxmox.test_state_and_fleece_volumes import Bed, lvcreates
+from tests.proxmox.test_state_and_fleece_volumes import VG, Bed, lvcreates
 
 # That module's fixtures, taken into this module (pytest finds a test's
 # fixtures in its own module, its conftest files and plugins).
@@ -49,3 +56,34 @@ def test_pvesm_alloc_of_another_name_offers_the_empty_name(bed: Bed) -> None:
     refused = pvesm_alloc(bed, "thin1", 100, "mydisk", "32G")
     assert "not 'mydisk' (an empty name ('') lets Proxmox choose one)" in refused["error"]
     assert lvcreates(bed.commands()) == []
+
+
+def add_raw_disk(bed: Bed, name: str, size: int) -> None:
+    """A raw LV as Proxmox's ``lvm`` type left it, before the storage was converted."""
+    state = json.loads(bed.state.read_text())
+    state["lvs"][name] = {"size": size, "tags": ["pve-vm-100"]}
+    bed.state.write_text(json.dumps(state))
+
+
+@pytest.mark.parametrize("running", [0, 1])
+def test_raw_disk_of_a_converted_storage_is_resized_as_lvm_resizes_it(
+        bed: Bed, running: int) -> None:
+    # Proxmox's own lvm type, for the same request on the same VG: the reference.
+    add_raw_disk(bed, "vm-100-disk-0", 10 * GiB)
+    bed.run(f'PVE::Storage::volume_resize($cfg, "thick1:vm-100-disk-0", {12 * GiB}, {running});'
+            'print "{}";')
+    reference_lv, reference_commands = bed.lvs()["vm-100-disk-0"], bed.commands()
+    bed.reset()
+
+    add_raw_disk(bed, "vm-100-disk-0", 10 * GiB)
+    found = bed.run(
+        'my $done = eval { PVE::Storage::volume_resize($cfg, "thin1:vm-100-disk-0",'
+        f' {12 * GiB}, {running}) }};'
+        'print encode_json({done => $done, error => "$@"});')
+    assert found == {"done": 1, "error": ""}
+    # Thick, as before the conversion: the LV is extended to the new size, by the
+    # same command, and no image is touched (a running VM's QEMU grows its view).
+    assert bed.lvs()["vm-100-disk-0"] == reference_lv == {"size": 12 * GiB,
+                                                          "tags": ["pve-vm-100"]}
+    assert bed.commands() == reference_commands == [
+        ["/sbin/lvextend", "-L", f"{12 * GiB // 1024}k", f"/dev/{VG}/vm-100-disk-0"]]

@@ -349,7 +349,13 @@ sub volume_snapshot_rollback {
 sub volume_resize {
     my ($class, $scfg, $storeid, $volname, $size, $running, $snapname) = @_;
 
-    assert_qcow2($class, $volname);
+    # A raw disk is one an 'lvm:' storage held before it became a 'pvestord:'
+    # one: thick, nothing of pvestord's. It keeps the resize it had there,
+    # LVMPlugin's (the LV extended to the new size), so converting a storage
+    # takes nothing away from the disks already on it.
+    my $format = ($class->parse_volname($volname))[6];
+    return $class->SUPER::volume_resize($scfg, $storeid, $volname, $size, $running, $snapname)
+        if $format eq 'raw';
     my $path = $class->path($scfg, $volname, $storeid, $snapname);
     grow_as_asked(
         $class, $scfg, $storeid, $path,
