@@ -5,7 +5,8 @@ which takes the format from the name's suffix and otherwise asks for the
 storage's default (qcow2): a name typed without ``.qcow2`` must be refused
 saying which name to give. A storage converted from ``lvm:`` keeps the raw
 disks it held, which must still be resized as Proxmox's ``lvm`` type resizes
-them.
+them. ``pvesm add`` without ``snapshot-as-volume-chain`` (the API cannot
+require it) gets the only value the type has.
 
 The bed (LVM and qemu-img recording stand-ins, the storage.cfg with ``thin1``
 and the same VG as Proxmox's ``lvm`` type ``thick1``) is
@@ -87,3 +88,27 @@ def test_raw_disk_of_a_converted_storage_is_resized_as_lvm_resizes_it(
                                                           "tags": ["pve-vm-100"]}
     assert bed.commands() == reference_commands == [
         ["/sbin/lvextend", "-L", f"{12 * GiB // 1024}k", f"/dev/{VG}/vm-100-disk-0"]]
+
+
+def pvesm_add(bed: Bed, storeid: str, options: str) -> dict[str, str]:
+    """``pvesm add pvestord STOREID ...`` as the CLI runs it; storage.cfg as written."""
+    return bed.run(  # type: ignore[no-any-return]
+        'require PVE::API2::Storage::Config; my $written = "";'
+        # The write goes to pmxcfs's /etc/pve: kept here instead.
+        'no warnings "redefine"; *PVE::Storage::cfs_write_file = sub {'
+        ' $written = PVE::Storage::Plugin->write_config($_[0], $_[1]) };'
+        'eval { PVE::API2::Storage::Config->create({type => "pvestord",'
+        f' storage => "{storeid}", {options}}}) }};'
+        'print encode_json({written => $written, error => "$@"});')
+
+
+def test_pvesm_add_without_volume_chain_adds_it_with_one(bed: Bed) -> None:
+    added = pvesm_add(bed, "new1", f'vgname => "{VG}", content => "images", shared => 1')
+    assert added["error"] == ""
+    section = added["written"].partition("pvestord: new1\n")[2].partition("\n\n")[0]
+    assert "\tsnapshot-as-volume-chain 1" in section.splitlines()
+
+    refused = pvesm_add(bed, "new2", f'vgname => "{VG}", "snapshot-as-volume-chain" => 0')
+    assert refused == {"written": "", "error": (
+        "create storage failed: storage 'new2': type 'pvestord' needs"
+        " 'snapshot-as-volume-chain 1' (its disks are qcow2 volume chains)\n")}

@@ -149,12 +149,57 @@ sub get_formats {
     return { default => 'qcow2', valid => { qcow2 => 1 } };
 }
 
+# A section without 'snapshot-as-volume-chain' is most often an 'lvm:' one
+# whose header was changed to 'pvestord:' (the lvm type's default is off, so
+# its sections often lack the line). SectionConfig refuses a section missing a
+# required option by leaving it empty: the storage vanishes (every read warns
+# "missing value for required option" on stderr, 'storage ... does not exist'
+# for its disks), and every write of storage.cfg, any storage edit in the GUI,
+# the API or pvesm, dies "unknown section type ''". The option has one value
+# for this type, so a section without it gets it here, where Proxmox parses
+# every section (parse_config calls this with $create set), as the value
+# every reader of the section (LVMPlugin's own code among them) then sees;
+# Proxmox writes it out with the section next time. A storage added without
+# it (pvesm add, the API, whose schema cannot require it: the option is the
+# other types' too) gets it the same way; added with it off, on_add_hook
+# refuses it; a section with it off is refused when the storage is activated,
+# below. Other types' sections never come through here.
+sub check_config {
+    my ($class, $sectionId, $config, $create, $skipSchemaCheck) = @_;
+
+    $config = { $config->%*, 'snapshot-as-volume-chain' => 1 }
+        if $create && !defined($config->{'snapshot-as-volume-chain'});
+    return $class->SUPER::check_config($sectionId, $config, $create, $skipSchemaCheck);
+}
+
+my sub volume_chain_needed {
+    my ($storeid) = @_;
+    return "storage '$storeid': type 'pvestord' needs 'snapshot-as-volume-chain 1' (its disks"
+        . " are qcow2 volume chains)";
+}
+
 sub on_add_hook {
     my ($class, $storeid, $scfg, %param) = @_;
 
-    die "storage '$storeid': type 'pvestord' needs 'snapshot-as-volume-chain 1'\n"
-        if !$scfg->{'snapshot-as-volume-chain'};
+    die volume_chain_needed($storeid) . "\n" if !$scfg->{'snapshot-as-volume-chain'};
     return $class->SUPER::on_add_hook($storeid, $scfg, %param);
+}
+
+# 'snapshot-as-volume-chain 0' written by hand: the section is kept (refused in
+# check_config, it would vanish as a missing option made it), but nothing is
+# done on the storage, where LVMPlugin's code would see no volume chains (no
+# snapshots listed, none freed with their disk). PVE::Storage activates a
+# storage before allocating on it, freeing on it or activating its volumes,
+# so each such task fails with this message; the storage status
+# (PVE::Storage::storage_info) shows it inactive, as any storage that fails
+# to activate.
+sub activate_storage {
+    my ($class, $storeid, $scfg, $cache) = @_;
+
+    # The option is fixed: 'pvesm set' and the GUI cannot change it.
+    die volume_chain_needed($storeid) . ": set it in /etc/pve/storage.cfg\n"
+        if !$scfg->{'snapshot-as-volume-chain'};
+    return $class->SUPER::activate_storage($storeid, $scfg, $cache);
 }
 
 # The pvestord root runs here, inside pvedaemon: a fixed path, never one the
