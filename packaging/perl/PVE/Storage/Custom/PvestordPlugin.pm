@@ -10,8 +10,9 @@ package PVE::Storage::Custom::PvestordPlugin;
 # answers is carried out with Proxmox's own helpers, under the storage lock
 # Proxmox's callers hold or that is taken here as LVMPlugin does.
 #
-# Every method not overridden here is LVMPlugin's: activation, listing, size
-# information, free (with saferemove), rename, export and import.
+# Every method not overridden here is LVMPlugin's: activation (after a check
+# of the section), listing, size information, free (with saferemove), rename,
+# export and import; so is the resize of a raw disk an 'lvm:' storage left.
 # volume_snapshot_info is LVMPlugin's too, with one addition: called by
 # qemu-server's online snapshot delete, it grows the LV the block job will
 # write into before the job starts.
@@ -139,7 +140,8 @@ sub properties {
 
 sub options {
     my $options = { PVE::Storage::LVMPlugin->options()->%* };
-    # Thin volumes are qcow2 images, which LVM storages hold only as volume chains.
+    # Thin volumes are qcow2 images, which LVM storages hold only as volume
+    # chains. Required, and supplied when missing (check_config below).
     $options->{'snapshot-as-volume-chain'} = { fixed => 1 };
     $options->{$_} = { optional => 1 } for keys $PROPERTIES->%*, keys %FORMER_NAMES;
     return $options;
