@@ -122,7 +122,7 @@ def test_converted_section_without_volume_chain_is_kept_with_it(
 
 def test_section_with_volume_chain_off_is_kept_and_refused_when_used(
         proxmox: upstream.Upstream) -> None:
-    """Written by hand as 0: kept (not dropped), but no task runs on it."""
+    """Written by hand as 0: kept (not emptied), but no task runs on it."""
     proxmox.write_storage_cfg(THIN.replace("snapshot-as-volume-chain 1",
                                            "snapshot-as-volume-chain 0", 1))
     done = proxmox.perl(upstream.READ_AND_WRITE)

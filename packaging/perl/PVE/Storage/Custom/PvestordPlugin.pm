@@ -187,8 +187,8 @@ sub on_add_hook {
     return $class->SUPER::on_add_hook($storeid, $scfg, %param);
 }
 
-# 'snapshot-as-volume-chain 0' written by hand: the section is kept (refused in
-# check_config, it would vanish as a missing option made it), but nothing is
+# 'snapshot-as-volume-chain 0' written by hand: the section is kept (dying in
+# check_config would empty it, as a missing option did), but nothing is
 # done on the storage, where LVMPlugin's code would see no volume chains (no
 # snapshots listed, none freed with their disk). PVE::Storage activates a
 # storage before allocating on it, freeing on it or activating its volumes,
