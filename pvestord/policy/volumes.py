@@ -150,7 +150,7 @@ def _classify(fmt: str, name: str) -> tuple[VolumeRole, int, str]:
         if state is None:
             raise VolumeError(
                 "storage type 'pvestord' holds raw volumes only for VM state "
-                f"(vm-<vmid>-state-<snapshot>), not {name!r}{_qcow2_hint(name)}")
+                f"(vm-<vmid>-state-<snapshot>), not {name!r}{_qcow2_hint(name, fmt)}")
         return VolumeRole.VMSTATE, int(state.group(1)), name
     if fmt != "qcow2":
         raise VolumeError("storage type 'pvestord' holds qcow2 volumes (and raw VM state), "
@@ -165,16 +165,28 @@ def _classify(fmt: str, name: str) -> tuple[VolumeRole, int, str]:
         return VolumeRole.DISK, parse_volname(name), name
     except VolumeError:
         raise VolumeError("storage type 'pvestord' holds qcow2 volumes named "
-                          f"vm-<vmid>-<name>.qcow2, not {name!r}{_qcow2_hint(name)}") from None
+                          f"vm-<vmid>-<name>.qcow2, not {name!r}{_qcow2_hint(name, fmt)}"
+                          ) from None
 
 
-def _qcow2_hint(name: str) -> str:
-    """`` (did you mean '<name>.qcow2'?)`` for a plain disk name without the
-    suffix (or with ``.raw``), as Proxmox's LVM plugin suggests the right name."""
+def _qcow2_hint(name: str, fmt: str) -> str:
+    """What to ask for instead, as Proxmox's LVM plugin suggests the right name.
+
+    `` (did you mean '<name>.qcow2'? ...)`` for a plain disk name without the
+    suffix (or with ``.raw``). For a qcow2 disk, also that an empty name lets
+    Proxmox choose one: ``pvesm alloc STORAGE VMID NAME SIZE`` is where a
+    name is typed by hand, and its empty name gives the next free
+    ``vm-<vmid>-disk-<n>.qcow2`` (upstream's ``pvesm alloc local <vmid> ''``).
+    Not for raw: an empty name there is what was refused (its next free name
+    is a raw disk), the fix is the format the suffix gives."""
     base = name.removesuffix(".raw")
-    if _PLAIN_DISK_NAME.fullmatch(base) is None or _STATE_PREFIX.match(base):
-        return ""
-    return f" (did you mean '{base}.qcow2'?)"
+    suggested = (_PLAIN_DISK_NAME.fullmatch(base) is not None
+                 and _STATE_PREFIX.match(base) is None)
+    if fmt != "qcow2":
+        return f" (did you mean '{base}.qcow2'?)" if suggested else ""
+    if suggested:
+        return f" (did you mean '{base}.qcow2'? An empty name ('') lets Proxmox choose one)"
+    return " (an empty name ('') lets Proxmox choose one)"
 
 
 def parse_volume_id(text: str) -> VolumeId:

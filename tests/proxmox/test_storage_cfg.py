@@ -91,11 +91,55 @@ def test_proxmox_refuses_what_pvestord_refuses(proxmox: upstream.Upstream, line:
         parse_storage_config(text, "storage.cfg")
 
 
-def test_section_without_volume_chain_is_refused(proxmox: upstream.Upstream) -> None:
-    proxmox.write_storage_cfg(THIN.replace("\tsnapshot-as-volume-chain 1\n", "", 1))
+#: An ``lvm:`` section as Proxmox writes it with volume chains off (the lvm
+#: type's default), and the same one with its header changed to ``pvestord:``.
+LVM_WITHOUT_CHAIN = "lvm: plain\n\tvgname vg_san3\n\tcontent images\n\tshared 1\n"
+CONVERTED = "pvestord: converted\n\tvgname vg_san3\n\tcontent images\n\tshared 1\n"
+
+
+def test_converted_section_without_volume_chain_is_kept_with_it(
+        proxmox: upstream.Upstream) -> None:
+    """SectionConfig empties a section missing a required option: the storage
+    vanishes and every write of storage.cfg (any storage edit) dies "unknown
+    section type ''". A ``pvestord:`` section without ``snapshot-as-volume-chain``
+    gets the only value it has, and is written back with it."""
+    proxmox.write_storage_cfg(f"{CONVERTED}\n{LVM_WITHOUT_CHAIN}")
     done = proxmox.perl(upstream.READ_AND_WRITE)
-    assert "missing value for required option 'snapshot-as-volume-chain'" in done.stderr
-    assert "thin1" not in done.stdout
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    written = parse_storage_config(done.stdout, "storage.cfg")
+    assert written.lvm_storages["converted"].options["snapshot-as-volume-chain"] == "1"
+    # Proxmox's own types are left as they are: no default for an lvm: section.
+    assert "snapshot-as-volume-chain" not in written.lvm_storages["plain"].options
+    ids = proxmox.perl_json('my $ids = PVE::Storage::config()->{ids};'
+                            'print encode_json([$ids->{converted}, $ids->{plain}]);')
+    assert ids[0]["type"] == "pvestord"
+    assert ids[0]["snapshot-as-volume-chain"] == 1
+    assert ids[0]["vgname"] == "vg_san3"
+    assert ids[1]["type"] == "lvm"
+    assert "snapshot-as-volume-chain" not in ids[1]
+
+
+def test_section_with_volume_chain_off_is_kept_and_refused_when_used(
+        proxmox: upstream.Upstream) -> None:
+    """Written by hand as 0: kept (not emptied), but no task runs on it."""
+    proxmox.write_storage_cfg(THIN.replace("snapshot-as-volume-chain 1",
+                                           "snapshot-as-volume-chain 0", 1))
+    done = proxmox.perl(upstream.READ_AND_WRITE)
+    assert done.returncode == 0, done.stderr
+    assert "pvestord: thin1\n" in done.stdout
+    found = proxmox.perl_json(
+        # LVM recorded, never run on this machine: with no VG state given, any
+        # LVM command the refusal let through dies instead.
+        'require PvestordTest::LvmRecorder; PvestordTest::LvmRecorder::install();'
+        'my $cfg = PVE::Storage::config();'
+        'my $volid = eval { PVE::Storage::vdisk_alloc($cfg, "thin1", 100, "qcow2", "", 1024) };'
+        'my $alloc = "$@";'
+        'eval { PVE::Storage::activate_volumes($cfg, ["thin1:vm-100-disk-0.qcow2"]) };'
+        'print encode_json({volid => $volid, alloc => $alloc, activate => "$@"});')
+    message = ("storage 'thin1': type 'pvestord' needs 'snapshot-as-volume-chain 1' (its disks"
+               " are qcow2 volume chains): set it in /etc/pve/storage.cfg\n")
+    assert found == {"volid": None, "alloc": message, "activate": message}
 
 
 def test_plugin_answers_the_loader_checks(proxmox: upstream.Upstream,

@@ -188,6 +188,48 @@ def test_disks_stay_qcow2_and_a_missing_suffix_is_named(vmid: int, n: int) -> No
             new_volume(vmid, fmt, f"vm-{vmid}-disk-{n}")
 
 
+EMPTY_NAME_ADVICE = "empty name ('') lets Proxmox choose one"
+
+
+# Proxmox's own fixed names (RAM state, fleecing) have rules of their own.
+disk_names = st.from_regex(r"[A-Za-z0-9_\-]{1,40}", fullmatch=True).filter(
+    lambda rest: not rest.startswith(("state-", "fleece-")))
+
+
+@given(vmids, disk_names, st.sampled_from(["", ".raw"]))
+def test_a_refused_disk_name_says_which_name_would_do(vmid: int, rest: str,
+                                                      suffix: str) -> None:
+    """``pvesm alloc STORAGE VMID NAME SIZE`` without ``.qcow2`` (Proxmox then asks
+    for the storage's default format, qcow2): the error names the volume to
+    ask for, which is then accepted, and says an empty name lets Proxmox choose."""
+    asked = f"vm-{vmid}-{rest}{suffix}"
+    try:
+        new_volume(vmid, "qcow2", asked)
+    except VolumeError as err:
+        message = str(err)
+    else:
+        pytest.fail(f"{asked!r} accepted as a qcow2 disk")
+    assert EMPTY_NAME_ADVICE in message
+    suggested = re.search(r"did you mean '([^']+)'\?", message)
+    assert suggested is not None, message
+    assert new_volume(vmid, "qcow2", suggested.group(1)).name == f"vm-{vmid}-{rest}.qcow2"
+
+
+@pytest.mark.parametrize("name", ["mydisk", "disk-1.qcow2x", "vm-x-disk-0"])
+def test_any_refused_qcow2_name_offers_the_empty_name(name: str) -> None:
+    with pytest.raises(VolumeError, match=re.escape(f"(an {EMPTY_NAME_ADVICE})")):
+        new_volume(100, "qcow2", name)
+
+
+@pytest.mark.parametrize("name", ["vm-100-disk-1", ""])
+def test_a_raw_request_is_not_told_to_give_an_empty_name(name: str) -> None:
+    """An empty name with ``--format raw`` is what gave a raw disk name; the fix
+    is the format (the ``.qcow2`` name), not the empty name."""
+    with pytest.raises(VolumeError) as refused:
+        new_volume(100, "raw", name)
+    assert "empty name" not in str(refused.value)
+
+
 @given(st.text(max_size=140), st.sampled_from(["raw", "qcow2", "vmdk", ""]))
 def test_new_volume_names_are_always_safe_lv_names(name: str, fmt: str) -> None:
     try:

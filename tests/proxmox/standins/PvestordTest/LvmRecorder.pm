@@ -83,6 +83,15 @@ my sub simulate {
             size => lv_bytes($size, $state->{extent}),
             tags => [option_values($cmd, '--addtag')],
         };
+    } elsif ($tool eq 'lvextend') {
+        # LVMPlugin writes '-L <KiB>k', the plugin '--size <bytes>b'; LVM refuses
+        # a size that does not grow the LV.
+        my ($size) = (option_values($cmd, '-L'), option_values($cmd, '--size'));
+        my ($name) = $cmd->[-1] =~ m{^(?:/dev/)?\Q$vg\E/(.+)$} or die "lvextend: '$cmd->[-1]'?\n";
+        my $lv = $lvs->{$name} or die "lvextend: no LV '$cmd->[-1]'\n";
+        my $bytes = lv_bytes($size, $state->{extent});
+        die "lvextend: new size not larger than $lv->{size}\n" if $bytes <= $lv->{size};
+        $lv->{size} = $bytes;
     } elsif ($tool eq 'lvremove') {
         my $target = $cmd->[-1];
         my ($name) = $target =~ m{^(?:/dev/)?\Q$vg\E/(.+)$} or die "lvremove: '$target'?\n";

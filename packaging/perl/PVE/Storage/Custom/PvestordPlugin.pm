@@ -10,8 +10,9 @@ package PVE::Storage::Custom::PvestordPlugin;
 # answers is carried out with Proxmox's own helpers, under the storage lock
 # Proxmox's callers hold or that is taken here as LVMPlugin does.
 #
-# Every method not overridden here is LVMPlugin's: activation, listing, size
-# information, free (with saferemove), rename, export and import.
+# Every method not overridden here is LVMPlugin's: activation (after a check
+# of the section), listing, size information, free (with saferemove), rename,
+# export and import; so is the resize of a raw disk an 'lvm:' storage left.
 # volume_snapshot_info is LVMPlugin's too, with one addition: called by
 # qemu-server's online snapshot delete, it grows the LV the block job will
 # write into before the job starts.
@@ -139,7 +140,8 @@ sub properties {
 
 sub options {
     my $options = { PVE::Storage::LVMPlugin->options()->%* };
-    # Thin volumes are qcow2 images, which LVM storages hold only as volume chains.
+    # Thin volumes are qcow2 images, which LVM storages hold only as volume
+    # chains. Required, and supplied when missing (check_config below).
     $options->{'snapshot-as-volume-chain'} = { fixed => 1 };
     $options->{$_} = { optional => 1 } for keys $PROPERTIES->%*, keys %FORMER_NAMES;
     return $options;
@@ -149,12 +151,57 @@ sub get_formats {
     return { default => 'qcow2', valid => { qcow2 => 1 } };
 }
 
+# A section without 'snapshot-as-volume-chain' is most often an 'lvm:' one
+# whose header was changed to 'pvestord:' (the lvm type's default is off, so
+# its sections often lack the line). SectionConfig refuses a section missing a
+# required option by leaving it empty: the storage vanishes (every read warns
+# "missing value for required option" on stderr, 'storage ... does not exist'
+# for its disks), and every write of storage.cfg, any storage edit in the GUI,
+# the API or pvesm, dies "unknown section type ''". The option has one value
+# for this type, so a section without it gets it here, where Proxmox parses
+# every section (parse_config calls this with $create set), as the value
+# every reader of the section (LVMPlugin's own code among them) then sees;
+# Proxmox writes it out with the section next time. A storage added without
+# it (pvesm add, the API, whose schema cannot require it: the option is the
+# other types' too) gets it the same way; added with it off, on_add_hook
+# refuses it; a section with it off is refused when the storage is activated,
+# below. Other types' sections never come through here.
+sub check_config {
+    my ($class, $sectionId, $config, $create, $skipSchemaCheck) = @_;
+
+    $config = { $config->%*, 'snapshot-as-volume-chain' => 1 }
+        if $create && !defined($config->{'snapshot-as-volume-chain'});
+    return $class->SUPER::check_config($sectionId, $config, $create, $skipSchemaCheck);
+}
+
+my sub volume_chain_needed {
+    my ($storeid) = @_;
+    return "storage '$storeid': type 'pvestord' needs 'snapshot-as-volume-chain 1' (its disks"
+        . " are qcow2 volume chains)";
+}
+
 sub on_add_hook {
     my ($class, $storeid, $scfg, %param) = @_;
 
-    die "storage '$storeid': type 'pvestord' needs 'snapshot-as-volume-chain 1'\n"
-        if !$scfg->{'snapshot-as-volume-chain'};
+    die volume_chain_needed($storeid) . "\n" if !$scfg->{'snapshot-as-volume-chain'};
     return $class->SUPER::on_add_hook($storeid, $scfg, %param);
+}
+
+# 'snapshot-as-volume-chain 0' written by hand: the section is kept (dying in
+# check_config would empty it, as a missing option did), but nothing is
+# done on the storage, where LVMPlugin's code would see no volume chains (no
+# snapshots listed, none freed with their disk). PVE::Storage activates a
+# storage before allocating on it, freeing on it or activating its volumes,
+# so each such task fails with this message; the storage status
+# (PVE::Storage::storage_info) shows it inactive, as any storage that fails
+# to activate.
+sub activate_storage {
+    my ($class, $storeid, $scfg, $cache) = @_;
+
+    # The option is fixed: 'pvesm set' and the GUI cannot change it.
+    die volume_chain_needed($storeid) . ": set it in /etc/pve/storage.cfg\n"
+        if !$scfg->{'snapshot-as-volume-chain'};
+    return $class->SUPER::activate_storage($storeid, $scfg, $cache);
 }
 
 # The pvestord root runs here, inside pvedaemon: a fixed path, never one the
@@ -349,7 +396,13 @@ sub volume_snapshot_rollback {
 sub volume_resize {
     my ($class, $scfg, $storeid, $volname, $size, $running, $snapname) = @_;
 
-    assert_qcow2($class, $volname);
+    # A raw disk is one an 'lvm:' storage held before it became a 'pvestord:'
+    # one: thick, nothing of pvestord's. It keeps the resize it had there,
+    # LVMPlugin's (the LV extended to the new size), so converting a storage
+    # takes nothing away from the disks already on it.
+    my $format = ($class->parse_volname($volname))[6];
+    return $class->SUPER::volume_resize($scfg, $storeid, $volname, $size, $running, $snapname)
+        if $format eq 'raw';
     my $path = $class->path($scfg, $volname, $storeid, $snapname);
     grow_as_asked(
         $class, $scfg, $storeid, $path,
