@@ -97,10 +97,11 @@ def changes(bed: Bed) -> list[list[str]]:
                                                                        "create"]]
 
 
-def assert_rolled_back(bed: Bed, before: dict[str, Any]) -> None:
-    """The snapshot as it was, a new top on it of initial-size, nothing else."""
+def assert_rolled_back(bed: Bed, before: dict[str, Any], also: set[str] | None = None) -> None:
+    """The snapshot as it was, a new top on it of initial-size, nothing else
+    but the LVs ``also``."""
     lvs = bed.lvs()
-    assert set(lvs) == {SNAP, VOLNAME}
+    assert set(lvs) == {SNAP, VOLNAME} | (also or set())
     assert lvs[SNAP] == before[SNAP]
     top = lvs[VOLNAME]
     assert "written" not in top
@@ -133,6 +134,36 @@ def test_capacity_refusal_leaves_the_volume_as_it_was(bed: Bed) -> None:
         "/sbin/lvrename", "/sbin/lvcreate", "/usr/bin/qemu-img", "/sbin/lvremove"]
     assert changes(bed)[0] == ["/sbin/lvrename", VG, VOLNAME, REPLACED]
     assert changes(bed)[-1] == ["/sbin/lvremove", "-f", f"{VG}/{REPLACED}"]
+
+
+def grown_top(before: dict[str, Any], free: int) -> dict[str, Any]:
+    """The VG of ``before`` with its top grown to 3 GiB (the daemon grew it as
+    the guest wrote) and another storage's LV leaving ``free``."""
+    lvs = {**before, VOLNAME: {**before[VOLNAME], "size": 3 * GiB}}
+    used = sum(lv["size"] for lv in lvs.values())
+    lvs["thick-other"] = {"size": VG_SIZE - used - free, "tags": []}
+    return lvs
+
+
+def test_a_rollback_discarding_a_grown_top_is_judged_without_it(bed: Bed) -> None:
+    """1.5 GiB free, below thin-critical-free (1 GiB) with a new 1 GiB top;
+    but the rollback gives the 3 GiB top back: the guards judge the VG as the
+    rollback leaves it, as when the old top was removed first."""
+    before = grown_top(snapshotted_disk(bed, "thin1"), 1536 * MiB)
+    bed.set_lvs(before)
+    assert rollback(bed, "thin1") == ""
+    assert_rolled_back(bed, {k: v for k, v in before.items() if k != "thick-other"},
+                       also={"thick-other"})
+
+
+def test_a_vg_that_cannot_hold_both_tops_refuses_the_rollback_unchanged(bed: Bed) -> None:
+    """The guards allow it (3.5 GiB once the top is gone), but for a moment
+    both tops exist: LVM refuses the new one, and the old one is put back."""
+    before = grown_top(snapshotted_disk(bed, "thin1"), 512 * MiB)
+    bed.set_lvs(before)
+    error = rollback(bed, "thin1")
+    assert "insufficient free space" in error
+    assert bed.lvs() == before
 
 
 @pytest.mark.parametrize("fault", [

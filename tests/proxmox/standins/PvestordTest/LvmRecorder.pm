@@ -134,10 +134,12 @@ my sub simulate {
         my ($name) = option_values($cmd, '--name');
         my ($size) = option_values($cmd, '--size');
         die "lvcreate: '$name' exists\n" if $lvs->{$name};
-        $lvs->{$name} = {
-            size => lv_bytes($size, $state->{extent}),
-            tags => [option_values($cmd, '--addtag')],
-        };
+        my $bytes = lv_bytes($size, $state->{extent});
+        my $free = $state->{size};
+        $free -= $_->{size} for values %$lvs;
+        die "$param{errmsg}: Volume group \"$vg\" has insufficient free space\n"
+            if $bytes > $free;
+        $lvs->{$name} = { size => $bytes, tags => [option_values($cmd, '--addtag')] };
     } elsif ($tool eq 'lvremove') {
         my $target = $cmd->[-1];
         my ($name) = $target =~ m{^(?:/dev/)?\Q$vg\E/(.+)$} or die "lvremove: '$target'?\n";

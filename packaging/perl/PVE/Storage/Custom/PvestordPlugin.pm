@@ -230,8 +230,10 @@ my sub grow_as_asked {
 # overlay): the LV to create (name, size, tags) and what goes on it. Asking
 # changes nothing: every refusal of pvestord's (its capacity guards, a name
 # or format it does not hold, an answer too late) comes before any change.
+# $replaces: the volume replaces the LV of its name (a rollback's new top).
 my sub plan_volume {
-    my ($class, $storeid, $scfg, $vmid, $fmt, $name, $virtual_size, $backing_snap) = @_;
+    my ($class, $storeid, $scfg, $vmid, $fmt, $name, $virtual_size, $backing_snap, $replaces) =
+        @_;
 
     my @callers;
     for (my $depth = 1; my @frame = caller($depth); $depth++) {
@@ -248,6 +250,7 @@ my sub plan_volume {
             virtual_size => int($virtual_size),
             backing => $backing_snap ? JSON::true : JSON::false,
             callers => \@callers,
+            ($replaces ? (replaces => $name) : ()),
         },
     );
 }
@@ -295,14 +298,18 @@ my sub create_volume {
 
 # A new top for $volname on top of its snapshot $snap, at the snapshot's
 # virtual size: pvestord's plan for it and that size, nothing made yet.
+# $replaces: it replaces the current top (a rollback), which pvestord's
+# guards then count as removed.
 my sub plan_top {
-    my ($class, $storeid, $scfg, $volname, $snap) = @_;
+    my ($class, $storeid, $scfg, $volname, $snap, $replaces) = @_;
 
     my $vmid = ($class->parse_volname($volname))[2];
     my $snap_path = $class->path($scfg, $volname, $storeid, $snap);
     my $size = PVE::Storage::Plugin::file_size_info($snap_path, 5, 'qcow2');
     die "file_size_info on '$snap_path' failed\n" if !defined($size);
-    my $plan = plan_volume($class, $storeid, $scfg, $vmid, 'qcow2', $volname, $size, $snap);
+    my $plan = plan_volume(
+        $class, $storeid, $scfg, $vmid, 'qcow2', $volname, $size, $snap, $replaces,
+    );
     return ($plan, $size);
 }
 
@@ -364,6 +371,10 @@ my sub replaced_top_name {
 
 # A rollback completes or leaves the volume as it was. pvestord is asked for
 # the new top first, with the old one in place: a refusal changes nothing.
+# Its guards judge the VG as the rollback leaves it (the old top removed), as
+# when the old top was removed first: a rollback that discards a top grown
+# large is not refused for the room that top holds; LVM refuses the new top
+# if the VG cannot hold both for the moment they coexist.
 # The old top is then set aside by a rename, the new one made under the
 # volume's name (its tags are the volume's), and only then is the old one
 # freed; a failure in between removes the new top and renames the old one
@@ -375,7 +386,7 @@ my sub volume_snapshot_rollback_locked {
     my ($class, $scfg, $storeid, $volname, $snap) = @_;
 
     $class->activate_volume($storeid, $scfg, $volname);
-    my ($plan, $size) = plan_top($class, $storeid, $scfg, $volname, $snap);
+    my ($plan, $size) = plan_top($class, $storeid, $scfg, $volname, $snap, 1);
     my $replaced = replaced_top_name($volname);
     # lvrename refuses, changing nothing, when $replaced is left from a rollback
     # that did not finish: that LV may be the only copy of a top.
