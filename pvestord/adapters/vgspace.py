@@ -11,7 +11,7 @@ reported as unmeasured.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from pvestord.adapters import lvm
 from pvestord.adapters.lvmshell import LvmShells
@@ -27,11 +27,18 @@ def is_thin_lv(name: str) -> bool:
 async def read_account(vg: str, *, maxima: Mapping[str, int] | None = None,
                        samples: Sequence[capacity.Sample] = (), now: float = 0.0,
                        timeout: float = lvm.REPORT_TIMEOUT,  # noqa: ASYNC109
-                       shells: LvmShells | None = None) -> capacity.Account:
+                       shells: LvmShells | None = None,
+                       without: Collection[str] = ()) -> capacity.Account:
     """One ``vgs`` and one ``lvs`` of ``vg``, accounted (in its lvm shell
-    when there are ``shells``: the daemon reads this every minute)."""
+    when there are ``shells``: the daemon reads this every minute).
+
+    ``without``: LVs accounted as already removed (their room free, their
+    maximum no longer committed): a rollback's old top, which the rollback
+    removes once its new top is made."""
     size, free = await lvm.vg_space(vg, timeout=timeout, shells=shells)
     rows = await lvm.list_lvs(vg, timeout=timeout, shells=shells)
+    free += sum(row.size for row in rows if row.lv in without)
+    rows = [row for row in rows if row.lv not in without]
     known = maxima or {}
     lvs = [capacity.LvFigures(row.size, known.get(row.lv), is_thin_lv(row.lv)) for row in rows]
     return capacity.account(vg, size, free, lvs, samples, now)

@@ -55,12 +55,16 @@ async def _maxima(vg: str, extent_size: int) -> dict[str, int]:
 
 
 async def check_new_volume(storage: ThinStorage, *, lv_size: int, maximum: int,
-                           extent_size: int) -> capacity.Account:
-    """:raises CapacityRefusedError: the guards refuse it (the message says why)."""
+                           extent_size: int, replaces: str | None = None) -> capacity.Account:
+    """The guards on the VG as it will be once the volume is made: without
+    the LV it ``replaces`` (a rollback's old top, removed by the rollback).
+
+    :raises CapacityRefusedError: the guards refuse it (the message says why)."""
     guards = storage.guards
     maxima = (await _maxima(storage.vgname, extent_size)
               if guards.max_overcommit is not None else None)
-    account = await vgspace.read_account(storage.vgname, maxima=maxima)
+    account = await vgspace.read_account(storage.vgname, maxima=maxima,
+                                         without=() if replaces is None else (replaces,))
     refusal = capacity.new_volume_refusal(account, guards, lv_size=lv_size, maximum=maximum,
                                           storeid=storage.storeid)
     if refusal is not None:

@@ -12,7 +12,7 @@ Requests (sizes in bytes; ``storage`` is ``{"storeid", "vgname", "shared",
 "options": {pvestord-chunksize, ...}}`` as Proxmox parsed them, former names too):
 
 ``alloc``: ``{"vmid", "format", "name", "virtual_size", "backing": bool,
-    "callers": [perl sub names]}`` -> ``{"name", "format", "tags", "lv_size",
+    "callers": [perl sub names], "replaces": name}`` -> ``{"name", "format", "tags", "lv_size",
     "maximum", "kind": "thin"|"thick"|"plain", "preallocation": "off"}``.
     A new volume named ``name`` (Proxmox's, or the plugin's next free disk
     name) in ``format``, as Proxmox asked for it: a disk, a snapshot overlay
@@ -23,6 +23,13 @@ Requests (sizes in bytes; ``storage`` is ``{"storeid", "vgname", "shared",
     the ``.qcow2`` suffix). :func:`pvestord.policy.volumes.new_volume` says
     which names and formats are allowed; ``name`` in the answer is the LV to
     create and the volume name to hand back to Proxmox.
+    ``replaces`` (optional, the overlay's own ``name``): the new top of a
+    rollback, which replaces the LV of that name. The guards judge the VG
+    as the rollback leaves it, that LV removed: a rollback discarding a top
+    that grew is not refused for the room that top holds. The plugin asks
+    before it changes anything and makes the new top before it removes the
+    old one; LVM itself refuses the new top when the VG cannot hold both
+    for that moment, and the rollback is undone.
     When one of :data:`COPY_FLOWS` is among the callers, the new volume is
     about to be filled at copy speed with nobody to grow it (no QEMU, or a
     block job QEMU reports only as a job error): it is made *thick*, the LV
@@ -185,6 +192,17 @@ class Request:
                                      f"got {fmt!r} and {name!r}")
         return new_volume(self.integer("vmid"), fmt, name)
 
+    def replaces(self, volume: NewVolume, backing: bool) -> str | None:
+        """The LV an ``alloc`` replaces: only a rollback's top replaces one, the
+        LV of its own name (never another volume, whose room it would claim)."""
+        if self.body.get("replaces") is None:
+            return None
+        replaced = self.name("replaces")
+        if not backing or replaced != volume.name:
+            raise PluginRequestError(f"{self.op}: only a rollback's new top replaces an LV,"
+                                     f" its own ({volume.name!r}), not {replaced!r}")
+        return replaced
+
     def name(self, key: str) -> str:
         value = self.body.get(key)
         if not isinstance(value, str):
@@ -249,6 +267,7 @@ async def _decide(request: Request) -> dict[str, Any]:
         callers = request.body.get("callers", [])
         if not isinstance(callers, list):
             raise PluginRequestError("alloc: 'callers' must be a list of names")
+        replaces = request.replaces(volume, backing)
         extent = (await lvm.vg_info(vg)).extent_size
         kind = allocation_kind((str(c) for c in callers), volume.role)
         if kind is Kind.PLAIN:
@@ -261,7 +280,7 @@ async def _decide(request: Request) -> dict[str, Any]:
         lv_size = alloc_lv_size(kind, storage.initial_size, maximum, extent)
         # A RAM state takes VG space the running thin VMs grow into: the same guards.
         await capacity.check_new_volume(storage, lv_size=lv_size, maximum=maximum,
-                                        extent_size=extent)
+                                        extent_size=extent, replaces=replaces)
         return {"name": volume.name, "format": volume.format, "tags": list(volume.tags),
                 "lv_size": lv_size, "maximum": maximum, "kind": kind.value,
                 "preallocation": "off"}

@@ -73,6 +73,11 @@ class VG:
                  "vg_extent_size", self.name)
         return int(json.loads(out)["report"][0]["vg"][0]["vg_extent_size"])
 
+    def free(self) -> int:
+        out = sh("vgs", "--reportformat", "json", "--units", "b", "--nosuffix", "-o",
+                 "vg_free", self.name)
+        return int(json.loads(out)["report"][0]["vg"][0]["vg_free"])
+
     def create_lv(self, lv: str, size: int) -> str:
         sh("lvcreate", "-q", "-y", "--wipesignatures", "y", "-L", f"{size}b", "-n", lv,
            self.name)

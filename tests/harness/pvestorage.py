@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,16 +34,20 @@ QEMU_IO_TIMEOUT = 300.0
 
 @contextlib.contextmanager
 def thin_storage(sources: upstream.Upstream, out_dir: Path, *, chunksize: int,
-                 initial_size: int) -> Iterator[tuple[upstream.PerlSession, VG]]:
+                 initial_size: int, options: Mapping[str, str] | None = None
+                 ) -> Iterator[tuple[upstream.PerlSession, VG]]:
     """A fresh VG, a pvestord: storage on it, and Proxmox's PVE::Storage to drive.
 
     The session's Perl code sees ``$cfg``, Proxmox's parse of that storage.cfg.
+    ``options``: more lines of the section (``{"pvestord-thin-critical-free": "2G"}``).
     """
     with loop_vg(6 * GiB) as vg:
+        more = "".join(f"\t{name} {value}\n" for name, value in (options or {}).items())
         sources.write_storage_cfg(
             f"pvestord: {STORE}\n\tvgname {vg.name}\n\tcontent images\n\tshared 1\n"
             f"\tsnapshot-as-volume-chain 1\n\tpvestord-chunksize {chunksize // MiB}M\n"
-            f"\tpvestord-chunk-percentage 0.5\n\tpvestord-initial-size {initial_size // MiB}M\n")
+            f"\tpvestord-chunk-percentage 0.5\n\tpvestord-initial-size {initial_size // MiB}M\n"
+            f"{more}")
         session = sources.session(out_dir / "perl.log",
                                   PVESTORD_TEST_COMMAND=str(VENV_BIN / "pvestord"))
         try:

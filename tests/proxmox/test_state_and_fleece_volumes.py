@@ -15,19 +15,14 @@ request. Runs on any machine with the Proxmox sources and the Perl modules.
 
 from __future__ import annotations
 
-import json
-import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from pvestord.policy.sizes import GiB, KiB, MiB, align_up
 from tests.proxmox import upstream
+from tests.proxmox.recorded import Bed, make_bed
 
-VENV_BIN = Path(sys.executable).parent
-FAKE_LVM = Path(__file__).resolve().parent / "fake_lvm.py"
 VG = "vg_san1"
 EXTENT = 4 * MiB
 INITIAL_SIZE = 1 * GiB
@@ -54,41 +49,6 @@ VMSTATE_KIB = (4096 * 2 + 500) * 1024
 FLEECE_BYTES = 10 * GiB + 512
 
 
-@dataclass(frozen=True)
-class Bed:
-    proxmox: upstream.Upstream
-    state: Path
-    log: Path
-    env: dict[str, str]
-
-    def run(self, code: str) -> Any:
-        """``code`` (with ``$cfg``) after the LVM stand-in is installed; prints JSON."""
-        return self.proxmox.perl_json(
-            "require PvestordTest::LvmRecorder; PvestordTest::LvmRecorder::install();"
-            f"my $cfg = PVE::Storage::config(); {code}", **self.env)
-
-    def try_alloc(self, storeid: str, vmid: int, fmt: str, name: str, size_kib: float
-                  ) -> dict[str, str]:
-        """vdisk_alloc's volume id, or its error."""
-        return self.run(  # type: ignore[no-any-return]
-            f'my $volid = eval {{ PVE::Storage::vdisk_alloc($cfg, "{storeid}", {vmid},'
-            f' "{fmt}", "{name}", {size_kib!r}) }};'
-            'print encode_json({volid => $volid // "", error => "$@"});')
-
-    def commands(self) -> list[list[str]]:
-        if not self.log.exists():
-            return []
-        return [json.loads(line) for line in self.log.read_text().splitlines()]
-
-    def lvs(self) -> dict[str, Any]:
-        return json.loads(self.state.read_text())["lvs"]  # type: ignore[no-any-return]
-
-    def reset(self) -> None:
-        self.state.write_text(json.dumps({"vg": VG, "size": 100 * GiB, "extent": EXTENT,
-                                          "lvs": {}}))
-        self.log.unlink(missing_ok=True)
-
-
 @pytest.fixture(scope="module")
 def proxmox(proxmox: upstream.Upstream) -> upstream.Upstream:
     """The sources, with this module's storage.cfg."""
@@ -98,19 +58,7 @@ def proxmox(proxmox: upstream.Upstream) -> upstream.Upstream:
 
 @pytest.fixture
 def bed(proxmox: upstream.Upstream, tmp_path: Path) -> Bed:
-    pvestord = tmp_path / "pvestord"
-    pvestord.write_text(
-        f"#!/bin/sh\nPYTHONPATH={upstream.REPO} exec {VENV_BIN / 'pvestord'} \"$@\"\n")
-    pvestord.chmod(0o755)
-    lvm = tmp_path / "lvm"
-    lvm.write_text(f"#!/bin/sh\nexec {VENV_BIN / 'python'} {FAKE_LVM} \"$@\"\n")
-    lvm.chmod(0o755)
-    state, log = tmp_path / "vg.json", tmp_path / "commands.jsonl"
-    found = Bed(proxmox, state, log, {
-        "PVESTORD_TEST_COMMAND": str(pvestord), "PVESTORD_LVM": str(lvm),
-        "PVESTORD_TEST_LVM_STATE": str(state), "PVESTORD_TEST_LVM_LOG": str(log)})
-    found.reset()
-    return found
+    return make_bed(proxmox, tmp_path, vg=VG, vg_size=100 * GiB, extent=EXTENT)
 
 
 def lvcreates(commands: list[list[str]]) -> list[list[str]]:

@@ -13,6 +13,7 @@ from pvestord.adapters import lvm, qemu_img
 from pvestord.adapters.config import PLUGIN_TYPE, StorageOptionError, parse_storage_config
 from pvestord.errors import PvestordError
 from pvestord.features import plugin
+from pvestord.features.capacity import CapacityRefusedError
 from pvestord.features.plugin import Kind
 from pvestord.policy.sizes import GiB, MiB
 from pvestord.policy.volumes import VolumeRole
@@ -299,12 +300,33 @@ def test_a_fleecing_image_is_thin_and_named_qcow2(world: FakeWorld) -> None:
     {"vmid": 100, "format": None, "name": "vm-100-disk-0.qcow2"},
     {"vmid": "100", "format": "qcow2", "name": "vm-100-disk-0.qcow2"},
     {"format": "qcow2", "name": "vm-100-disk-0.qcow2"},
+    # Only a rollback's top replaces an LV, and only its own.
+    {"vmid": 100, "format": "qcow2", "name": "vm-100-disk-0.qcow2",
+     "replaces": "vm-100-disk-0.qcow2"},
+    {"vmid": 100, "format": "qcow2", "name": "vm-100-disk-0.qcow2", "backing": True,
+     "replaces": "vm-101-disk-0.qcow2"},
+    {"vmid": 100, "format": "qcow2", "name": "vm-100-disk-0.qcow2", "backing": True,
+     "replaces": "vm-100-disk-0.qcow2 --addtag x"},
 ])
 def test_alloc_refuses_what_the_storage_does_not_hold(world: FakeWorld,
                                                       body: dict[str, object]) -> None:
     with pytest.raises(PvestordError):
         _answer(_request(op="alloc", virtual_size=GiB, lock_seconds_left=60, **body))
     assert world.calls == []
+
+
+def test_a_rollbacks_top_is_judged_on_the_vg_without_the_top_it_replaces(
+        world: FakeWorld) -> None:
+    """100 GiB free: a new 1 GiB top leaves 99 GiB, below a critical free of
+    100 GiB; the top it replaces (3 GiB) gives its room back, 102 GiB left."""
+    text = _request(op="alloc", vmid=100, format="qcow2", name=SOURCE, backing=True,
+                    virtual_size=4 * GiB, lock_seconds_left=60).replace(
+        '"pvestord-initial-size": "1G"',
+        '"pvestord-initial-size": "1G", "pvestord-thin-critical-free": "100G"')
+    with pytest.raises(CapacityRefusedError, match="would have 99 GiB free"):
+        _answer(text)
+    replacing = _answer(text.replace('"backing": true', f'"backing": true, "replaces": "{SOURCE}"'))
+    assert (replacing["name"], replacing["lv_size"]) == (SOURCE, 1 * GiB)
 
 
 def test_a_vm_state_is_plain_whoever_allocates_it() -> None:

@@ -28,11 +28,13 @@ from tests.harness.pvestorage import (
     VMID,
     VOLID,
     VOLNAME,
+    alloc_disk,
     image,
     image_end,
     lv_sizes,
     overlay_maximum,
     qemu_io,
+    snapshot,
     thin_storage,
 )
 from tests.proxmox import upstream
@@ -186,6 +188,80 @@ def test_rename_and_saferemove_of_small_lvs(proxmox: tuple[upstream.PerlSession,
     assert handed == ["del-snap_vm-101-disk-0_snap1.qcow2", "del-vm-101-disk-0.qcow2"]
     assert lv_sizes(vg) == {}
 
+
+
+#: The VG's free space in the rollback test, as in REVIEW-3's H5 (1.6 GiB)...
+ROOM_LEFT = 1600 * MiB
+#: ...and a thin-critical-free that a new top refuses on it, even with the
+#: old top's 512 MiB counted as given back: 1.6 GiB would be left, below 2 GiB.
+CRITICAL_FREE = "2G"
+ROLLBACK = f'PVE::Storage::volume_snapshot_rollback($cfg, "{VOLID}", "snap1");'
+
+
+def test_rollback_refused_for_room_leaves_the_volume_as_it_was(
+        sources: upstream.Upstream, out_dir: Path) -> None:
+    """REVIEW-3 H5 on real LVM: 1.6 GiB free, a snapshot, a rollback the
+    capacity guard refuses. The rollback removed the top before it asked and
+    left the volume without a current LV, which every retry then failed on.
+    Now the refusal changes nothing: the top keeps what the guest wrote, the
+    chain is whole, and the same rollback succeeds once room is freed."""
+    with thin_storage(sources, out_dir, chunksize=CHUNK, initial_size=INITIAL,
+                      options={"pvestord-thin-critical-free": CRITICAL_FREE}) as (pve, vg):
+        assert alloc_disk(pve) == VOLID
+        qemu_io(vg, VOLNAME, f"write -P 0x11 0 {WRITE}")
+        snapshot(pve, "snap1")
+        qemu_io(vg, VOLNAME, f"write -P 0x22 {GiB} {WRITE}")
+        vg.create_lv("filler", vg.free() - ROOM_LEFT)
+        assert vg.free() == ROOM_LEFT
+        before = lv_sizes(vg)
+        assert before == {SNAP1: INITIAL, VOLNAME: INITIAL, "filler": before["filler"]}
+
+        with pytest.raises(AssertionError, match="refusing a new thin volume"):
+            pve.call(ROLLBACK)
+        assert lv_sizes(vg) == before
+        assert image(vg, VOLNAME)["backing-filename"] == SNAP1
+        assert qcow2_check(vg.lv_path(VOLNAME))["exit"] == 0
+        qemu_io(vg, VOLNAME, f"read -P 0x22 {GiB} {WRITE}")
+        # Proxmox's own check before a rollback still finds the chain.
+        assert pve.call(f'return PVE::Storage::volume_rollback_is_possible($cfg, "{VOLID}",'
+                        ' "snap1");') == 1
+
+        sh("lvremove", "-q", "-y", vg.lv_path("filler"))
+        pve.call(ROLLBACK)
+        assert lv_sizes(vg) == {SNAP1: INITIAL, VOLNAME: INITIAL}
+        top = image(vg, VOLNAME)
+        assert (top["backing-filename"], top["virtual-size"]) == (SNAP1, DISK)
+        qemu_io(vg, VOLNAME, f"read -P 0x11 0 {WRITE}")
+        qemu_io(vg, VOLNAME, f"read -P 0 {GiB} {WRITE}")  # rolled back
+
+
+def test_saferemove_rollback_zeroes_the_old_top_outside_the_storage_lock(
+        proxmox: tuple[upstream.PerlSession, VG]) -> None:
+    """With ``saferemove`` the old top (grown to any size) is renamed to
+    ``del-...`` under the storage lock and zeroed and removed by a worker
+    that runs after the lock is left, as Proxmox's ``lvm`` type does it."""
+    pve, vg = proxmox
+    alloc_disk(pve)
+    snapshot(pve, "snap1")
+    qemu_io(vg, VOLNAME, f"write -P 0x66 0 {WRITE}")
+    handed = pve.call(
+        f'my $scfg = PVE::Storage::storage_config($cfg, "{STORE}");'
+        ' $scfg->{saferemove} = 1; my $seen;'
+        ' no warnings "redefine";'
+        ' local *PVE::RPCEnvironment::fork_worker = sub {'
+        '   my ($self, $type, $id, $user, $worker) = @_;'
+        f'   open(my $lock, "<", "$ENV{{PVESTORD_TEST_LOCK_DIR}}/storage-{STORE}") or die $!;'
+        '   my $free = flock($lock, Fcntl::LOCK_EX() | Fcntl::LOCK_NB()) ? 1 : 0;'
+        '   close($lock);'
+        f'   my $lvs = PVE::Storage::LVMPlugin::lvm_list_volumes("{vg.name}")->{{"{vg.name}"}};'
+        '   $seen = {type => $type, lock_free => $free, lvs => [sort keys %$lvs]};'
+        '   $worker->(); return "UPID:test"; };'
+        f' {ROLLBACK} return $seen;')
+    assert handed == {"type": "imgdel", "lock_free": 1,
+                      "lvs": [f"del-{VOLNAME}-rollback", SNAP1, VOLNAME]}
+    assert lv_sizes(vg) == {SNAP1: INITIAL, VOLNAME: INITIAL}
+    assert image(vg, VOLNAME)["backing-filename"] == SNAP1
+    qemu_io(vg, VOLNAME, f"read -P 0 0 {WRITE}")  # the new top reads the snapshot's zeroes
 
 
 def test_vm_state_and_fleecing_image_with_real_lvm(

@@ -8,12 +8,29 @@ package PvestordTest::LvmRecorder;
 #
 # The VG lives in $ENV{PVESTORD_TEST_LVM_STATE}, a JSON file shared with the
 # fake 'lvm' pvestord runs (PVESTORD_LVM, tests/proxmox/fake_lvm.py):
-# {"vg", "size", "extent", "lvs": {name: {"size", "tags": [...]}}}. Each
-# command is appended to $ENV{PVESTORD_TEST_LVM_LOG}, one JSON array a line.
+# {"vg", "size", "extent", "lvs": {name: {"size", "tags": [...],
+# "virtual-size", "backing"}}} (the last two once qemu-img made an image on
+# it). Each command is appended to $ENV{PVESTORD_TEST_LVM_LOG}, one JSON array
+# a line; with $ENV{PVESTORD_TEST_LVM_LOCKS_LOG} also there, with the stand-in
+# locks (PvestordTest::StandIns) held while it ran, by any process:
+# {"command": [...], "locks": [lock ids]}.
+#
+# $ENV{PVESTORD_TEST_LVM_FAIL}: a JSON array; a command starting with those
+# arguments fails as LVM would, changing nothing (a fault in the middle of a
+# flow).
+#
+# The paths of the stand-in VG's LVs are not in /dev: stat() of one (as
+# file_size_info does before it asks qemu-img) sees the state file, and the
+# zeroing of LVMPlugin's saferemove, which looks for the LV's device-mapper
+# device in /dev and /sys, is handed a made-up one (which accepts
+# write-zeroes), so that it runs its 'blkdiscard --zeroout' here too,
+# recorded like the rest.
 
 use strict;
 use warnings;
 
+use Fcntl qw(:flock);
+use File::stat qw();
 use JSON;
 
 use PVE::Tools;
@@ -33,11 +50,47 @@ my sub save_state {
     close($fh);
 }
 
+# The stand-in locks someone holds now: those whose file a new open file
+# description cannot flock (a flock conflicts across descriptions, even in
+# one process).
+my sub locks_held {
+    my $dir = $ENV{PVESTORD_TEST_LOCK_DIR} // return [];
+    opendir(my $dh, $dir) or die "lock dir: $!\n";
+    my @held;
+    for my $lockid (sort grep { !/^\./ } readdir($dh)) {
+        open(my $fh, '<', "$dir/$lockid") or next;
+        if (flock($fh, LOCK_EX | LOCK_NB)) {
+            flock($fh, LOCK_UN);
+        } else {
+            push @held, $lockid;
+        }
+        close($fh);
+    }
+    closedir($dh);
+    return \@held;
+}
+
 my sub record {
     my ($cmd) = @_;
+    my $command = [map {"$_"} @$cmd];
     open(my $fh, '>>', $ENV{PVESTORD_TEST_LVM_LOG}) or die "LVM log: $!\n";
-    print {$fh} encode_json([map {"$_"} @$cmd]), "\n";
+    print {$fh} encode_json($command), "\n";
     close($fh);
+    my $locks_log = $ENV{PVESTORD_TEST_LVM_LOCKS_LOG} // return;
+    open($fh, '>>', $locks_log) or die "LVM locks log: $!\n";
+    print {$fh} encode_json({ command => $command, locks => locks_held() }), "\n";
+    close($fh);
+}
+
+# Whether $cmd is the one $ENV{PVESTORD_TEST_LVM_FAIL} makes fail.
+my sub failing {
+    my ($cmd) = @_;
+    my $prefix = decode_json($ENV{PVESTORD_TEST_LVM_FAIL} // return 0);
+    return 0 if @$prefix > @$cmd;
+    for my $i (0 .. $#$prefix) {
+        return 0 if $cmd->[$i] ne $prefix->[$i];
+    }
+    return 1;
 }
 
 # LVM's sizes: bytes with 'b', KiB with 'k' or no unit (lvcreate's default as
@@ -62,6 +115,8 @@ my sub simulate {
     my ($cmd, %param) = @_;
 
     my $out = $param{outfunc} // sub { };
+    die(($param{errmsg} // "@$cmd") . ": stand-in fault (PVESTORD_TEST_LVM_FAIL)\n")
+        if failing($cmd);
     my $state = load_state();
     my ($vg, $lvs) = ($state->{vg}, $state->{lvs});
     my $tool = $cmd->[0] =~ s{.*/}{}r;
@@ -73,16 +128,18 @@ my sub simulate {
         for my $name (sort keys %$lvs) {
             my $lv = $lvs->{$name};
             my $tags = join(',', $lv->{tags}->@*);
-            $out->("  $vg:$name:$lv->{size}:-wi-a-----:::::uuid-$name:$tags::1700000000");
+            $out->("  $vg:$name:$lv->{size}:-wi-a-----:::::uuid-$name:${tags}::1700000000");
         }
     } elsif ($tool eq 'lvcreate') {
         my ($name) = option_values($cmd, '--name');
         my ($size) = option_values($cmd, '--size');
         die "lvcreate: '$name' exists\n" if $lvs->{$name};
-        $lvs->{$name} = {
-            size => lv_bytes($size, $state->{extent}),
-            tags => [option_values($cmd, '--addtag')],
-        };
+        my $bytes = lv_bytes($size, $state->{extent});
+        my $free = $state->{size};
+        $free -= $_->{size} for values %$lvs;
+        die "$param{errmsg}: Volume group \"$vg\" has insufficient free space\n"
+            if $bytes > $free;
+        $lvs->{$name} = { size => $bytes, tags => [option_values($cmd, '--addtag')] };
     } elsif ($tool eq 'lvextend') {
         # LVMPlugin writes '-L <KiB>k', the plugin '--size <bytes>b'; LVM refuses
         # a size that does not grow the LV.
@@ -100,16 +157,38 @@ my sub simulate {
         my ($old, $new) = $cmd->@[2, 3];
         $lvs->{$new} = delete $lvs->{$old} or die "lvrename: no LV '$old'\n";
     } elsif ($tool eq 'qemu-img' && $cmd->[1] eq 'create') {
-        my ($path, $size) = $cmd->@[-2, -1];
+        my ($path) = grep { m{^/dev/\Q$vg\E/} } @$cmd;
         my ($name) = $path =~ m{^/dev/\Q$vg\E/(.+)$};
-        $lvs->{$name}->{'virtual-size'} = lv_bytes($size =~ s/K$/k/r, 1) if $name;
+        die "qemu-img create: no LV '$path'\n" if !$lvs->{$name};
+        my ($backing) = option_values($cmd, '-b');
+        if (defined($backing)) {
+            # An overlay: the backing file's name, relative to the overlay's folder.
+            my $base = $lvs->{$backing} or die "qemu-img create: no backing '$backing'\n";
+            $lvs->{$name}->{backing} = $backing;
+            $lvs->{$name}->{'virtual-size'} = $base->{'virtual-size'};
+        } else {
+            $lvs->{$name}->{'virtual-size'} = lv_bytes($cmd->[-1] =~ s/K$/k/r, 1);
+        }
     } elsif ($tool eq 'qemu-img' && $cmd->[1] eq 'info') {
         my ($path) = grep { m{^/dev/} } @$cmd;
         my ($name) = $path =~ m{^/dev/\Q$vg\E/(.+)$};
-        my $image = { filename => $path, format => 'qcow2',
-            'virtual-size' => $lvs->{$name}->{'virtual-size'} // 0 };
+        die "qemu-img info: no LV '$path'\n" if !$lvs->{$name};
+        my @chain;
+        while (defined($name)) {
+            my $lv = $lvs->{$name};
+            # actual-size: what qemu-img says of a block device (its allocation is unknown).
+            my $image = { filename => "/dev/$vg/$name", format => 'qcow2',
+                'virtual-size' => $lv->{'virtual-size'} // 0, 'actual-size' => 0 };
+            $image->{'backing-filename'} = $lv->{backing} if $lv->{backing};
+            push @chain, $image;
+            $name = $lv->{backing};
+        }
         # Proxmox asks for the backing chain (an array) or one image (an object).
-        $out->(encode_json((grep { $_ eq '--backing-chain' } @$cmd) ? [$image] : $image));
+        $out->(encode_json((grep { $_ eq '--backing-chain' } @$cmd) ? \@chain : $chain[0]));
+    } elsif ($tool eq 'blkdiscard') {
+        my ($path) = grep { m{^/dev/} } @$cmd;
+        my ($name) = $path =~ m{^/dev/\Q$vg\E/(.+)$};
+        die "blkdiscard: no LV '$path'\n" if !$name || !$lvs->{$name};
     } elsif ($tool ne 'lvchange') {
         die "the LVM stand-in does not know '@$cmd'\n";
     }
@@ -132,6 +211,34 @@ sub install {
         no strict 'refs';
         *{"${package}::run_command"} = $recording;
     }
+    my $real_stat = \&File::stat::stat;
+    *File::stat::stat = sub ($) {
+        my ($path) = @_;
+        if (!ref($path)) {
+            my $state = load_state();
+            return $real_stat->($ENV{PVESTORD_TEST_LVM_STATE})
+                if $path =~ m{^/dev/\Q$state->{vg}\E/(.+)$} && $state->{lvs}->{$1};
+        }
+        return $real_stat->(@_);
+    };
+    # saferemove's look for the device: a made-up dm device for each LV of the VG.
+    my $real_abs_path = \&PVE::Storage::LVMPlugin::abs_path;
+    *PVE::Storage::LVMPlugin::abs_path = sub {
+        my ($path) = @_;
+        my $state = load_state();
+        if ($path =~ m{^/dev/\Q$state->{vg}\E/(.+)$} && $state->{lvs}->{$1}) {
+            my @names = sort keys $state->{lvs}->%*;
+            my ($index) = grep { $names[$_] eq $1 } 0 .. $#names;
+            return "/dev/dm-$index";
+        }
+        return $real_abs_path->($path);
+    };
+    my $real_firstline = \&PVE::Storage::LVMPlugin::file_read_firstline;
+    *PVE::Storage::LVMPlugin::file_read_firstline = sub {
+        my ($path) = @_;
+        return 33554432 if $path =~ m{^/sys/block/dm-\d+/queue/write_zeroes_max_bytes$};
+        return $real_firstline->($path);
+    };
 }
 
 1;

@@ -272,19 +272,21 @@ my sub grow_as_asked {
     );
 }
 
-# Create the volume Proxmox asked for as $name in $fmt, of $virtual_size
-# bytes: the LV pvestord names, sized and tagged as it answers; a qcow2 image
-# on it without preallocation, on top of snapshot $backing_snap when given (an
-# overlay, laid out as Proxmox lays them out). A raw volume (a VM's RAM state)
-# is the LV alone, as LVMPlugin makes it. Returns the volume name made.
-my sub create_volume {
-    my ($class, $storeid, $scfg, $vmid, $fmt, $name, $virtual_size, $backing_snap) = @_;
+# What pvestord answers for a new volume Proxmox asked for as $name in $fmt,
+# of $virtual_size bytes, on top of snapshot $backing_snap when given (an
+# overlay): the LV to create (name, size, tags) and what goes on it. Asking
+# changes nothing: every refusal of pvestord's (its capacity guards, a name
+# or format it does not hold, an answer too late) comes before any change.
+# $replaces: the volume replaces the LV of its name (a rollback's new top).
+my sub plan_volume {
+    my ($class, $storeid, $scfg, $vmid, $fmt, $name, $virtual_size, $backing_snap, $replaces) =
+        @_;
 
     my @callers;
     for (my $depth = 1; my @frame = caller($depth); $depth++) {
         push @callers, $frame[3];
     }
-    my $plan = ask(
+    return ask(
         $scfg,
         $storeid,
         {
@@ -295,10 +297,21 @@ my sub create_volume {
             virtual_size => int($virtual_size),
             backing => $backing_snap ? JSON::true : JSON::false,
             callers => \@callers,
+            ($replaces ? (replaces => $name) : ()),
         },
     );
+}
+
+# Carry out $plan (plan_volume's answer): the LV, sized and tagged as it says;
+# a qcow2 image on it without preallocation, of $virtual_size bytes or on top
+# of snapshot $backing_snap (laid out as Proxmox lays overlays out). A raw
+# volume (a VM's RAM state) is the LV alone, as LVMPlugin makes it. On a
+# failure the LV made is removed again. Returns the volume name made.
+my sub make_volume {
+    my ($class, $storeid, $scfg, $plan, $virtual_size, $backing_snap) = @_;
+
     my $vg = $scfg->{vgname};
-    $name = $plan->{name};
+    my $name = $plan->{name};
     PVE::Storage::LVMPlugin::lvcreate($vg, $name, "$plan->{lv_size}b", $plan->{tags});
     return $name if $plan->{format} ne 'qcow2';
     eval {
@@ -321,15 +334,37 @@ my sub create_volume {
     return $name;
 }
 
-# A new top for $volname on top of its snapshot $snap, at the snapshot's virtual size.
-my sub create_top {
-    my ($class, $storeid, $scfg, $volname, $snap) = @_;
+my sub create_volume {
+    my ($class, $storeid, $scfg, $vmid, $fmt, $name, $virtual_size, $backing_snap) = @_;
+
+    my $plan = plan_volume(
+        $class, $storeid, $scfg, $vmid, $fmt, $name, $virtual_size, $backing_snap,
+    );
+    return make_volume($class, $storeid, $scfg, $plan, $virtual_size, $backing_snap);
+}
+
+# A new top for $volname on top of its snapshot $snap, at the snapshot's
+# virtual size: pvestord's plan for it and that size, nothing made yet.
+# $replaces: it replaces the current top (a rollback), which pvestord's
+# guards then count as removed.
+my sub plan_top {
+    my ($class, $storeid, $scfg, $volname, $snap, $replaces) = @_;
 
     my $vmid = ($class->parse_volname($volname))[2];
     my $snap_path = $class->path($scfg, $volname, $storeid, $snap);
     my $size = PVE::Storage::Plugin::file_size_info($snap_path, 5, 'qcow2');
     die "file_size_info on '$snap_path' failed\n" if !defined($size);
-    create_volume($class, $storeid, $scfg, $vmid, 'qcow2', $volname, $size, $snap);
+    my $plan = plan_volume(
+        $class, $storeid, $scfg, $vmid, 'qcow2', $volname, $size, $snap, $replaces,
+    );
+    return ($plan, $size);
+}
+
+my sub create_top {
+    my ($class, $storeid, $scfg, $volname, $snap) = @_;
+
+    my ($plan, $size) = plan_top($class, $storeid, $scfg, $volname, $snap);
+    make_volume($class, $storeid, $scfg, $plan, $size, $snap);
 }
 
 my sub assert_qcow2 {
@@ -372,25 +407,70 @@ sub volume_snapshot {
     );
 }
 
+# The name the top of $volname has while a rollback replaces it: a volume
+# name (free_image takes it), not one of the names that activate $volname's
+# chain. One left by a rollback that did not finish (the node died in it) is
+# listed as a raw volume of the VM: a new rollback refuses to run over it.
+my sub replaced_top_name {
+    my ($volname) = @_;
+    return "$volname-rollback";
+}
+
+# A rollback completes or leaves the volume as it was. pvestord is asked for
+# the new top first, with the old one in place: a refusal changes nothing.
+# Its guards judge the VG as the rollback leaves it (the old top removed), as
+# when the old top was removed first: a rollback that discards a top grown
+# large is not refused for the room that top holds; LVM refuses the new top
+# if the VG cannot hold both for the moment they coexist.
+# The old top is then set aside by a rename, the new one made under the
+# volume's name (its tags are the volume's), and only then is the old one
+# freed; a failure in between removes the new top and renames the old one
+# back. Freeing is Proxmox's own free_image: without saferemove the LV is
+# removed here, with it renamed to 'del-...' and handed back as a worker
+# that zeroes and removes it outside the storage lock: the top may have grown
+# to hundreds of GiB, far more than cfs_lock's alarm allows for the zeroing.
+my sub volume_snapshot_rollback_locked {
+    my ($class, $scfg, $storeid, $volname, $snap) = @_;
+
+    $class->activate_volume($storeid, $scfg, $volname);
+    my ($plan, $size) = plan_top($class, $storeid, $scfg, $volname, $snap, 1);
+    my $replaced = replaced_top_name($volname);
+    # lvrename refuses, changing nothing, when $replaced is left from a rollback
+    # that did not finish: that LV may be the only copy of a top.
+    PVE::Storage::LVMPlugin::lvrename($scfg, $volname, $replaced);
+    eval { make_volume($class, $storeid, $scfg, $plan, $size, $snap) };
+    if (my $err = $@) {
+        eval { PVE::Storage::LVMPlugin::lvrename($scfg, $replaced, $volname) };
+        warn "rollback of '$volname' failed and its top was not put back,"
+            . " it is '$scfg->{vgname}/$replaced': $@"
+            if $@;
+        die $err;
+    }
+    # The rollback is done, whatever happens to the old top now. 'raw': this
+    # LV alone, never the snapshots its image is backed by.
+    my $cleanup_worker = eval { $class->free_image($storeid, $scfg, $replaced, 0, 'raw') };
+    warn "rolled back '$volname', but its former top '$scfg->{vgname}/$replaced'"
+        . " was not freed: $@"
+        if $@;
+    return $cleanup_worker;
+}
+
 sub volume_snapshot_rollback {
     my ($class, $scfg, $storeid, $volname, $snap) = @_;
 
     assert_qcow2($class, $volname);
-    return $class->cluster_lock_storage(
+    my $cleanup_worker = $class->cluster_lock_storage(
         $storeid,
         $scfg->{shared},
         undef,
-        sub {
-            $class->activate_volume($storeid, $scfg, $volname);
-            my $path = $class->path($scfg, $volname, $storeid);
-            # The top of a thin volume is small: zero it here rather than in a worker.
-            run_command(['/sbin/blkdiscard', '--zeroout', $path],
-                errmsg => "zeroing '$path' failed") if $scfg->{saferemove};
-            run_command(['/sbin/lvremove', '-f', $path], errmsg => "lvremove '$path' error");
-            create_top($class, $storeid, $scfg, $volname, $snap);
-            return;
-        },
+        sub { return volume_snapshot_rollback_locked($class, $scfg, $storeid, $volname, $snap) },
     );
+    # Outside the lock: the worker takes it again to remove the LV, and in a
+    # CLI (qm rollback) fork_worker waits for the worker to finish.
+    if ($cleanup_worker) {
+        PVE::RPCEnvironment::get()->fork_worker('imgdel', undef, undef, $cleanup_worker);
+    }
+    return;
 }
 
 sub volume_resize {

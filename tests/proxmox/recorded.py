@@ -1,0 +1,96 @@
+"""Proxmox's real PVE::Storage with LVM and qemu-img recorded instead of run.
+
+The Perl side is ``PvestordTest/LvmRecorder.pm``, pvestord's reports come
+from ``fake_lvm.py``; both read and write one JSON VG (see the recorder for
+its layout). A :class:`Bed` runs Perl against it and reads back the commands
+run and the LVs left. Runs on any machine with the Proxmox sources and the
+Perl modules, without LVM.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tests.proxmox import upstream
+
+VENV_BIN = Path(sys.executable).parent
+FAKE_LVM = Path(__file__).resolve().parent / "fake_lvm.py"
+
+
+@dataclass(frozen=True)
+class Bed:
+    proxmox: upstream.Upstream
+    state: Path
+    log: Path
+    locks_log: Path
+    env: dict[str, str]
+    vg: str
+    vg_size: int
+    extent: int
+
+    def run(self, code: str, **extra: str) -> Any:
+        """``code`` (with ``$cfg``) after the LVM stand-in is installed; prints JSON.
+        ``extra``: more environment (a fault to inject)."""
+        return self.proxmox.perl_json(
+            "require PvestordTest::LvmRecorder; PvestordTest::LvmRecorder::install();"
+            f"my $cfg = PVE::Storage::config(); {code}", **{**self.env, **extra})
+
+    def try_alloc(self, storeid: str, vmid: int, fmt: str, name: str, size_kib: float
+                  ) -> dict[str, str]:
+        """vdisk_alloc's volume id, or its error."""
+        return self.run(  # type: ignore[no-any-return]
+            f'my $volid = eval {{ PVE::Storage::vdisk_alloc($cfg, "{storeid}", {vmid},'
+            f' "{fmt}", "{name}", {size_kib!r}) }};'
+            'print encode_json({volid => $volid // "", error => "$@"});')
+
+    def commands(self) -> list[list[str]]:
+        if not self.log.exists():
+            return []
+        return [json.loads(line) for line in self.log.read_text().splitlines()]
+
+    def commands_and_locks(self) -> list[tuple[list[str], list[str]]]:
+        """Each command with the stand-in locks held while it ran."""
+        if not self.locks_log.exists():
+            return []
+        return [(entry["command"], entry["locks"])
+                for entry in map(json.loads, self.locks_log.read_text().splitlines())]
+
+    def lvs(self) -> dict[str, Any]:
+        return json.loads(self.state.read_text())["lvs"]  # type: ignore[no-any-return]
+
+    def set_lvs(self, lvs: dict[str, Any]) -> None:
+        """The VG's LVs as given (what another node or the admin did)."""
+        self.state.write_text(json.dumps({"vg": self.vg, "size": self.vg_size,
+                                          "extent": self.extent, "lvs": lvs}))
+
+    def clear_log(self) -> None:
+        self.log.unlink(missing_ok=True)
+        self.locks_log.unlink(missing_ok=True)
+
+    def reset(self) -> None:
+        self.set_lvs({})
+        self.clear_log()
+
+
+def make_bed(proxmox: upstream.Upstream, folder: Path, *, vg: str, vg_size: int,
+             extent: int) -> Bed:
+    """An empty VG of ``vg_size`` and the checkout's pvestord, set up in ``folder``."""
+    pvestord = folder / "pvestord"
+    pvestord.write_text(
+        f"#!/bin/sh\nPYTHONPATH={upstream.REPO} exec {VENV_BIN / 'pvestord'} \"$@\"\n")
+    pvestord.chmod(0o755)
+    lvm = folder / "lvm"
+    lvm.write_text(f"#!/bin/sh\nexec {VENV_BIN / 'python'} {FAKE_LVM} \"$@\"\n")
+    lvm.chmod(0o755)
+    state, log, locks_log = (folder / "vg.json", folder / "commands.jsonl",
+                             folder / "locks.jsonl")
+    bed = Bed(proxmox, state, log, locks_log, {
+        "PVESTORD_TEST_COMMAND": str(pvestord), "PVESTORD_LVM": str(lvm),
+        "PVESTORD_TEST_LVM_STATE": str(state), "PVESTORD_TEST_LVM_LOG": str(log),
+        "PVESTORD_TEST_LVM_LOCKS_LOG": str(locks_log)}, vg, vg_size, extent)
+    bed.reset()
+    return bed
