@@ -12,7 +12,11 @@ Debian's python3 and nothing of ours but ``tests.harness.qemu`` (copied in):
    started as qemu-server starts one (pidfile and QMP socket under
    /var/run/qemu-server, a monitor connected to /var/run/qmeventd.sock), the
    write threshold armed by pvestord, writes past it, the LV extended;
-3. the journal's structured fields for the VM.
+3. the journal's structured fields for the VM;
+4. the package's life cycle on the node, each step by dpkg as apt runs it:
+   an upgrade (the same .deb again), a removal, a fresh install with
+   qmeventd unmasked, and a purge; after each, which units run, who listens
+   on the event socket, and what is left of the package.
 
 Everything it saw goes into one JSON line on /dev/ttyS1, which the host
 captures; the host asserts. A step that fails is reported with its error,
@@ -22,6 +26,7 @@ never papered over.
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -40,6 +45,20 @@ QMEVENTD = "qmeventd.service"
 SHOW_PROPERTIES = ("ActiveState", "SubState", "NRestarts", "StatusText", "UnitFileState",
                    "Result", "MainPID", "ActiveEnterTimestampMonotonic", "NotifyAccess",
                    "WatchdogUSec")
+
+EVENT_SOCKET = "/var/run/qmeventd.sock"
+#: The .deb the host put in the guest (systemdguest.GUEST_DEB).
+DEB = "/opt/pvestord-check/pvestord.deb"
+#: dpkg under emulation: unpacking and byte-compiling the package.
+DPKG_TIMEOUT = 300.0
+#: Files of the package that a purge removes (a conffile and the private modules).
+PACKAGE_FILES = ("/etc/lvm/profile/pvestord.profile", "/usr/lib/pvestord", "/usr/bin/pvestord")
+LIFE_CYCLE = (
+    ("upgrade", ["dpkg", "-i", DEB]),
+    ("remove", ["dpkg", "-r", "pvestord"]),
+    ("install", ["dpkg", "-i", DEB]),
+    ("purge", ["dpkg", "-P", "pvestord"]),
+)
 
 # Must match the storage.cfg the host wrote (test_systemd_boot.STORAGE_CFG).
 VG = "pvsd"
@@ -166,6 +185,72 @@ def grow_a_thin_disk(report: dict[str, Any]) -> None:
     report["qemu_output_tail"] = vm.output[-5:]
 
 
+def event_socket_listens() -> bool:
+    """Whether something accepts connections on qmeventd's socket, as QEMU connects."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+        client.settimeout(5)
+        try:
+            client.connect(EVENT_SOCKET)
+        except OSError:
+            return False
+    return True
+
+
+def daemon_processes() -> list[str]:
+    """Command lines of pvestord or qmeventd-py processes still running."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().split(b"\0")
+        except OSError:  # gone meanwhile
+            continue
+        text = " ".join(a.decode(errors="replace") for a in argv if a)
+        if any(Path(a.decode(errors="replace")).name in ("pvestord", "qmeventd-py")
+               for a in argv[:2] if a):
+            found.append(text)
+    return sorted(found)
+
+
+def package_status() -> str:
+    """dpkg's status word for pvestord: installed, config-files, not-installed."""
+    done = subprocess.run(["dpkg-query", "-W", "-f=${db:Status-Status}", "pvestord"],
+                          capture_output=True, text=True, timeout=COMMAND_TIMEOUT,
+                          stdin=subprocess.DEVNULL, check=False)
+    return done.stdout.strip() or "not-installed"
+
+
+def units_settled() -> bool:
+    return all(unit_properties(u)["ActiveState"] not in ("activating", "deactivating",
+                                                         "reloading")
+               for u in (*UNITS, QMEVENTD))
+
+
+def life_cycle(report: dict[str, Any]) -> None:
+    """Upgrade, remove, install and purge the package as apt would, and after
+    each what the node is left with."""
+    steps = report["life_cycle"] = []
+    for name, argv in LIFE_CYCLE:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=DPKG_TIMEOUT,  # noqa: S603
+                              stdin=subprocess.DEVNULL, check=False)
+        wait_for(f"units settled after {name}", units_settled, SETTLE_TIMEOUT)
+        step: dict[str, Any] = {
+            "step": name, "returncode": done.returncode,
+            "output": (done.stdout + done.stderr).splitlines()[-20:],
+            "units": {u: unit_properties(u) for u in (*UNITS, QMEVENTD)},
+            "is_enabled": {u: is_enabled(u) for u in (*UNITS, QMEVENTD)},
+            "package": package_status(),
+            "files_left": [f for f in PACKAGE_FILES if Path(f).exists()],
+            "daemon_processes": daemon_processes(),
+        }
+        try:
+            wait_for(f"a listener on {EVENT_SOCKET} after {name}", event_socket_listens,
+                     SETTLE_TIMEOUT)
+            step["event_socket_listens"] = True
+        except TimeoutError:
+            step["event_socket_listens"] = False
+        steps.append(step)
+
+
 def extension_fields(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     keep = ("MESSAGE", "VMID", "BLOCK_NODE", "LV", "VG", "OLD_SIZE", "NEW_SIZE", "DURATION_MS",
             "REASON", "PRIORITY", "SYSLOG_IDENTIFIER", "_SYSTEMD_UNIT")
@@ -208,6 +293,10 @@ def main() -> int:
     for unit in UNITS:
         report.setdefault("journal_tail", {})[unit] = sh(
             ["journalctl", "--no-pager", "-o", "short-monotonic", "-n", "30", "-u", unit])
+    try:
+        life_cycle(report)
+    except Exception:
+        report["errors"].append(traceback.format_exc())
     line = REPORT_PREFIX + json.dumps(report, sort_keys=True) + "\n"
     with open(REPORT_PORT, "w") as port:
         port.write(line)

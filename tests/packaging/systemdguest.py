@@ -1,29 +1,30 @@
-"""A Debian 12 node with systemd as PID 1 and our package installed, booted under QEMU.
+"""Debian 13 (Proxmox VE 9) with systemd as PID 1 and our package installed, booted under QEMU.
 
-Unlike the node guest (``tests/harness/nodeguest.py``: virtme-ng, the host's
-root shared read-only, a shell as PID 1), this guest boots its own root file
+Unlike the node guest (``tests/harness/nodeguest.py``: virtme-ng, a root
+shared read-only, a shell as PID 1), this guest boots its own root file
 system, so systemd runs as PID 1 and starts the units the package enabled,
 exactly as on a Proxmox node after a reboot.
 
 Three layers, each made from the one before:
 
-1. ``debroot.base_root(debroot.BOOKWORM)``: debootstrap's Debian 12 minbase, cached.
-2. :func:`systemd_root`: a copy with :data:`PACKAGES` installed by apt and the
-   kernel modules the guest loads after the initrd (device-mapper, loop, ...),
-   cached under ``/var/cache/pvestord-test/`` keyed by the package list, the
-   base root and the kernel, so only the first run downloads and installs.
+1. ``debroot.base_root(debroot.TRIXIE)``: debootstrap's Debian 13 minbase, cached.
+2. :func:`systemd_root`: a copy with :data:`PACKAGES` installed by apt, Debian
+   13's kernel and initrd among them, cached under ``/var/cache/pvestord-test/``
+   keyed by the package list and the base root, so only the first run
+   downloads and installs.
 3. :func:`node_image`: per run, a copy of (2) with a stand-in for Proxmox's
    ``qmeventd.service`` installed and enabled first (as on every Proxmox
    node), then the freshly built .deb installed by ``dpkg -i`` in a chroot
    (its postinst enables pvestord.service, and leaves qmeventd-py.service
-   disabled because qmeventd is not masked), the in-guest check and its unit,
-   made into an ext4 image by ``mkfs.ext4 -d`` (no loop mount).
+   disabled because qmeventd is not masked), the in-guest check, its unit and
+   the .deb itself (the check upgrades, removes and purges it), made into an
+   ext4 image by ``mkfs.ext4 -d`` (no loop mount).
 
-:func:`boot` runs Debian's kernel and initrd (``/boot``, as the node guest
-does) with ``init=/lib/systemd/systemd`` on that image, a blank second disk
-for the volume group, the console on the first serial port and the check's
-one-line JSON report on the second; the check unit powers the guest off when
-it is done. TCG unless the machine has real hardware KVM.
+:func:`boot` runs the root's own kernel and initrd with
+``init=/lib/systemd/systemd`` on that image, a blank second disk for the
+volume group, the console on the first serial port and the check's one-line
+JSON report on the second; the check unit powers the guest off when it is
+done. TCG unless the machine has real hardware KVM.
 """
 
 from __future__ import annotations
@@ -36,28 +37,27 @@ import shutil
 import subprocess
 import time
 from collections import deque
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pvestord.adapters.command import run
 from tests.harness import debroot
-from tests.harness.nodeguest import BLACKLIST, find_kernel, hardware_kvm_usable
+from tests.harness.nodeguest import BLACKLIST, hardware_kvm_usable
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 
 #: What a Proxmox node has that the test needs: systemd as init, udev (LVM
-#: waits on it), kmod (dm-mod is loaded on demand), QEMU for a VM, and the
-#: package's own dependencies so that ``dpkg -i`` needs no network.
+#: waits on it), kmod (dm-mod is loaded on demand), Debian 13's kernel (its
+#: initrd has virtio_blk and ext4; its modules are in the root), QEMU for a
+#: VM, and the package's own dependencies so that ``dpkg -i`` needs no network.
 PACKAGES = (
-    "systemd", "systemd-sysv", "udev", "kmod", "lvm2", "qemu-utils", "qemu-system-x86",
-    "python3", "python3-systemd", "python3-pyinotify",
+    "systemd", "systemd-sysv", "udev", "kmod", "linux-image-amd64",
+    "lvm2", "qemu-utils", "qemu-system-x86", "seabios",
+    "python3", "python3-systemd", "python3-pyinotify", "python3-pyasyncore",
 )
-#: Modules loaded after the initrd (the initrd has virtio_blk and ext4):
-#: device-mapper and loop for LVM, the rest systemd asks for at boot.
-GUEST_MODULES = ("dm-mod", "loop", "autofs4", "configfs", "fuse", "binfmt_misc")
+RELEASE = debroot.TRIXIE
 
 #: Copying the prepared root, ``dpkg -i``, ``mkfs.ext4 -d``.
 IMAGE_TIMEOUT = 600.0
@@ -68,6 +68,8 @@ VG_DISK_SIZE = 2 * 1024 * 1024 * 1024
 
 CHECK_DIR = "/opt/pvestord-check"
 CHECK_UNIT = "pvestord-check.service"
+#: The .deb in the guest, for the check's upgrade, removal and purge.
+GUEST_DEB = f"{CHECK_DIR}/pvestord.deb"
 #: The prefix of the check's report line on the second serial port.
 REPORT_PREFIX = "PVESTORD-CHECK "
 
@@ -107,9 +109,10 @@ Environment=PYTHONPATH={CHECK_DIR}
 ExecStart=/usr/bin/python3 -m tests.packaging.guest_check
 StandardOutput=journal+console
 StandardError=journal+console
-# Longer than the sum of the check's own bounded waits (10 min), shorter than
-# the host's timeout for the whole run: a stuck check fails and powers off.
-TimeoutStartSec=720
+# Longer than the check's own bounded waits can add up to in a slow run (the
+# thin disk and the four dpkg steps), shorter than the host's timeout for the
+# whole run: a stuck check fails and powers off.
+TimeoutStartSec=1800
 
 [Install]
 WantedBy=multi-user.target
@@ -120,63 +123,29 @@ class SystemdGuestError(Exception):
     """The guest did not boot, did not report, or did not finish in time."""
 
 
-def kernel_and_initrd() -> tuple[Path, Path, str]:
-    kernel = find_kernel()
-    release = kernel.name.removeprefix("vmlinuz-")
-    initrd = kernel.with_name(f"initrd.img-{release}")
+def kernel_and_initrd(root: Path) -> tuple[Path, Path]:
+    """The root's own kernel and the initrd Debian made for it."""
+    kernels = sorted((root / "boot").glob("vmlinuz-*-amd64"))
+    if not kernels:
+        raise SystemdGuestError(f"no kernel in {root}/boot: linux-image-amd64 is in PACKAGES")
+    kernel = kernels[-1]
+    initrd = kernel.with_name("initrd.img-" + kernel.name.removeprefix("vmlinuz-"))
     if not initrd.is_file():
-        raise SystemdGuestError(f"no {initrd} for {kernel}: reinstall linux-image-{release}")
-    return kernel, initrd, release
-
-
-def _module_closure(release: str, names: Sequence[str]) -> list[str]:
-    """Paths (relative to /lib/modules/<release>) of ``names`` and what they depend on."""
-    deps: dict[str, list[str]] = {}
-    for line in (Path("/lib/modules") / release / "modules.dep").read_text().splitlines():
-        path, _, needs = line.partition(":")
-        deps[path] = needs.split()
-    by_name = {Path(p).name.removesuffix(".ko").replace("_", "-"): p for p in deps}
-    wanted: list[str] = []
-    todo: list[str] = []
-    for name in names:
-        found = by_name.get(name.replace("_", "-"))
-        if found is None:
-            raise SystemdGuestError(f"module {name} is not in {release}'s modules.dep")
-        todo.append(found)
-    while todo:
-        path = todo.pop()
-        if path not in wanted:
-            wanted.append(path)
-            todo.extend(deps[path])
-    return sorted(wanted)
-
-
-def _install_modules(root: Path, release: str) -> None:
-    source = Path("/lib/modules") / release
-    dest = root / "usr/lib/modules" / release
-    dest.mkdir(parents=True, exist_ok=True)
-    for rel in _module_closure(release, GUEST_MODULES):
-        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(source / rel, dest / rel)
-    for meta in ("modules.order", "modules.builtin", "modules.builtin.modinfo"):
-        if (source / meta).is_file():
-            shutil.copy2(source / meta, dest / meta)
-    debroot.chroot(root, ["depmod", "-a", release])
+        raise SystemdGuestError(f"no {initrd} for {kernel}: initramfs-tools did not make it")
+    return kernel, initrd
 
 
 def systemd_root() -> tuple[Path, float | None]:
-    """The cached root with PACKAGES and the guest's modules; seconds it took (None: cached)."""
-    _, _, kernel_release = kernel_and_initrd()
-    return debroot.derived_root(
-        debroot.BOOKWORM, "systemd", PACKAGES,
-        {"kernel": kernel_release, "modules": sorted(GUEST_MODULES)},
-        finish=lambda root: _install_modules(root, kernel_release))
+    """The cached root with PACKAGES; seconds it took (None: cached)."""
+    return debroot.derived_root(RELEASE, "systemd", PACKAGES)
 
 
 @dataclass(frozen=True)
 class NodeImage:
     root_image: Path
     vg_disk: Path
+    kernel: Path
+    initrd: Path
 
 
 def _directory_bytes(path: Path) -> int:
@@ -209,6 +178,7 @@ def node_image(base: Path, deb: Path, storage_cfg: str, work: Path) -> NodeImage
                     "tests/packaging/__init__.py", "tests/packaging/guest_check.py"):
             (check / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / rel, check / rel)
+        shutil.copy2(deb, root / GUEST_DEB.lstrip("/"))
         (root / "etc/systemd/system" / CHECK_UNIT).write_text(_CHECK_UNIT_TEXT)
         debroot.chroot(root, ["systemctl", "enable", CHECK_UNIT])
         (root / "etc/pve").mkdir(parents=True, exist_ok=True)
@@ -227,7 +197,7 @@ def node_image(base: Path, deb: Path, storage_cfg: str, work: Path) -> NodeImage
     vg_disk = work / "vg.img"
     with vg_disk.open("wb") as f:
         f.truncate(VG_DISK_SIZE)
-    return NodeImage(image, vg_disk)
+    return NodeImage(image, vg_disk, *kernel_and_initrd(base))
 
 
 @dataclass(frozen=True)
@@ -241,7 +211,6 @@ class BootResult:
 
 
 def qemu_argv(image: NodeImage, report_path: Path, *, memory: str, cpus: int) -> list[str]:
-    kernel, initrd, _ = kernel_and_initrd()
     append = " ".join([
         "root=/dev/vda", "rw", "init=/lib/systemd/systemd", "console=ttyS0",
         f"modprobe.blacklist={BLACKLIST}", "systemd.show_status=1", "panic=-1",
@@ -249,7 +218,7 @@ def qemu_argv(image: NodeImage, report_path: Path, *, memory: str, cpus: int) ->
     argv = [
         "qemu-system-x86_64", "-machine", "q35", "-m", memory, "-smp", str(cpus),
         "-nodefaults", "-display", "none", "-no-reboot",
-        "-kernel", str(kernel), "-initrd", str(initrd), "-append", append,
+        "-kernel", str(image.kernel), "-initrd", str(image.initrd), "-append", append,
         "-drive", f"file={image.root_image},if=virtio,format=raw,cache=unsafe",
         "-drive", f"file={image.vg_disk},if=virtio,format=raw,cache=unsafe",
         "-serial", "stdio",

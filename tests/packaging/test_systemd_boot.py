@@ -1,7 +1,7 @@
-"""The packaged services under a real systemd, as PID 1, on a booted Debian 12 node.
+"""The packaged services under a real systemd, as PID 1, on a booted Debian 13 node.
 
-One guest boot per session (``systemdguest.py``): Debian's kernel and initrd
-from /boot, ``init=/lib/systemd/systemd``, a root image with systemd, LVM,
+One guest boot per session (``systemdguest.py``): Debian 13's kernel and
+initrd from the cached root, ``init=/lib/systemd/systemd``, a root image with systemd, LVM,
 QEMU, a stand-in for Proxmox's qmeventd.service (enabled), and the freshly
 built .deb installed by dpkg (its postinst enables pvestord and, qmeventd
 being unmasked, leaves qmeventd-py disabled; nothing starts them but the
@@ -10,7 +10,8 @@ boot). In the guest, a oneshot unit ordered after both services
 socket over as docs/operations.md says, grows a thin disk through them (VG
 on a second virtio disk, qcow2 on a 256 MiB LV, a QEMU connected to
 qmeventd-py's socket, qemu-io writes past the write threshold) and reads
-the journal; it reports one JSON line on the second serial port and powers
+the journal; then it upgrades, removes, reinstalls and purges the package
+with dpkg. It reports one JSON line on the second serial port and powers
 the guest off. These tests assert on that report.
 
 Cost, measured on the 2-core machine (TCG), three runs: warm cache, ~70 s on
@@ -37,7 +38,7 @@ from tests.packaging.conftest import Figures, needs_root
 
 MiB = 1024 * 1024
 #: Whole guest run: boot, the check (its own waits are bounded), power off.
-GUEST_TIMEOUT = 15 * 60.0
+GUEST_TIMEOUT = 35 * 60.0
 UNITS = ("pvestord.service", "qmeventd-py.service")
 
 #: What the node's /etc/pve/storage.cfg says (guest_check.py makes the VG).
@@ -198,3 +199,69 @@ def test_unit_stopped_cleanly_at_power_off(node_run: systemdguest.BootResult, un
     assert last_words in daemon, daemon[-5:]
     assert f"{unit}: Deactivated successfully." in by_systemd, by_systemd
     assert not [m for m in by_systemd if "SIGKILL" in m or "timed out" in m or "Killing" in m]
+
+
+def _step(report: dict[str, Any], name: str) -> dict[str, Any]:
+    steps = {s["step"]: s for s in report.get("life_cycle", [])}
+    assert name in steps, (sorted(steps), report["errors"])
+    step: dict[str, Any] = steps[name]
+    assert step["returncode"] == 0, step["output"]
+    return step
+
+
+def _running(step: dict[str, Any], unit: str) -> bool:
+    props = step["units"][unit]
+    return (props["ActiveState"], props["SubState"]) == ("active", "running")
+
+
+def test_an_upgrade_restarts_both_daemons_and_keeps_the_hand_over(
+        report: dict[str, Any]) -> None:
+    """``apt upgrade`` of pvestord: the running daemons run the new code at
+    once (new processes, no failure), qmeventd stays masked, and the event
+    socket has a listener. An upgrade used to stop both and start neither."""
+    step = _step(report, "upgrade")
+    for unit in UNITS:
+        assert _running(step, unit), step["units"][unit]
+        assert step["units"][unit]["MainPID"] != report["units_after"][unit]["MainPID"], unit
+    assert step["is_enabled"] == {"pvestord.service": "enabled",
+                                  "qmeventd-py.service": "enabled",
+                                  "qmeventd.service": "masked"}
+    assert step["event_socket_listens"] is True
+
+
+def test_a_removal_gives_the_event_socket_back_to_qmeventd(report: dict[str, Any]) -> None:
+    """``apt remove pvestord`` after the hand-over: both daemons stopped and
+    gone, qmeventd unmasked and serving the socket again (``qm cleanup`` and
+    vzdump need it), the conffile kept until a purge."""
+    step = _step(report, "remove")
+    assert step["package"] == "config-files"
+    assert step["daemon_processes"] == []
+    for unit in UNITS:
+        assert step["units"][unit]["ActiveState"] == "inactive", step["units"][unit]
+    assert step["is_enabled"]["qmeventd.service"] == "enabled"
+    assert _running(step, "qmeventd.service"), step["units"]["qmeventd.service"]
+    assert step["event_socket_listens"] is True
+    assert step["files_left"] == ["/etc/lvm/profile/pvestord.profile"]
+    assert any("unmasked qmeventd.service" in line for line in step["output"]), step["output"]
+
+
+def test_a_reinstall_beside_qmeventd_leaves_it_the_socket(report: dict[str, Any]) -> None:
+    """Installing again where qmeventd is unmasked: qmeventd-py stays disabled,
+    nothing is started, qmeventd keeps serving."""
+    step = _step(report, "install")
+    assert step["package"] == "installed"
+    assert step["is_enabled"]["qmeventd-py.service"] == "disabled"
+    assert step["is_enabled"]["pvestord.service"] == "enabled"
+    assert step["daemon_processes"] == []
+    assert _running(step, "qmeventd.service")
+    assert step["event_socket_listens"] is True
+
+
+def test_a_purge_leaves_nothing_of_the_package_and_qmeventd_serving(
+        report: dict[str, Any]) -> None:
+    step = _step(report, "purge")
+    assert step["package"] == "not-installed"
+    assert step["files_left"] == []
+    assert step["daemon_processes"] == []
+    assert _running(step, "qmeventd.service")
+    assert step["event_socket_listens"] is True
