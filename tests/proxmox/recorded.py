@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pvestord.policy.sizes import GiB, MiB
 from tests.proxmox import upstream
 
 VENV_BIN = Path(sys.executable).parent
@@ -94,3 +95,35 @@ def make_bed(proxmox: upstream.Upstream, folder: Path, *, vg: str, vg_size: int,
         "PVESTORD_TEST_LVM_LOCKS_LOG": str(locks_log)}, vg, vg_size, extent)
     bed.reset()
     return bed
+
+
+#: A ``pvestord`` storage and Proxmox's own ``lvm`` type on one VG: the bed of
+#: the tests that hold what the plugin runs against what Proxmox runs for the
+#: same request.
+SHARED_VG = "vg_san1"
+SHARED_EXTENT = 4 * MiB
+SHARED_INITIAL_SIZE = 1 * GiB
+THIN_AND_THICK_CFG = f"""\
+pvestord: thin1
+\tvgname {SHARED_VG}
+\tcontent images
+\tshared 1
+\tsnapshot-as-volume-chain 1
+\tpvestord-chunksize 256M
+\tpvestord-initial-size 1G
+
+lvm: thick1
+\tvgname {SHARED_VG}
+\tcontent images
+\tshared 1
+\tsnapshot-as-volume-chain 1
+"""
+
+
+def thin_and_thick_bed(proxmox: upstream.Upstream, folder: Path) -> Bed:
+    """A 100 GiB SHARED_VG, empty, for THIN_AND_THICK_CFG."""
+    return make_bed(proxmox, folder, vg=SHARED_VG, vg_size=100 * GiB, extent=SHARED_EXTENT)
+
+
+def lvcreates(commands: list[list[str]]) -> list[list[str]]:
+    return [c for c in commands if c[0] == "/sbin/lvcreate"]

@@ -9,24 +9,39 @@ them. ``pvesm add`` without ``snapshot-as-volume-chain`` (the API cannot
 require it) gets the only value the type has.
 
 The bed (LVM and qemu-img recording stand-ins, the storage.cfg with ``thin1``
-and the same VG as Proxmox's ``lvm`` type ``thick1``) is
-``test_state_and_fleece_volumes``'s, shared rather than copied.
+and the same VG as Proxmox's ``lvm`` type ``thick1``) is ``recorded``'s
+``thin_and_thick_bed``.
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from pvestord.policy.sizes import GiB
-from tests.proxmox import test_state_and_fleece_volumes as beds
-from tests.proxmox.test_state_and_fleece_volumes import VG, Bed, lvcreates
+from tests.proxmox import upstream
+from tests.proxmox.recorded import (
+    SHARED_VG as VG,
+)
+from tests.proxmox.recorded import (
+    THIN_AND_THICK_CFG,
+    Bed,
+    lvcreates,
+    thin_and_thick_bed,
+)
 
-# That module's fixtures, taken into this module (pytest finds a test's
-# fixtures in its own module, its conftest files and plugins).
-proxmox = beds.proxmox
-bed = beds.bed
+
+@pytest.fixture(scope="module")
+def proxmox(proxmox: upstream.Upstream) -> upstream.Upstream:
+    proxmox.write_storage_cfg(THIN_AND_THICK_CFG)
+    return proxmox
+
+
+@pytest.fixture
+def bed(proxmox: upstream.Upstream, tmp_path: Path) -> Bed:
+    return thin_and_thick_bed(proxmox, tmp_path)
 
 
 def pvesm_alloc(bed: Bed, storeid: str, vmid: int, name: str, size: str) -> dict[str, str]:

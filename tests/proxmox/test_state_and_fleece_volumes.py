@@ -19,28 +19,21 @@ from pathlib import Path
 
 import pytest
 
-from pvestord.policy.sizes import GiB, KiB, MiB, align_up
+from pvestord.policy.sizes import GiB, KiB, align_up
 from tests.proxmox import upstream
-from tests.proxmox.recorded import Bed, make_bed
+from tests.proxmox.recorded import (
+    SHARED_EXTENT,
+    SHARED_INITIAL_SIZE,
+    SHARED_VG,
+    THIN_AND_THICK_CFG,
+    Bed,
+    lvcreates,
+    thin_and_thick_bed,
+)
 
-VG = "vg_san1"
-EXTENT = 4 * MiB
-INITIAL_SIZE = 1 * GiB
-STORAGE_CFG = f"""\
-pvestord: thin1
-\tvgname {VG}
-\tcontent images
-\tshared 1
-\tsnapshot-as-volume-chain 1
-\tpvestord-chunksize 256M
-\tpvestord-initial-size 1G
-
-lvm: thick1
-\tvgname {VG}
-\tcontent images
-\tshared 1
-\tsnapshot-as-volume-chain 1
-"""
+VG = SHARED_VG
+EXTENT = SHARED_EXTENT
+INITIAL_SIZE = SHARED_INITIAL_SIZE
 #: What qemu-server asks for a VM with 4 GiB of RAM: twice the RAM plus
 #: 500 MiB, in KiB (QemuConfig.pm __snapshot_save_vmstate).
 VMSTATE_KIB = (4096 * 2 + 500) * 1024
@@ -52,17 +45,13 @@ FLEECE_BYTES = 10 * GiB + 512
 @pytest.fixture(scope="module")
 def proxmox(proxmox: upstream.Upstream) -> upstream.Upstream:
     """The sources, with this module's storage.cfg."""
-    proxmox.write_storage_cfg(STORAGE_CFG)
+    proxmox.write_storage_cfg(THIN_AND_THICK_CFG)
     return proxmox
 
 
 @pytest.fixture
 def bed(proxmox: upstream.Upstream, tmp_path: Path) -> Bed:
-    return make_bed(proxmox, tmp_path, vg=VG, vg_size=100 * GiB, extent=EXTENT)
-
-
-def lvcreates(commands: list[list[str]]) -> list[list[str]]:
-    return [c for c in commands if c[0] == "/sbin/lvcreate"]
+    return thin_and_thick_bed(proxmox, tmp_path)
 
 
 def without_size(command: list[str]) -> list[str]:
