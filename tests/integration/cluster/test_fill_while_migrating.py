@@ -106,7 +106,8 @@ def test_guest_filling_its_lv_while_migrating_pauses_once_and_runs_on_b(
         a.vm(vmid, "qmp", "migrate-set-parameters", {"max-bandwidth": 1 << 30})
         wait_until(lambda: migration_status(a, vmid) in ("completed", "failed"), 300,
                    "migration finished")
-        assert migration_status(a, vmid) == "completed"
+        migrated = a.vm(vmid, "qmp", "query-migrate")
+        assert migrated.get("status") == "completed", migrated
         a.call("vm_shutdown", vmid=vmid)
         lvm(a, "lvchange", "-an", f"{cluster.vg}/{lv}")
 
