@@ -23,7 +23,7 @@ check: deps lint unit host packaging node cluster
 
 # mypy's packages (pyproject.toml) are the product, tests and bench.
 lint: deps
-	$(PY) -m ruff check pvestord qmeventd_py tests bench
+	$(PY) -m ruff check pvestord qmeventd_py ha_placement tests bench
 	$(PY) -m mypy --strict
 
 # Both Pythons at once (one core each); the 3.13 run's output follows the 3.11 one's.

@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.report import Figure, build_report, table
-from pvestord.features.placement import MODEL
-from pvestord.features.placement.events import parse_event
-from pvestord.features.placement.manager import predict
-from pvestord.features.placement.model import Cluster, NodeFacts, ServiceConfig, ServiceStatus
-from pvestord.features.placement.rules import RuleData
-from pvestord.features.placement.scores import GuestSize, NodeCapacity
+from ha_placement import MODEL
+from ha_placement.events import parse_event
+from ha_placement.manager import predict
+from ha_placement.model import Cluster, NodeFacts, ServiceConfig, ServiceStatus
+from ha_placement.rules import RuleData
+from ha_placement.scores import GuestSize, NodeCapacity
 
 NODES = 32
 RESOURCES = 2000

@@ -1,6 +1,6 @@
 """``pvestord placement [EVENT ...]``: where Proxmox HA will put each resource, and why.
 
-A prediction from a model of pve-ha-manager 5.2.0 (:mod:`pvestord.features.placement`),
+A prediction from a model of pve-ha-manager 5.2.0 (:mod:`ha_placement`),
 read from a cluster folder or a simulator test folder; it never writes
 anything and never calls ``ha-manager``. ``--storage-view`` and
 ``--as-if-storage-hook`` judge the targets with ``rank-nodes``' own code.
@@ -15,25 +15,25 @@ import sys
 import time
 from pathlib import Path
 
-from pvestord.adapters.config import load_storage_config
-from pvestord.cli import options
-from pvestord.engine import nodereport
-from pvestord.errors import PvestordError
-from pvestord.features import ranking
-from pvestord.features.placement import HA_MANAGER_VERSION, MODEL
-from pvestord.features.placement.events import EVENT_HELP, EventError, Unsupported, parse_event
-from pvestord.features.placement.explain import (
+from ha_placement import HA_MANAGER_VERSION, MODEL
+from ha_placement.events import EVENT_HELP, EventError, Unsupported, parse_event
+from ha_placement.explain import (
     StorageVerdict,
     StorageView,
     cannot_place,
     render_json,
     render_text,
 )
-from pvestord.features.placement.inputs import read_guest_storages, read_pve_dir, read_sim_test
-from pvestord.features.placement.manager import predict
-from pvestord.features.placement.model import Event
-from pvestord.features.placement.select import StorageFilter
-from pvestord.features.placement.suite import model_steps
+from ha_placement.inputs import read_guest_storages, read_pve_dir, read_sim_test
+from ha_placement.manager import predict
+from ha_placement.model import Event
+from ha_placement.select import StorageFilter
+from ha_placement.suite import model_steps
+from pvestord.adapters.config import load_storage_config
+from pvestord.cli import options
+from pvestord.engine import nodereport
+from pvestord.errors import PvestordError
+from pvestord.features import ranking
 
 
 class PlacementError(PvestordError):

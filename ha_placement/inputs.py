@@ -13,23 +13,23 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pvestord.errors import PvestordError
-from pvestord.features.placement.events import sim_events
-from pvestord.features.placement.model import (
+from ha_placement.events import sim_events
+from ha_placement.model import (
     Cluster,
     Event,
     NodeFacts,
     ServiceConfig,
     ServiceStatus,
 )
-from pvestord.features.placement.rules import (
+from ha_placement.rules import (
     Group,
     groups_from_sections,
     normalize_sid,
     rules_from_sections,
 )
-from pvestord.features.placement.scores import GuestSize, NodeCapacity
-from pvestord.features.placement.sectionconfig import parse_sections
+from ha_placement.scores import GuestSize, NodeCapacity
+from ha_placement.sectionconfig import parse_sections
+from pvestord.errors import PvestordError
 
 MIB = 1024 ** 2
 #: The simulator's defaults (Sim/Hardware.pm) when a test gives no stats.

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from pvestord.features.placement.model import Command, Event
-from pvestord.features.placement.rules import normalize_sid
+from ha_placement.model import Command, Event
+from ha_placement.rules import normalize_sid
 
 NODE_EVENTS = ("maintenance", "end-maintenance", "fail", "return", "shutdown", "reboot")
 SERVICE_EVENTS = ("start", "stop")
