@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ha_placement.errors import HaPlacementError
 from ha_placement.events import sim_events
 from ha_placement.model import (
     Cluster,
@@ -29,7 +30,6 @@ from ha_placement.rules import (
 )
 from ha_placement.scores import GuestSize, NodeCapacity
 from ha_placement.sectionconfig import parse_sections
-from pvestord.errors import PvestordError
 
 MIB = 1024 ** 2
 #: The simulator's defaults (Sim/Hardware.pm) when a test gives no stats.
@@ -37,7 +37,7 @@ SIM_NODE_CAPACITY = NodeCapacity(24.0, 131072.0 * MIB)
 SIM_GUEST_SIZE = GuestSize(4.0, 4096.0 * MIB)
 
 
-class InputError(PvestordError):
+class InputError(HaPlacementError):
     """A cluster or test folder that cannot be read."""
 
 

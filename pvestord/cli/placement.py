@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from ha_placement import HA_MANAGER_VERSION, MODEL
+from ha_placement.errors import HaPlacementError
 from ha_placement.events import EVENT_HELP, EventError, Unsupported, parse_event
 from ha_placement.explain import (
     StorageVerdict,
@@ -141,6 +142,15 @@ def _run(args: argparse.Namespace) -> int:
     except EventError as err:
         print(f"pvestord placement: {err}", file=sys.stderr)
         return 2
+    try:
+        return _predict(args, given)
+    except HaPlacementError as err:
+        # The model's errors are not pvestord's (it imports nothing of ours):
+        # made one here, so that main prints it as every command's.
+        raise PlacementError(str(err)) from err
+
+
+def _predict(args: argparse.Namespace, given: list[Event]) -> int:
     if args.sim_test is not None:
         try:
             cluster, sim_events = read_sim_test(args.sim_test)
