@@ -9,7 +9,6 @@ anything and never calls ``ha-manager``. ``--storage-view`` and
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
@@ -17,7 +16,7 @@ from pathlib import Path
 
 from ha_placement import HA_MANAGER_VERSION, MODEL
 from ha_placement.errors import HaPlacementError
-from ha_placement.events import EVENT_HELP, EventError, Unsupported, parse_event
+from ha_placement.events import EVENT_HELP, EventError, parse_event
 from ha_placement.explain import (
     StorageVerdict,
     StorageView,
@@ -25,7 +24,7 @@ from ha_placement.explain import (
     render_json,
     render_text,
 )
-from ha_placement.inputs import read_guest_storages, read_pve_dir, read_sim_test
+from ha_placement.inputs import read_guest_storages, read_pve_dir, read_sim_scenario
 from ha_placement.manager import predict
 from ha_placement.model import Event
 from ha_placement.select import StorageFilter
@@ -127,15 +126,6 @@ def _storage(args: argparse.Namespace, pve_dir: Path) -> tuple[StorageView, Stor
     return view, hook
 
 
-def _events(args: argparse.Namespace, given: list[Event],
-            sim_events: list[Event]) -> list[Event]:
-    if args.sim_test is None:
-        return given
-    if not given:
-        return sim_events
-    return [*sim_events[:1], *given]
-
-
 def _run(args: argparse.Namespace) -> int:
     try:
         given = [parse_event(text) for text in args.events]
@@ -152,18 +142,12 @@ def _run(args: argparse.Namespace) -> int:
 
 def _predict(args: argparse.Namespace, given: list[Event]) -> int:
     if args.sim_test is not None:
-        try:
-            cluster, sim_events = read_sim_test(args.sim_test)
-        except Unsupported as err:
-            raise PlacementError(f"{args.sim_test}: the model does not cover {err}") from err
         pve_dir = args.sim_test
-        if args.crs:
-            cluster = dataclasses.replace(cluster, crs=args.crs)
+        cluster, events = read_sim_scenario(pve_dir, given, args.crs)
     else:
         pve_dir = args.pve_dir
         cluster = read_pve_dir(pve_dir, args.guests, args.crs, args.shutdown_policy)
-        sim_events = []
-    events = _events(args, given, sim_events)
+        events = given
     view: StorageView | None = None
     hook: StorageFilter | None = None
     if args.storage_view or args.as_if_storage_hook:
