@@ -1,4 +1,5 @@
-"""``pvestord placement`` speed: one event on a 32-node cluster, 2000 resources, 200 rules.
+"""``pvestord placement`` speed (the ``ha_placement`` model): one event on a 32-node cluster,
+2000 resources, 200 rules.
 
 Runs on the host (pure Python, no guest): ``python -m bench.placement --out DIR``
 (``make bench-placement``); ``make bench`` runs it too (``bench.run``, in the node
