@@ -73,6 +73,18 @@ def imports_of(path: Path, module: str) -> set[str]:
     return {name for name in found if name.split(".")[0] in OURS and _is_module(name)}
 
 
+def top_level_imports(path: Path) -> set[str]:
+    """The top-level names of every absolute import in ``path``: ``os`` for
+    ``os.path``, ``collections`` for ``from collections.abc import Mapping``."""
+    imported: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            imported.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            imported.add((node.module or "").split(".")[0])
+    return imported
+
+
 def _is_module(name: str) -> bool:
     path = ROOT.joinpath(*name.split("."))
     return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
@@ -103,12 +115,7 @@ def test_libraries_import_only_the_standard_library() -> None:
     for module, path in modules():
         if layer_of(module) not in LIBRARIES:
             continue
-        imported: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                imported.update(a.name.split(".")[0] for a in node.names)
-            elif isinstance(node, ast.ImportFrom) and not node.level:
-                imported.add((node.module or "").split(".")[0])
+        imported = top_level_imports(path)
         foreign = imported - set(sys.stdlib_module_names) - {layer_of(module)}
         assert not foreign, f"{module} imports {sorted(foreign)}"
 
@@ -130,12 +137,7 @@ def test_policy_does_no_io() -> None:
     for module, path in modules():
         if layer_of(module) != "policy":
             continue
-        imported: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                imported.update(a.name.split(".")[0] for a in node.names)
-            elif isinstance(node, ast.ImportFrom) and not node.level:
-                imported.add((node.module or "").split(".")[0])
+        imported = top_level_imports(path)
         assert not imported & io_modules, f"{module} imports {sorted(imported & io_modules)}"
 
 
