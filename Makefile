@@ -23,7 +23,7 @@ check: deps lint unit host packaging node cluster
 
 # mypy's packages (pyproject.toml) are the product, tests and bench.
 lint: deps
-	$(PY) -m ruff check pvestord qmeventd_py tests bench
+	$(PY) -m ruff check pvestord qmeventd_py ha_placement tests bench
 	$(PY) -m mypy --strict
 
 # Both Pythons at once (one core each) where Debian's python3 is older than 3.13

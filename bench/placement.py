@@ -1,4 +1,5 @@
-"""``pvestord placement`` speed: one event on a 32-node cluster, 2000 resources, 200 rules.
+"""``pvestord placement`` speed (the ``ha_placement`` model): one event on a 32-node cluster,
+2000 resources, 200 rules.
 
 Runs on the host (pure Python, no guest): ``python -m bench.placement --out DIR``
 (``make bench-placement``); ``make bench`` runs it too (``bench.run``, in the node
@@ -27,12 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.report import Figure, build_report, table
-from pvestord.features.placement import MODEL
-from pvestord.features.placement.events import parse_event
-from pvestord.features.placement.manager import predict
-from pvestord.features.placement.model import Cluster, NodeFacts, ServiceConfig, ServiceStatus
-from pvestord.features.placement.rules import RuleData
-from pvestord.features.placement.scores import GuestSize, NodeCapacity
+from ha_placement import MODEL
+from ha_placement.events import parse_event
+from ha_placement.manager import predict
+from ha_placement.model import Cluster, NodeFacts, ServiceConfig, ServiceStatus
+from ha_placement.rules import RuleData
+from ha_placement.scores import GuestSize, NodeCapacity
 
 NODES = 32
 RESOURCES = 2000

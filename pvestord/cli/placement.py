@@ -1,6 +1,6 @@
 """``pvestord placement [EVENT ...]``: where Proxmox HA will put each resource, and why.
 
-A prediction from a model of pve-ha-manager 5.2.0 (:mod:`pvestord.features.placement`),
+A prediction from a model of pve-ha-manager 5.2.0 (:mod:`ha_placement`),
 read from a cluster folder or a simulator test folder; it never writes
 anything and never calls ``ha-manager``. ``--storage-view`` and
 ``--as-if-storage-hook`` judge the targets with ``rank-nodes``' own code.
@@ -9,31 +9,31 @@ anything and never calls ``ha-manager``. ``--storage-view`` and
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
 from pathlib import Path
 
-from pvestord.adapters.config import load_storage_config
-from pvestord.cli import options
-from pvestord.engine import nodereport
-from pvestord.errors import PvestordError
-from pvestord.features import ranking
-from pvestord.features.placement import HA_MANAGER_VERSION, MODEL
-from pvestord.features.placement.events import EVENT_HELP, EventError, Unsupported, parse_event
-from pvestord.features.placement.explain import (
+from ha_placement import HA_MANAGER_VERSION, MODEL
+from ha_placement.errors import HaPlacementError
+from ha_placement.events import EVENT_HELP, EventError, parse_event
+from ha_placement.explain import (
     StorageVerdict,
     StorageView,
     cannot_place,
     render_json,
     render_text,
 )
-from pvestord.features.placement.inputs import read_guest_storages, read_pve_dir, read_sim_test
-from pvestord.features.placement.manager import predict
-from pvestord.features.placement.model import Event
-from pvestord.features.placement.select import StorageFilter
-from pvestord.features.placement.suite import model_steps
+from ha_placement.inputs import read_guest_storages, read_pve_dir, read_sim_scenario
+from ha_placement.manager import predict
+from ha_placement.model import Event
+from ha_placement.select import StorageFilter
+from ha_placement.suite import model_steps
+from pvestord.adapters.config import load_storage_config
+from pvestord.cli import options
+from pvestord.engine import nodereport
+from pvestord.errors import PvestordError
+from pvestord.features import ranking
 
 
 class PlacementError(PvestordError):
@@ -126,34 +126,28 @@ def _storage(args: argparse.Namespace, pve_dir: Path) -> tuple[StorageView, Stor
     return view, hook
 
 
-def _events(args: argparse.Namespace, given: list[Event],
-            sim_events: list[Event]) -> list[Event]:
-    if args.sim_test is None:
-        return given
-    if not given:
-        return sim_events
-    return [*sim_events[:1], *given]
-
-
 def _run(args: argparse.Namespace) -> int:
     try:
         given = [parse_event(text) for text in args.events]
     except EventError as err:
         print(f"pvestord placement: {err}", file=sys.stderr)
         return 2
+    try:
+        return _predict(args, given)
+    except HaPlacementError as err:
+        # The model's errors are not pvestord's (it imports nothing of ours):
+        # made one here, so that main prints it as every command's.
+        raise PlacementError(str(err)) from err
+
+
+def _predict(args: argparse.Namespace, given: list[Event]) -> int:
     if args.sim_test is not None:
-        try:
-            cluster, sim_events = read_sim_test(args.sim_test)
-        except Unsupported as err:
-            raise PlacementError(f"{args.sim_test}: the model does not cover {err}") from err
         pve_dir = args.sim_test
-        if args.crs:
-            cluster = dataclasses.replace(cluster, crs=args.crs)
+        cluster, events = read_sim_scenario(pve_dir, given, args.crs)
     else:
         pve_dir = args.pve_dir
         cluster = read_pve_dir(pve_dir, args.guests, args.crs, args.shutdown_policy)
-        sim_events = []
-    events = _events(args, given, sim_events)
+        events = given
     view: StorageView | None = None
     hook: StorageFilter | None = None
     if args.storage_view or args.as_if_storage_hook:

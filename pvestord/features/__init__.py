@@ -1,6 +1,7 @@
 """What admins and Proxmox ask of pvestord beyond the daemon's loop.
 
-Thin volumes (``volumes``) and the Proxmox storage plugin's backend
-(``plugin``), where a VM can run (``ranking``) and where HA puts it
-(``placement``). Each builds on the engine and the adapters.
+Thin volumes (``volumes``), the Proxmox storage plugin's backend (``plugin``)
+and where a VM can run (``ranking``). Each builds on the engine and the
+adapters. Where HA puts a VM is modelled apart, in the ``ha_placement``
+package, which needs none of them.
 """

@@ -4,12 +4,16 @@ A module may import its own layer and the ones below it, never one above:
 pure policy knows nothing of LVM or QEMU, the adapters nothing of the engine,
 the engine nothing of the features or the command line. ``qmeventd_py`` is a
 program of its own beside ``pvestord``: it uses the policy and the adapters
-(the queue, the locks, the journal), never the engine.
+(the queue, the locks, the journal), never the engine. ``ha_placement``, the
+model of Proxmox HA placement, stands alone: it imports the standard library
+only, and only ``pvestord placement`` imports it, so that it can be read,
+tested and one day shipped without pvestord.
 """
 
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,13 +25,17 @@ LAYERS = ("vocabulary", "policy", "adapters", "engine", "features", "cli")
 VOCABULARY = {"pvestord", "pvestord.errors", "pvestord.paths"}
 #: Modules of ours that run beside the product, never imported by it.
 PROGRAMS = {"qmeventd_py": "adapters"}
+#: Packages of ours that import nothing of pvestord, and the modules of ours
+#: allowed to import them: the command that puts them before the admin.
+LIBRARIES = {"ha_placement": {"pvestord.cli.placement"}}
+OURS = ("pvestord", *PROGRAMS, *LIBRARIES)
 
 
 def layer_of(module: str) -> str:
     if module in VOCABULARY:
         return "vocabulary"
     top, _, rest = module.partition(".")
-    if top in PROGRAMS:
+    if top in PROGRAMS or top in LIBRARIES:
         return top
     sub = rest.split(".")[0]
     if top == "pvestord" and sub in LAYERS:
@@ -37,7 +45,7 @@ def layer_of(module: str) -> str:
 
 def modules() -> list[tuple[str, Path]]:
     found = []
-    for package in ("pvestord", *PROGRAMS):
+    for package in OURS:
         for path in sorted((ROOT / package).rglob("*.py")):
             parts = path.relative_to(ROOT).with_suffix("").parts
             name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -61,9 +69,20 @@ def imports_of(path: Path, module: str) -> set[str]:
             found.add(base)
             # ``from pvestord import lvm`` imports the submodule, not the package.
             found.update(f"{base}.{alias.name}" for alias in node.names
-                         if base in ("pvestord", *(f"pvestord.{layer}" for layer in LAYERS)))
-    return {name for name in found
-            if name.split(".")[0] in ("pvestord", *PROGRAMS) and _is_module(name)}
+                         if base in (*OURS, *(f"pvestord.{layer}" for layer in LAYERS)))
+    return {name for name in found if name.split(".")[0] in OURS and _is_module(name)}
+
+
+def top_level_imports(path: Path) -> set[str]:
+    """The top-level names of every absolute import in ``path``: ``os`` for
+    ``os.path``, ``collections`` for ``from collections.abc import Mapping``."""
+    imported: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            imported.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            imported.add((node.module or "").split(".")[0])
+    return imported
 
 
 def _is_module(name: str) -> bool:
@@ -73,6 +92,10 @@ def _is_module(name: str) -> bool:
 
 def allowed(importer: str, imported: str) -> bool:
     mine, theirs = layer_of(importer), layer_of(imported)
+    if mine in LIBRARIES:
+        return theirs == mine
+    if theirs in LIBRARIES:
+        return importer in LIBRARIES[theirs]
     if mine in PROGRAMS:
         return theirs == mine or LAYERS.index(theirs) <= LAYERS.index(PROGRAMS[mine])
     if theirs in PROGRAMS:
@@ -83,7 +106,18 @@ def allowed(importer: str, imported: str) -> bool:
 @pytest.mark.parametrize(("module", "path"), modules(), ids=[m for m, _ in modules()])
 def test_imports_only_its_layer_or_below(module: str, path: Path) -> None:
     wrong = sorted(name for name in imports_of(path, module) if not allowed(module, name))
-    assert not wrong, f"{module} ({layer_of(module)}) imports a higher layer: {wrong}"
+    assert not wrong, f"{module} ({layer_of(module)}) imports what it may not: {wrong}"
+
+
+def test_libraries_import_only_the_standard_library() -> None:
+    """Not pvestord, and no third-party package either: what is installed with
+    Python is all a library of ours may need."""
+    for module, path in modules():
+        if layer_of(module) not in LIBRARIES:
+            continue
+        imported = top_level_imports(path)
+        foreign = imported - set(sys.stdlib_module_names) - {layer_of(module)}
+        assert not foreign, f"{module} imports {sorted(foreign)}"
 
 
 def test_cli_modules_keep_to_their_own_private_helpers() -> None:
@@ -103,12 +137,7 @@ def test_policy_does_no_io() -> None:
     for module, path in modules():
         if layer_of(module) != "policy":
             continue
-        imported: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                imported.update(a.name.split(".")[0] for a in node.names)
-            elif isinstance(node, ast.ImportFrom) and not node.level:
-                imported.add((node.module or "").split(".")[0])
+        imported = top_level_imports(path)
         assert not imported & io_modules, f"{module} imports {sorted(imported & io_modules)}"
 
 
@@ -120,6 +149,11 @@ def test_the_checker_sees_a_violation(tmp_path: Path) -> None:
     assert allowed("qmeventd_py.server", "pvestord.adapters.queue")
     assert allowed("pvestord.cli.engine", "pvestord.engine.daemon")
     assert allowed("pvestord.adapters.qmp", "pvestord.policy.devices")
+    assert not allowed("ha_placement.inputs", "pvestord.errors")
+    assert not allowed("pvestord.features.ranking", "ha_placement.manager")
+    assert not allowed("qmeventd_py.server", "ha_placement")
+    assert allowed("pvestord.cli.placement", "ha_placement.manager")
+    assert allowed("ha_placement.inputs", "ha_placement.rules")
     source = tmp_path / "x.py"
     source.write_text("from pvestord import lvm\nfrom pvestord.engine import extender\n")
     assert imports_of(source, "pvestord.adapters.x") >= {"pvestord.engine.extender"}

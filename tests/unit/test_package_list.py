@@ -17,5 +17,6 @@ def test_every_package_with_an_init_is_listed() -> None:
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())
                  ["tool"]["setuptools"]["packages"])
     found = {init.parent.relative_to(ROOT).as_posix().replace("/", ".")
-             for top in ("pvestord", "qmeventd_py") for init in (ROOT / top).rglob("__init__.py")}
+             for top in ("pvestord", "qmeventd_py", "ha_placement")
+             for init in (ROOT / top).rglob("__init__.py")}
     assert found == listed

@@ -18,14 +18,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pvestord.cli import main
-from pvestord.engine.nodereport import NodeReport, StorageView, publish
-from pvestord.features.placement import MODEL, scores
-from pvestord.features.placement.events import EventError, parse_event, sim_command
-from pvestord.features.placement.explain import cannot_place, render_json, render_text
-from pvestord.features.placement.inputs import read_pve_dir
-from pvestord.features.placement.manager import predict
-from pvestord.features.placement.model import (
+from ha_placement import MODEL, scores
+from ha_placement.events import EventError, parse_event, sim_command
+from ha_placement.explain import cannot_place, render_json, render_text
+from ha_placement.inputs import read_pve_dir
+from ha_placement.manager import predict
+from ha_placement.model import (
     Cluster,
     Event,
     NodeFacts,
@@ -33,7 +31,9 @@ from pvestord.features.placement.model import (
     ServiceConfig,
     ServiceStatus,
 )
-from pvestord.features.placement.rules import RuleData
+from ha_placement.rules import RuleData
+from pvestord.cli import main
+from pvestord.engine.nodereport import NodeReport, StorageView, publish
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "placement"
 SCENARIOS = sorted(FIXTURES.glob("*.json"))

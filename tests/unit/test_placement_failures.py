@@ -6,14 +6,14 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pvestord.features.placement.explain import cannot_place, render_json, render_text
-from pvestord.features.placement.failures import (
+from ha_placement.explain import cannot_place, render_json, render_text
+from ha_placement.failures import (
     FailureCounters,
     InjectedFailures,
     injected_failures,
 )
-from pvestord.features.placement.manager import predict
-from pvestord.features.placement.model import (
+from ha_placement.manager import predict
+from ha_placement.model import (
     Cluster,
     Event,
     NodeFacts,

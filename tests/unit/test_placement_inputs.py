@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from ha_placement.events import parse_event
+from ha_placement.inputs import InputError, read_sim_scenario
 from tests.unit.test_placement import FIXTURES, write_pve_dir
 
 #: The forum scenario's cluster folder; vm:101 runs on node3.
@@ -105,3 +107,24 @@ def test_a_simulator_file_not_in_utf8_is_named_in_one_line(tmp_path: Path) -> No
     folder = write_sim_test(tmp_path / "sim", {"node": "node1", "state": "started"})
     (folder / "service_config").write_bytes(b'{"vm:101": {"node": "n\xe9ode1"}}')
     assert_one_line_naming(placement("--sim-test", str(folder)), "service_config", "UTF-8")
+
+
+def test_events_given_with_a_simulator_folder_follow_its_first_step(tmp_path: Path) -> None:
+    """What ``--sim-test DIR EVENT...`` plays: the power-on step, then the events given;
+    with none, the whole cmdlist. ``--crs`` replaces the folder's."""
+    folder = write_sim_test(tmp_path / "sim", {"node": "node1", "state": "started"},
+                            {"crs": {"ha": "static"}})
+    (folder / "cmdlist").write_text(json.dumps([["power node1 on", "power node2 on"],
+                                                ["service vm:101 migrate node2"]]))
+    cluster, events = read_sim_scenario(folder)
+    assert (cluster.crs, len(events)) == ("static", 2)
+    cluster, events = read_sim_scenario(folder, [parse_event("maintenance=node1")], "basic")
+    assert cluster.crs == "basic"
+    assert [e.label for e in events][1:] == ["maintenance=node1"]
+
+
+def test_a_simulator_command_outside_the_model_names_the_folder(tmp_path: Path) -> None:
+    folder = write_sim_test(tmp_path / "sim", {"node": "node1", "state": "started"})
+    (folder / "cmdlist").write_text(json.dumps([["power node1 on"], ["disarm-ha freeze"]]))
+    with pytest.raises(InputError, match=f"{folder}: the model does not cover disarm"):
+        read_sim_scenario(folder)

@@ -1,4 +1,4 @@
-"""Automatic rebalancing with the static CRS (``pvestord.features.placement.rebalance``)."""
+"""Automatic rebalancing with the static CRS (``ha_placement.rebalance``)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pvestord.features.placement.rebalance import Bundle, best_move, imbalance, node_loads
-from pvestord.features.placement.scores import GuestSize, NodeCapacity
+from ha_placement.rebalance import Bundle, best_move, imbalance, node_loads
+from ha_placement.scores import GuestSize, NodeCapacity
 
 GiB = 2**30
 NODES = ("node1", "node2", "node3")

@@ -17,19 +17,19 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pvestord.features.placement.events import parse_event
-from pvestord.features.placement.explain import render_json, render_text
-from pvestord.features.placement.inputs import read_sim_test
-from pvestord.features.placement.manager import MOTION_KINDS, pending_work, predict
-from pvestord.features.placement.model import (
+from ha_placement.events import parse_event
+from ha_placement.explain import render_json, render_text
+from ha_placement.inputs import read_sim_test
+from ha_placement.manager import MOTION_KINDS, pending_work, predict
+from ha_placement.model import (
     Cluster,
     Decision,
     NodeFacts,
     ServiceConfig,
     ServiceStatus,
 )
-from pvestord.features.placement.rules import RuleData
-from pvestord.features.placement.suite import model_steps
+from ha_placement.rules import RuleData
+from ha_placement.suite import model_steps
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "placement"
 SIM_SCENARIOS = sorted(p for p in FIXTURES.glob("sim-*") if (p / "cmdlist").is_file())

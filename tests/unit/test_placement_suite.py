@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from pvestord.features.placement import rules as R
-from pvestord.features.placement.events import Unsupported, sim_command
-from pvestord.features.placement.inputs import read_sim_test
-from pvestord.features.placement.manager import predict
-from pvestord.features.placement.model import Command
-from pvestord.features.placement.sectionconfig import parse_sections
-from pvestord.features.placement.suite import ScenarioResult, run_suite, summary
+from ha_placement import rules as R
+from ha_placement.events import Unsupported, sim_command
+from ha_placement.inputs import read_sim_test
+from ha_placement.manager import predict
+from ha_placement.model import Command
+from ha_placement.sectionconfig import parse_sections
+from ha_placement.suite import ScenarioResult, run_suite, summary
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -17,7 +17,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from pvestord.features.placement.scores import GuestSize, NodeCapacity
+from ha_placement.scores import GuestSize, NodeCapacity
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pvestord.features.placement.sectionconfig import Section
+from ha_placement.sectionconfig import Section
 
 #: A rule as the manager holds it: the keys of its section-config entry,
 #: ``resources`` as a set and ``nodes`` as {node: priority}.

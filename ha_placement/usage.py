@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from pvestord.features.placement.scores import GuestSize, NodeCapacity, basic_scores, static_scores
-from pvestord.features.placement.select import Placed, used_nodes
+from ha_placement.scores import GuestSize, NodeCapacity, basic_scores, static_scores
+from ha_placement.select import Placed, used_nodes
 
 
 class Usage:

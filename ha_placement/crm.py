@@ -8,11 +8,11 @@ changes, and a lost node's resources wait for its fencing before recovery.
 
 from __future__ import annotations
 
-from pvestord.features.placement.model import Decision
-from pvestord.features.placement.rules import build_rules
-from pvestord.features.placement.transitions import Transitions
-from pvestord.features.placement.usage import Usage
-from pvestord.features.placement.world import ServiceState
+from ha_placement.model import Decision
+from ha_placement.rules import build_rules
+from ha_placement.transitions import Transitions
+from ha_placement.usage import Usage
+from ha_placement.world import ServiceState
 
 
 class CrmRound(Transitions):

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
-from pvestord.features.placement.rules import CompiledRules
-from pvestord.features.placement.scores import FRAGILE_TIE
+from ha_placement.rules import CompiledRules
+from ha_placement.scores import FRAGILE_TIE
 
 #: States in which a resource occupies its current node (if online).
 CURRENT_NODE_STATES = frozenset({"started", "request_stop", "fence", "freeze", "error",

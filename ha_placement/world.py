@@ -13,12 +13,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from pvestord.features.placement.failures import FailureCounters
-from pvestord.features.placement.model import Cluster, Decision, ServiceConfig
-from pvestord.features.placement.rules import RuleSet
-from pvestord.features.placement.scores import GuestSize
-from pvestord.features.placement.select import Placed, StorageFilter, select_service_node
-from pvestord.features.placement.usage import Usage
+from ha_placement.failures import FailureCounters
+from ha_placement.model import Cluster, Decision, ServiceConfig
+from ha_placement.rules import RuleSet
+from ha_placement.scores import GuestSize
+from ha_placement.select import Placed, StorageFilter, select_service_node
+from ha_placement.usage import Usage
 
 #: The states of a resource that the LRM moves to another node while it runs.
 MOTION_STATES = frozenset({"migrate", "relocate"})

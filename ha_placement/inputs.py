@@ -9,27 +9,28 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from pvestord.errors import PvestordError
-from pvestord.features.placement.events import sim_events
-from pvestord.features.placement.model import (
+from ha_placement.errors import HaPlacementError
+from ha_placement.events import Unsupported, sim_events
+from ha_placement.model import (
     Cluster,
     Event,
     NodeFacts,
     ServiceConfig,
     ServiceStatus,
 )
-from pvestord.features.placement.rules import (
+from ha_placement.rules import (
     Group,
     groups_from_sections,
     normalize_sid,
     rules_from_sections,
 )
-from pvestord.features.placement.scores import GuestSize, NodeCapacity
-from pvestord.features.placement.sectionconfig import parse_sections
+from ha_placement.scores import GuestSize, NodeCapacity
+from ha_placement.sectionconfig import parse_sections
 
 MIB = 1024 ** 2
 #: The simulator's defaults (Sim/Hardware.pm) when a test gives no stats.
@@ -37,7 +38,7 @@ SIM_NODE_CAPACITY = NodeCapacity(24.0, 131072.0 * MIB)
 SIM_GUEST_SIZE = GuestSize(4.0, 4096.0 * MIB)
 
 
-class InputError(PvestordError):
+class InputError(HaPlacementError):
     """A cluster or test folder that cannot be read."""
 
 
@@ -163,6 +164,25 @@ def read_sim_test(folder: Path) -> tuple[Cluster, list[Event]]:
         capacity=capacity, sizes=sizes, disarmed=bool(manager.get("disarm")),
         source=f"simulator test {folder}")
     return cluster, sim_events(steps)
+
+
+def read_sim_scenario(folder: Path, events: Sequence[Event] = (),
+                      crs: str | None = None) -> tuple[Cluster, list[Event]]:
+    """A simulator test folder as ``pvestord placement --sim-test`` plays it.
+
+    The cmdlist's first step (pve-ha-manager's tests power the nodes on there)
+    is the starting point ``events`` need: they follow that step, in
+    place of the rest of the cmdlist; with none the whole cmdlist is played.
+    ``crs``, when given, overrides the folder's datacenter.cfg. A command the
+    model does not cover is an :class:`InputError` naming the folder.
+    """
+    try:
+        cluster, steps = read_sim_test(folder)
+    except Unsupported as err:
+        raise InputError(f"{folder}: the model does not cover {err}") from err
+    if crs:
+        cluster = replace(cluster, crs=crs)
+    return cluster, [*steps[:1], *events] if events else steps
 
 
 # ---- a Proxmox cluster folder

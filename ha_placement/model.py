@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from pvestord.features.placement.rules import Group, RuleData, RuleSet
-from pvestord.features.placement.scores import GuestSize, NodeCapacity
-from pvestord.features.placement.select import Selection
+from ha_placement.rules import Group, RuleData, RuleSet
+from ha_placement.scores import GuestSize, NodeCapacity
+from ha_placement.select import Selection
 
 #: datacenter.cfg ``ha: shutdown_policy`` values.
 SHUTDOWN_POLICIES = ("conditional", "freeze", "failover", "migrate")

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from pvestord.features.placement.model import Decision, ServiceConfig
-from pvestord.features.placement.world import World
+from ha_placement.model import Decision, ServiceConfig
+from ha_placement.world import World
 
 
 class Transitions(World):

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pvestord.features.placement import MODEL
-from pvestord.features.placement.model import Decision, Prediction, TimingDependence
-from pvestord.features.placement.select import Selection
+from ha_placement import MODEL
+from ha_placement.model import Decision, Prediction, TimingDependence
+from ha_placement.select import Selection
 
 #: The storage verdict of a node for a resource: (eligible, reasons, warnings).
 StorageVerdict = tuple[bool, tuple[str, ...], tuple[str, ...]]

@@ -5,8 +5,9 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from pvestord.features.placement.model import Command, Event
-from pvestord.features.placement.rules import normalize_sid
+from ha_placement.errors import HaPlacementError
+from ha_placement.model import Command, Event
+from ha_placement.rules import normalize_sid
 
 NODE_EVENTS = ("maintenance", "end-maintenance", "fail", "return", "shutdown", "reboot")
 SERVICE_EVENTS = ("start", "stop")
@@ -20,11 +21,11 @@ EVENT_HELP = (
 )
 
 
-class EventError(ValueError):
+class EventError(HaPlacementError):
     """An event the command line cannot read."""
 
 
-class Unsupported(ValueError):
+class Unsupported(HaPlacementError):
     """A simulator command outside the model; ``category`` says which kind."""
 
     def __init__(self, category: str, command: str) -> None:

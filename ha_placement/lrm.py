@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from pvestord.features.placement.failures import InjectedFailures, injected_failures
-from pvestord.features.placement.model import Command, ServiceConfig
-from pvestord.features.placement.scores import GuestSize
-from pvestord.features.placement.world import MOTION_STATES, World
+from ha_placement.failures import InjectedFailures, injected_failures
+from ha_placement.model import Command, ServiceConfig
+from ha_placement.scores import GuestSize
+from ha_placement.world import MOTION_STATES, World
 
 
 class LrmRounds(World):

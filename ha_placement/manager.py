@@ -21,9 +21,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from pvestord.features.placement.crm import CrmRound
-from pvestord.features.placement.lrm import LrmRounds
-from pvestord.features.placement.model import (
+from ha_placement.crm import CrmRound
+from ha_placement.lrm import LrmRounds
+from ha_placement.model import (
     Cluster,
     Decision,
     Event,
@@ -32,9 +32,9 @@ from pvestord.features.placement.model import (
     Prediction,
     TimingDependence,
 )
-from pvestord.features.placement.rebalance import Bundle, best_move
-from pvestord.features.placement.rules import build_rules
-from pvestord.features.placement.select import StorageFilter, used_nodes
+from ha_placement.rebalance import Bundle, best_move
+from ha_placement.rules import build_rules
+from ha_placement.select import StorageFilter, used_nodes
 
 #: Bound on settle iterations per event: a real cluster always settles well before.
 MAX_STEPS = 200

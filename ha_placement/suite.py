@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pvestord.features.placement.events import Unsupported, sim_command
-from pvestord.features.placement.inputs import read_sim_test
-from pvestord.features.placement.manager import predict
-from pvestord.features.placement.model import Decision
+from ha_placement.events import Unsupported, sim_command
+from ha_placement.inputs import read_sim_test
+from ha_placement.manager import predict
+from ha_placement.model import Decision
 
 #: A normalised placement decision: (kind, sid, node or "").
 Step = tuple[str, str, str]
