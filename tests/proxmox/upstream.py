@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.harness import archives
+
 REPO = Path(__file__).resolve().parents[2]
 STANDINS = Path(__file__).resolve().parent / "standins"
 PLUGIN_LIB = REPO / "packaging" / "perl"
@@ -139,7 +141,7 @@ def unpack(dest: Path) -> Upstream:
             # git archives hold one top folder; strip it.
             for member in members:
                 member.name = member.name.partition("/")[2]
-            tar.extractall(target, members=[m for m in members if m.name])
+            archives.extract(tar, target, [m for m in members if m.name])
     cluster = dest / "pve-cluster" / "src"
     generated = dest / "generated" / "PVE" / "Cluster"
     generated.mkdir(parents=True)

@@ -23,6 +23,7 @@ from ha_placement.manager import predict
 from ha_placement.model import Command
 from ha_placement.sectionconfig import parse_sections
 from ha_placement.suite import ScenarioResult, run_suite, summary
+from tests.harness import archives
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -49,7 +50,7 @@ def test_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         members = [m for m in archive.getmembers() if "/src/test/" in m.name
                    and (m.isfile() or m.isdir()) and not m.name.startswith("/")
                    and ".." not in Path(m.name).parts]
-        archive.extractall(out, members=members)
+        archives.extract(archive, out, members)
     found = sorted(out.glob("*/src/test"))
     assert found, f"{tarball} has no src/test folder"
     return found[0]
