@@ -69,7 +69,8 @@ class Daemon:
         self.settings = settings
         self.queue = ExtendQueue(settings.queue,
                                  lock=queue_lock(settings.queue, lock_dir=settings.lock_dir))
-        self.config = StorageConfigSource(settings.storage_config)
+        self.config = StorageConfigSource(settings.storage_config,
+                                          kept_file=settings.kept_sections)
         self.extender = Extender(settings, self.config.get)
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
@@ -85,7 +86,8 @@ class Daemon:
         # and only the real one feeds node_exporter.
         status_file = settings.vg_health_dir.parent / status.STATUS_FILE.name
         self.publisher = publisher.Publisher(
-            settings.node, self.extender.activity, self.config.get, status_file=status_file,
+            settings.node, self.extender.activity, self.config.get,
+            kept=lambda: self.config.kept, status_file=status_file,
             metrics_file=metrics.METRICS_FILE if status_file == status.STATUS_FILE else None,
             shells=self.extender.lvm_shells)
 

@@ -1,0 +1,48 @@
+"""``pvestord storage restore ID [--apply]``: put back a ``pvestord:`` section
+that vanished from storage.cfg (see "Rolling install" in operations.md)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from pvestord import paths
+from pvestord.adapters import keptsections
+from pvestord.adapters.lockdir import LockDirLock
+from pvestord.cli import options
+from pvestord.features import restore
+
+
+def register(sub: options.SubCommands) -> None:
+    storage = sub.add_parser("storage", help="pvestord storages that vanished from storage.cfg")
+    ssub = storage.add_subparsers(dest="action", metavar="ACTION", required=True)
+    p = options.add_command(ssub, "restore", _restore,
+                            "show, or append with --apply, a vanished pvestord section")
+    p.add_argument("storeid", metavar="ID", help="the storage id")
+    p.add_argument("--apply", action="store_true",
+                   help="append the section to storage.cfg under its cluster lock")
+    p.add_argument("--storage-config", type=Path, default=paths.STORAGE_CFG, metavar="PATH",
+                   help="storage.cfg (default: %(default)s)")
+    p.add_argument("--state-dir", type=Path, default=paths.STATE_DIR, metavar="DIR",
+                   help="the daemon's state folder holding the copy (default: %(default)s)")
+    p.add_argument("--lock-dir", type=Path, default=None, metavar="DIR",
+                   help="force a pmxcfs-style lock directory in DIR (default: pmxcfs's for "
+                   "/etc/pve, else a flock beside the file)")
+
+
+def _restore(args: argparse.Namespace) -> int:
+    """Print the last copy this node's daemon kept of a pvestord: section, as it
+    was written in storage.cfg; with --apply, append it to storage.cfg under
+    the lock Proxmox's own edits take (cfs_lock_file 'storage.cfg'). Refused
+    when the id is in the file already."""
+    lock = (LockDirLock(args.lock_dir, "file-storage_cfg") if args.lock_dir is not None
+            else None)
+    done = restore.restore(args.storage_config, args.state_dir / keptsections.FILE_NAME,
+                           args.storeid, apply=args.apply, lock=lock)
+    print(done.kept.text, end="")
+    if done.written:
+        print(f"# appended to {args.storage_config}")
+    else:
+        print(f"# not written: 'pvestord storage restore {args.storeid} --apply' appends it"
+              f" to {args.storage_config}")
+    return 0
