@@ -1,5 +1,6 @@
 """``pvestord storage restore ID [--apply]``: put back a ``pvestord:`` section
-that vanished from storage.cfg (see "Rolling install" in operations.md)."""
+that vanished from storage.cfg; ``pvestord storage forget ID``: stop keeping
+one removed on purpose (see "Rolling install" in operations.md)."""
 
 from __future__ import annotations
 
@@ -18,16 +19,38 @@ def register(sub: options.SubCommands) -> None:
     ssub = storage.add_subparsers(dest="action", metavar="ACTION", required=True)
     p = options.add_command(ssub, "restore", _restore,
                             "show, or append with --apply, a vanished pvestord section")
-    p.add_argument("storeid", metavar="ID", help="the storage id")
+    _files(p)
     p.add_argument("--apply", action="store_true",
                    help="append the section to storage.cfg under its cluster lock")
+    p.add_argument("--lock-dir", type=Path, default=None, metavar="DIR",
+                   help="force a pmxcfs-style lock directory in DIR (default: pmxcfs's for "
+                   "/etc/pve, else a flock beside the file)")
+
+
+    f = options.add_command(ssub, "forget", _forget,
+                            "stop keeping a pvestord section removed on purpose")
+    _files(f)
+
+
+def _files(p: argparse.ArgumentParser) -> None:
+    p.add_argument("storeid", metavar="ID", help="the storage id")
     p.add_argument("--storage-config", type=Path, default=paths.STORAGE_CFG, metavar="PATH",
                    help="storage.cfg (default: %(default)s)")
     p.add_argument("--state-dir", type=Path, default=paths.STATE_DIR, metavar="DIR",
                    help="the daemon's state folder holding the copy (default: %(default)s)")
-    p.add_argument("--lock-dir", type=Path, default=None, metavar="DIR",
-                   help="force a pmxcfs-style lock directory in DIR (default: pmxcfs's for "
-                   "/etc/pve, else a flock beside the file)")
+
+
+def _forget(args: argparse.Namespace) -> int:
+    """Drop a vanished pvestord: section from this node's copy, for a storage
+    removed on purpose: the daemon stops reporting it and stops growing its
+    VMs' LVs once it reads the copy again (systemctl reload pvestord). The text
+    is printed a last time. Refused while the storage is in storage.cfg."""
+    kept = restore.forget(args.storage_config, args.state_dir / keptsections.FILE_NAME,
+                          args.storeid)
+    print(kept.text, end="")
+    print("# forgotten on this node; now: systemctl reload pvestord (each node keeps"
+          " its own copy: forget it on every node that reports it)")
+    return 0
 
 
 def _restore(args: argparse.Namespace) -> int:

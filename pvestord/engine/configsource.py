@@ -68,6 +68,24 @@ class StorageConfigSource:
                 log.error("%s; starting a new copy of the pvestord sections", err,
                           extra=fields(CONFIG="kept-unreadable"))
 
+    def reload_kept(self) -> None:
+        """Read the copy again (SIGHUP: after ``pvestord storage forget``) and
+        storage.cfg with it at the next :meth:`get`.
+
+        The copy on disk wins over the one in memory: a section the admin
+        forgot is no longer reported or served. One that is still in
+        storage.cfg comes back into the copy at once, from the file."""
+        if self._kept_file is None:
+            return
+        try:
+            self._kept = keptsections.read(self._kept_file)
+        except keptsections.KeptSectionsError as err:
+            log.error("%s; keeping the copy in memory", err,
+                      extra=fields(CONFIG="kept-unreadable"))
+            return
+        self._announced &= set(self._kept)
+        self._stamp = None
+
     @property
     def vanished(self) -> Mapping[str, Kept]:
         """The kept ``pvestord:`` sections that are gone from the file, by id."""

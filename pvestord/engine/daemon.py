@@ -104,7 +104,7 @@ class Daemon:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
-        loop.add_signal_handler(signal.SIGHUP, self._wake.set)
+        loop.add_signal_handler(signal.SIGHUP, self._reload)
         self.config.get()
         self._watch = _watch_for_work(self.settings, self._wake.set)
         _say_started(self.settings)
@@ -140,6 +140,12 @@ class Daemon:
                 return 1
         log.info("pvestord stopped")
         return 0
+
+    def _reload(self) -> None:
+        """SIGHUP: look at everything now, and read the copy of the
+        ``pvestord:`` sections again (``pvestord storage forget`` changed it)."""
+        self.config.reload_kept()
+        self._wake.set()
 
     # -- loops
 

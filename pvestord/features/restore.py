@@ -1,4 +1,6 @@
-"""``pvestord storage restore``: a vanished ``pvestord:`` section put back in storage.cfg.
+"""``pvestord storage restore``: a vanished ``pvestord:`` section put back in
+storage.cfg; ``pvestord storage forget``: one removed on purpose, dropped
+from the daemon's copy.
 
 The text is the daemon's copy (:mod:`pvestord.adapters.keptsections`),
 appended whole under the lock every writer of storage.cfg takes
@@ -78,3 +80,27 @@ def restore(storage_cfg: Path, kept_file: Path, storeid: str, *, apply: bool,
         raise RestoreError(f"cannot put storage '{storeid}' back in {storage_cfg}: {err}") \
             from err
     return Restored(kept, written=True)
+
+
+def forget(storage_cfg: Path, kept_file: Path, storeid: str) -> Kept:
+    """Drop ``storeid`` from the daemon's copy: the admin removed it on purpose.
+
+    The daemon reads the copy again on SIGHUP (``systemctl reload pvestord``).
+    Refused for a storage still in storage.cfg: the daemon would keep it.
+
+    :raises RestoreError: no copy of it, it is in the file, or I/O.
+    """
+    kept = kept_section(kept_file, storeid)
+    try:
+        text = atomicfile.read_bounded(storage_cfg, MAX_READ).decode()
+    except (QueueError, UnicodeDecodeError) as err:
+        raise RestoreError(f"cannot read {storage_cfg}: {err}") from err
+    if any(s.id == storeid for s in parse_sections(text, str(storage_cfg))[0]):
+        raise RestoreError(f"storage '{storeid}' is in {storage_cfg}: nothing to forget")
+    try:
+        others = keptsections.read(kept_file)
+        del others[storeid]
+        keptsections.write(kept_file, others)
+    except (keptsections.KeptSectionsError, KeyError) as err:
+        raise RestoreError(f"cannot forget storage '{storeid}' in {kept_file}: {err}") from err
+    return kept

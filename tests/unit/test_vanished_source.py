@@ -17,6 +17,7 @@ import pytest
 from pvestord.adapters import keptsections
 from pvestord.engine import metrics, status
 from pvestord.engine.configsource import StorageConfigSource
+from pvestord.features import restore
 from pvestord.policy.sizes import GiB
 
 SECTION = "pvestord: thin1\n\tvgname vg1\n\tshared 1\n\tpvestord-chunksize 2G\n"
@@ -84,3 +85,21 @@ def test_a_damaged_copy_is_started_afresh(tmp_path: Path,
     assert "thin1" in source.get().thin_storages
     assert any(getattr(r, "CONFIG", None) == "kept-unreadable" for r in caplog.records)
     assert keptsections.read(kept)["thin1"].text == SECTION
+
+
+def test_a_storage_removed_on_purpose_is_forgotten_and_no_longer_served(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    cfg, kept = tmp_path / "storage.cfg", tmp_path / keptsections.FILE_NAME
+    cfg.write_text(OTHERS + "\n" + SECTION)
+    source = StorageConfigSource(cfg, kept_file=kept)
+    source.get()
+    with pytest.raises(restore.RestoreError, match="nothing to forget"):
+        restore.forget(cfg, kept, "thin1")  # still there: the daemon would keep it anyway
+    rewrite(cfg, OTHERS)
+    assert "thin1" in source.get().thin_storages
+    assert restore.forget(cfg, kept, "thin1").text == SECTION
+    source.reload_kept()  # what SIGHUP (systemctl reload pvestord) does
+    assert "thin1" not in source.get().thin_storages
+    assert source.vanished == {} and keptsections.read(kept) == {}
+    with pytest.raises(restore.RestoreError, match="no copy of storage 'thin1'"):
+        restore.forget(cfg, kept, "thin1")
