@@ -17,7 +17,8 @@ import pytest
 from pvestord.adapters import keptsections
 from pvestord.engine import metrics, status
 from pvestord.engine.configsource import StorageConfigSource
-from pvestord.features import restore
+from pvestord.features import preflight, restore
+from pvestord.policy.preflight import Level
 from pvestord.policy.sizes import GiB
 
 SECTION = "pvestord: thin1\n\tvgname vg1\n\tshared 1\n\tpvestord-chunksize 2G\n"
@@ -103,3 +104,15 @@ def test_a_storage_removed_on_purpose_is_forgotten_and_no_longer_served(
     assert source.vanished == {} and keptsections.read(kept) == {}
     with pytest.raises(restore.RestoreError, match="no copy of storage 'thin1'"):
         restore.forget(cfg, kept, "thin1")
+
+
+def test_the_preflight_fails_for_a_kept_section_gone_from_the_file(tmp_path: Path) -> None:
+    cfg, kept = tmp_path / "storage.cfg", tmp_path / keptsections.FILE_NAME
+    cfg.write_text(OTHERS + "\n" + SECTION)
+    StorageConfigSource(cfg, kept_file=kept).get()
+    where = preflight.Where(node="n1", storage_config=cfg, kept_sections=kept)
+    assert all(f.level is not Level.FAIL for f in preflight.storage_checks(where)[1])
+    rewrite(cfg, OTHERS)  # no daemon needed to have noticed: the file is what counts
+    [failed] = [f for f in preflight.storage_checks(where)[1] if f.level is Level.FAIL]
+    assert "storage 'thin1' is gone" in failed.what
+    assert "pvestord storage restore thin1 --apply" in failed.todo
