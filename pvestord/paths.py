@@ -14,6 +14,9 @@ PMXCFS_LOCK_DIR = Path("/etc/pve/priv/lock")
 LOCAL_LOCK_DIR = Path("/var/lock/pve-manager")
 #: qemu-server's runtime folder: ``<vmid>.pid`` and ``<vmid>.qmp``.
 QEMU_SERVER_RUN = Path("/var/run/qemu-server")
+#: The daemon's node-local state (systemd's StateDirectory=pvestord): what it
+#: must remember across restarts and across a rewrite of /etc/pve.
+STATE_DIR = Path("/var/lib/pvestord")
 #: qmeventd's listening socket.
 QMEVENTD_SOCKET = Path("/var/run/qmeventd.sock")
 

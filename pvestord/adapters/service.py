@@ -13,6 +13,7 @@ import asyncio
 import logging
 import os
 import sys
+import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
@@ -42,13 +43,28 @@ FIELDS = ("VMID", "BLOCK_NODE", "LV", "VG", "OLD_SIZE", "NEW_SIZE", "DURATION_MS
           # the storage configuration, a watched folder, a VM seen (engine, watch.py)
           "CONFIG", "STORAGES", "FOLDER", "WATCH", "VM_STATE",
           # what kind of failure a pass met (failures.py)
-          "FAILURE")
+          "FAILURE",
+          # a pvestord: section gone from storage.cfg, or back (configsource.py); its
+          # text to put back and the command that does it
+          "STORAGE", "STORAGE_STATE", "LAST_SEEN", "SECTION", "RESTORE")
+
+
+def stderr_value(value: object) -> str:
+    """A field's value as the stderr format shows it: as it is, unless it holds
+    a blank (a storage.cfg section, a command) or a ``%``: then percent-encoded
+    (``urllib.parse.unquote`` gives it back), so that the line stays one line
+    of blank-separated ``KEY=value``."""
+    text = str(value)
+    if "%" in text or any(c.isspace() for c in text):
+        return urllib.parse.quote(text, safe="")
+    return text
 
 
 class _FieldsFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
-        fields = [f"{k}={getattr(record, k)}" for k in FIELDS if hasattr(record, k)]
+        fields = [f"{k}={stderr_value(getattr(record, k))}" for k in FIELDS
+                  if hasattr(record, k)]
         return f"{text} [{' '.join(fields)}]" if fields else text
 
 

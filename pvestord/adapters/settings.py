@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from pvestord import paths
-from pvestord.adapters import locks, vghealth
+from pvestord.adapters import keptsections, locks, vghealth
 from pvestord.adapters.command import KILL_WAIT
 from pvestord.errors import ConfigError
 
@@ -103,6 +103,23 @@ class DaemonSettings:
     #: Where the marks of VGs this node must not change any more live
     #: (:mod:`pvestord.adapters.vghealth`).
     vg_health_dir: Path = vghealth.DEFAULT_DIR
+    #: Node-local state that must outlive a restart and a rewrite of
+    #: /etc/pve: the copy of storage.cfg's ``pvestord:`` sections
+    #: (:mod:`pvestord.adapters.keptsections`). None: ``/var/lib/pvestord``
+    #: for the node's daemon, and a ``state`` folder beside the VG marks for
+    #: a daemon given its own marks folder (a test's, which must not write
+    #: the node's state), as the status file follows them too.
+    state_dir: Path | None = None
+
+    @property
+    def kept_sections(self) -> Path:
+        if self.state_dir is not None:
+            folder = self.state_dir
+        elif self.vg_health_dir == vghealth.DEFAULT_DIR:
+            folder = paths.STATE_DIR
+        else:
+            folder = self.vg_health_dir.parent / "state"
+        return folder / keptsections.FILE_NAME
 
     @property
     def reports_dir(self) -> Path:

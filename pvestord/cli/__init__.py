@@ -35,6 +35,7 @@ COMMANDS = {
     "plugin": "pvestord.cli.plugin",
     "status": "pvestord.cli.status",
     "check": "pvestord.cli.check",
+    "storage": "pvestord.cli.storage",
 }
 
 Handler = Callable[[argparse.Namespace], int]

@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 from pvestord import paths
+from pvestord.adapters import keptsections
 from pvestord.adapters.settings import DaemonSettings
 from pvestord.cli.options import SubCommands, add_command, add_json_option
 from pvestord.engine import metrics
@@ -32,7 +33,9 @@ CHECKS = f"""checks, in the order they are printed:
                 /proc/net/unix and /proc/<pid>/fd; and qmeventd.service masked
   lvm-profile   the LVM profile (--lvm-profile) sets what pvestord's persistent
                 lvm shells need (else every LVM command is a process: slower)
-  storage       storage.cfg reads, and each thin storage's options, in words
+  storage       storage.cfg reads, and each thin storage's options, in words;
+                fails for a pvestord: storage gone from it whose section the
+                daemon kept (--state-dir): an edit from a node without the plugin
   lvm-metadata  each thin VG's metadata area (pvs) against the extensions its
                 thin disks can make: VG size / smallest chunk, or --extensions;
                 fails when the area is nearly full already
@@ -68,6 +71,9 @@ def register(sub: SubCommands) -> None:
                    help="the LVM profile (default: %(default)s)")
     p.add_argument("--event-socket", type=Path, default=paths.QMEVENTD_SOCKET,
                    metavar="PATH", help="qmeventd's socket (default: %(default)s)")
+    p.add_argument("--state-dir", type=Path, default=paths.STATE_DIR, metavar="DIR",
+                   help="the daemon's state folder, with its copy of the pvestord sections"
+                   " (default: %(default)s)")
     p.add_argument("--metrics-dir", type=Path,
                    default=metrics.METRICS_FILE.parent,
                    metavar="DIR", help="node_exporter's textfile folder (default: %(default)s)")
@@ -89,7 +95,7 @@ def _run(args: argparse.Namespace) -> int:
         node=settings.node, queue=settings.queue, storage_config=settings.storage_config,
         lock_dir=settings.lock_dir, plugin=args.plugin, lvm_profile=args.lvm_profile,
         event_socket=args.event_socket, metrics_dir=args.metrics_dir,
-        extensions=args.extensions)
+        extensions=args.extensions, kept_sections=args.state_dir / keptsections.FILE_NAME)
     findings = preflight.run_checks(where)
     status = exit_status(findings)
     if args.json:

@@ -9,6 +9,7 @@ import json
 import sys
 from pathlib import Path
 
+from pvestord import paths
 from pvestord.adapters.vms import local_vm, local_vms
 from pvestord.cli import options
 from pvestord.engine import daemon, status
@@ -47,6 +48,10 @@ def register(sub: options.SubCommands) -> None:
     run.add_argument("--nodes-dir", type=Path, default=None, metavar="DIR",
                      help="where node reports are published (default: 'nodes' beside the "
                      "queue, /etc/pve/nodes)")
+    run.add_argument("--state-dir", type=Path, default=None, metavar="DIR",
+                     help="node-local state: the copy of storage.cfg's pvestord sections "
+                     f"(default: {paths.STATE_DIR}, or 'state' beside --vg-health-dir"
+                     " when that is given)")
     run.add_argument("--global-worker", action="store_true",
                      help="one extension at a time for all VGs, as the original proposal "
                      "(for comparison; default: one per VG)")
@@ -88,7 +93,8 @@ def _run(args: argparse.Namespace) -> int:
                                      global_worker=args.global_worker, inotify=not args.no_inotify,
                                      lvm_shell=args.lvm_shell,
                                      report_interval=args.report_interval, nodes_dir=args.nodes_dir,
-                                     pass_deadline=args.pass_deadline)
+                                     pass_deadline=args.pass_deadline,
+                                     state_dir=args.state_dir)
     return daemon.run(settings, verbose=args.verbose, journal=args.journal)
 
 

@@ -40,6 +40,14 @@ def _text(view: dict[str, Any]) -> list[str]:
     lines = [f"node {view['node']}, pvestord pid {view['pid']}, as of "
              f"{time.ctime(view['time'])}; queue {view['queue_length']}, "
              f"{view['paused_vms']} VM(s) paused on ENOSPC"]
+    for row in view.get("storages", []):
+        if row["vanished"] is None:
+            continue
+        # First, and loud: every other line can look healthy meanwhile.
+        lines.append(f"STORAGE {row['storage']} VANISHED from storage.cfg at "
+                     f"{time.ctime(row['vanished'])} (last seen {time.ctime(row['seen'])}):"
+                     " Proxmox no longer knows it; pvestord keeps growing its running VMs'"
+                     f" LVs. Put it back with: {row['restore']}")
     for vg, acc in view["vgs"].items():
         lines.append(
             f"VG {vg} [{acc['health']}]: {format_size(acc['free'])} free of "

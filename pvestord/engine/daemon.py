@@ -69,7 +69,8 @@ class Daemon:
         self.settings = settings
         self.queue = ExtendQueue(settings.queue,
                                  lock=queue_lock(settings.queue, lock_dir=settings.lock_dir))
-        self.config = StorageConfigSource(settings.storage_config)
+        self.config = StorageConfigSource(settings.storage_config,
+                                          kept_file=settings.kept_sections)
         self.extender = Extender(settings, self.config.get)
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
@@ -85,7 +86,8 @@ class Daemon:
         # and only the real one feeds node_exporter.
         status_file = settings.vg_health_dir.parent / status.STATUS_FILE.name
         self.publisher = publisher.Publisher(
-            settings.node, self.extender.activity, self.config.get, status_file=status_file,
+            settings.node, self.extender.activity, self.config.get,
+            kept=lambda: self.config.kept, status_file=status_file,
             metrics_file=metrics.METRICS_FILE if status_file == status.STATUS_FILE else None,
             shells=self.extender.lvm_shells)
 
@@ -102,7 +104,7 @@ class Daemon:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
-        loop.add_signal_handler(signal.SIGHUP, self._wake.set)
+        loop.add_signal_handler(signal.SIGHUP, self._reload)
         self.config.get()
         self._watch = _watch_for_work(self.settings, self._wake.set)
         _say_started(self.settings)
@@ -138,6 +140,12 @@ class Daemon:
                 return 1
         log.info("pvestord stopped")
         return 0
+
+    def _reload(self) -> None:
+        """SIGHUP: look at everything now, and read the copy of the
+        ``pvestord:`` sections again (``pvestord storage forget`` changed it)."""
+        self.config.reload_kept()
+        self._wake.set()
 
     # -- loops
 

@@ -77,6 +77,12 @@ def render(view: Mapping[str, Any]) -> str:
              "Attempts at a pmxcfs lock directory.")):
         out.family(name, "counter", help_text)
         out.sample(name, events.get(key, 0))
+    out.family("pvestord_storage_vanished", "gauge",
+               "1: this pvestord storage is gone from storage.cfg (an edit on a node"
+               " without the plugin?); 0: it is there. See 'pvestord status'.")
+    for row in view.get("storages", []):
+        out.sample("pvestord_storage_vanished", int(row["vanished"] is not None),
+                   {"storage": row["storage"]})
     vgs: Mapping[str, Mapping[str, Any]] = view["vgs"]
     gauges = (("pvestord_vg_size_bytes", "size", "Size of the thin VG."),
               ("pvestord_vg_free_bytes", "free", "Free space of the thin VG."),

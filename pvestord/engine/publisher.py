@@ -14,7 +14,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from pvestord.adapters.service import fields
 from pvestord.engine import metrics, status
 from pvestord.errors import PvestordError
 from pvestord.policy import capacity
+from pvestord.policy.vanished import Kept
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,7 @@ class DaemonView:
 class Publisher:
     def __init__(self, node: str, activity: status.Activity,
                  storage_config: Callable[[], StorageConfig], *,
+                 kept: Callable[[], Mapping[str, Kept]] = dict,
                  status_file: Path = status.STATUS_FILE,
                  metrics_file: Path | None = metrics.METRICS_FILE,
                  shells: LvmShells | None = None) -> None:
@@ -55,6 +57,8 @@ class Publisher:
         self.shells = shells
         self.activity = activity
         self._storage_config = storage_config
+        #: The kept ``pvestord:`` sections (:mod:`pvestord.policy.vanished`).
+        self._kept = kept
         self.status_file = status_file
         self.metrics_file = metrics_file
         self._samples: dict[str, list[capacity.Sample]] = {}
@@ -98,7 +102,8 @@ class Publisher:
         snap = status.snapshot(
             node=self.node, pid=os.getpid(), now=time.time(), activity=self.activity,
             drives=drives, queue_length=view.queue_length, paused_vms=paused,
-            accounts=self._accounts, lvm_shell_restarts=view.lvm_shell_restarts)
+            accounts=self._accounts, lvm_shell_restarts=view.lvm_shell_restarts,
+            sections=self._kept())
         status.publish(self.status_file, snap)
         if self.metrics_file is not None and self.metrics_file.parent.is_dir():
             # No node_exporter folder: no node_exporter to read it; not created for it.

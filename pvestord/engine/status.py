@@ -26,6 +26,7 @@ from pvestord.adapters import atomicfile, tally
 from pvestord.engine.pervm import forget_vm
 from pvestord.policy import capacity
 from pvestord.policy.extension import ExtensionState
+from pvestord.policy.vanished import Kept, restore_command
 
 #: Where the daemon publishes its view.
 STATUS_FILE = Path("/run/pvestord/status.json")
@@ -146,8 +147,13 @@ def account_view(account: capacity.Account, level: capacity.Level) -> dict[str, 
 
 def snapshot(*, node: str, pid: int, now: float, activity: Activity,
              drives: list[DriveView], queue_length: int, paused_vms: int,
-             accounts: Mapping[str, dict[str, Any]], lvm_shell_restarts: int) -> dict[str, Any]:
-    """The published view: a JSON object (see docs/operations.md)."""
+             accounts: Mapping[str, dict[str, Any]], lvm_shell_restarts: int,
+             sections: Mapping[str, Kept] | None = None) -> dict[str, Any]:
+    """The published view: a JSON object (see docs/operations.md).
+
+    ``sections``: the kept copy of storage.cfg's ``pvestord:`` sections; each
+    is a ``storages`` row, ``vanished`` (a time) when it is gone from the file.
+    """
     return {
         "version": 1, "node": node, "pid": pid, "time": now,
         "queue_length": queue_length, "paused_vms": paused_vms,
@@ -162,6 +168,10 @@ def snapshot(*, node: str, pid: int, now: float, activity: Activity,
             "last": [asdict(e) for e in activity.last],
         },
         "lvm_shell_restarts": lvm_shell_restarts,
+        "storages": [{"storage": k.storeid, "seen": k.seen, "vanished": k.vanished,
+                      "section": k.text,
+                      "restore": restore_command(k.storeid) if k.vanished is not None else None}
+                     for _, k in sorted((sections or {}).items())],
         # What the daemon asked of the outside world since it started: at
         # idle, these should hardly move (docs/operations.md, "Idle cost").
         "tally": tally.snapshot(),

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pvestord import paths
-from pvestord.adapters import command, lvm
+from pvestord.adapters import command, keptsections, lvm
 from pvestord.adapters.atomicfile import read_bounded
 from pvestord.adapters.config import StorageConfig, StorageOptionError, load_storage_config
 from pvestord.adapters.locks import queue_lock
@@ -49,6 +49,7 @@ from pvestord.engine import metrics
 from pvestord.errors import ConfigError, PvestordError
 from pvestord.policy import preflight
 from pvestord.policy.preflight import Finding, Owner, UnitState, VgMetadata
+from pvestord.policy.vanished import restore_command
 
 #: Budget of one ``systemctl show`` (all units at once).
 SYSTEMCTL_TIMEOUT = 10.0
@@ -81,6 +82,8 @@ class Where:
     #: most their thin storages' chunks can make.
     extensions: int | None = None
     daemons: Sequence[str] = preflight.PROXMOX_DAEMONS
+    #: The daemon's copy of the ``pvestord:`` sections.
+    kept_sections: Path = paths.STATE_DIR / keptsections.FILE_NAME
 
 
 def run_checks(where: Where) -> list[Finding]:
@@ -258,6 +261,15 @@ def storage_checks(where: Where) -> tuple[StorageConfig | None, list[Finding]]:
     except ConfigError as err:
         return None, [preflight.storage_unreadable(path, str(err))]
     found = [preflight.storage_warning(w) for w in config.warnings]
+    ids = {section.id for section in config.sections}
+    try:
+        kept = keptsections.read(where.kept_sections)
+    except keptsections.KeptSectionsError as err:
+        found.append(preflight.storage_warning(str(err)))
+        kept = {}
+    # Whether or not the daemon noticed yet: the file is what Proxmox reads.
+    found += [preflight.storage_vanished(sid, path, restore_command(sid))
+              for sid in sorted(set(kept) - ids)]
     here = 0
     for storage in config.lvm_storages.values():
         thin = storage.thin

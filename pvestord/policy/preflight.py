@@ -351,6 +351,16 @@ def storage_unreadable(path: str, problem: str) -> Finding:
                    " the file); the daemon refuses to start on it")
 
 
+def storage_vanished(storeid: str, path: str, restore: str) -> Finding:
+    """A ``pvestord:`` section the daemon kept that is gone from storage.cfg."""
+    return Finding("storage", Level.FAIL,
+                   f"storage '{storeid}' is gone from {path} but pvestord kept its section"
+                   " (an edit from a node without the plugin drops every pvestord: storage)",
+                   f"'{restore}' puts it back; if it was removed on purpose, 'pvestord storage"
+                   f" forget {storeid}' and 'systemctl reload pvestord' (operations.md,"
+                   " Rolling install)")
+
+
 def storage_warning(warning: str) -> Finding:
     """A line Proxmox too would warn about, or a deprecated option name."""
     return Finding("storage", Level.WARN, warning,
