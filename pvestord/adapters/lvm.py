@@ -368,6 +368,13 @@ async def create(vg: str, lv: str, size: int, tags: tuple[str, ...] = ()) -> Non
         raise _classify(err, f"creating LV {vg}/{lv} of {size} bytes") from err
 
 
+async def add_tags(vg: str, lv: str, tags: Sequence[str]) -> None:
+    """``lvchange --addtag`` each of ``tags`` (VG metadata: callers hold the
+    storage lock, as for :func:`extend`). A tag already there is kept once."""
+    args = [arg for tag in tags for arg in ("--addtag", tag)]
+    await _change(vg, lv, f"tagging LV {vg}/{lv}", "lvchange", *args)
+
+
 async def remove(vg: str, lv: str) -> None:
     """``lvremove -f``: only for an LV this process has just created."""
     await _change(vg, lv, f"removing LV {vg}/{lv}", "lvremove", "-f")
