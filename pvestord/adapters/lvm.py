@@ -19,7 +19,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,6 +89,8 @@ class LvInfo:
     vg_free: int
     active: bool
     open: bool
+    #: The LV's tags (VG metadata: the same on every node).
+    tags: tuple[str, ...] = ()
 
     @property
     def path(self) -> str:
@@ -145,8 +147,8 @@ async def lv_info(vg: str, lv: str, *, timeout: float = REPORT_TIMEOUT,  # noqa:
     check_name("VG", vg)
     check_name("LV", lv)
     argv = _argv("lvs", "--reportformat", "json", "--units", "b", "--nosuffix",
-                 "-o", "vg_name,lv_name,lv_size,vg_extent_size,vg_free,lv_active,lv_device_open",
-                 f"{vg}/{lv}")
+                 "-o", "vg_name,lv_name,lv_size,vg_extent_size,vg_free,lv_active,lv_device_open,"
+                 "lv_tags", f"{vg}/{lv}")
     try:
         done = await _run(argv, vg, timeout=timeout, shells=shells)
     except CommandError as err:
@@ -160,6 +162,7 @@ async def lv_info(vg: str, lv: str, *, timeout: float = REPORT_TIMEOUT,  # noqa:
         extent_size=int(row["vg_extent_size"]), vg_free=int(row["vg_free"]),
         active=row.get("lv_active", "") == "active",
         open=row.get("lv_device_open", "") == "open",
+        tags=_tags(row),
     )
 
 
@@ -318,6 +321,12 @@ async def vg_health(vg: str, *, timeout: float = REPORT_TIMEOUT,  # noqa: ASYNC1
         raise LvmError(f"reading VG {vg}: unreadable report row {row!r}") from err
 
 
+def _tags(row: Mapping[str, Any]) -> tuple[str, ...]:
+    """An ``lvs`` row's ``lv_tags``: LVM joins them with commas (a comma is
+    not allowed in a tag)."""
+    return tuple(t for t in str(row.get("lv_tags", "")).split(",") if t)
+
+
 async def list_lvs(vg: str, *, timeout: float = REPORT_TIMEOUT,  # noqa: ASYNC109
                    shells: LvmShells | None = None) -> list[LvRow]:
     """Every LV of ``vg``, by name."""
@@ -330,9 +339,8 @@ async def list_lvs(vg: str, *, timeout: float = REPORT_TIMEOUT,  # noqa: ASYNC10
         raise _classify(err, f"listing LVs of {vg}") from err
     rows = []
     for row in _report_rows(done.stdout, "lv"):
-        tags = tuple(t for t in str(row.get("lv_tags", "")).split(",") if t)
         rows.append(LvRow(
-            vg=row["vg_name"], lv=row["lv_name"], size=int(row["lv_size"]), tags=tags,
+            vg=row["vg_name"], lv=row["lv_name"], size=int(row["lv_size"]), tags=_tags(row),
             active=row.get("lv_active", "") == "active",
             open=row.get("lv_device_open", "") == "open",
             type_char=str(row.get("lv_attr", "-"))[:1] or "-"))
@@ -358,6 +366,13 @@ async def create(vg: str, lv: str, size: int, tags: tuple[str, ...] = ()) -> Non
         await run_lvm_process(argv, timeout=CHANGE_TIMEOUT)
     except CommandError as err:
         raise _classify(err, f"creating LV {vg}/{lv} of {size} bytes") from err
+
+
+async def add_tags(vg: str, lv: str, tags: Sequence[str]) -> None:
+    """``lvchange --addtag`` each of ``tags`` (VG metadata: callers hold the
+    storage lock, as for :func:`extend`). A tag already there is kept once."""
+    args = [arg for tag in tags for arg in ("--addtag", tag)]
+    await _change(vg, lv, f"tagging LV {vg}/{lv}", "lvchange", *args)
 
 
 async def remove(vg: str, lv: str) -> None:

@@ -28,6 +28,15 @@ def register(sub: SubCommands) -> None:
                    help="the published view (default: %(default)s)")
 
 
+def _partial(unmeasured: int) -> str:
+    """What the admin must know of the maxima: all recorded (the same figure
+    on every node), or a floor because some LVs lack the tag."""
+    if not unmeasured:
+        return ""
+    return (f" (partial: {unmeasured} LV(s) with no recorded maximum counted at their size;"
+            " see 'pvestord volume record-maxima')")
+
+
 def _duration(seconds: float | None) -> str:
     if seconds is None:
         return "not filling"
@@ -52,7 +61,7 @@ def _text(view: dict[str, Any]) -> list[str]:
         lines.append(
             f"VG {vg} [{acc['health']}]: {format_size(acc['free'])} free of "
             f"{format_size(acc['size'])}; thin LVs {format_size(acc['thin_allocated'])} of "
-            f"{format_size(acc['thin_virtual'])} maxima ({acc['unmeasured']} unmeasured); "
+            f"{format_size(acc['thin_virtual'])} maxima{_partial(acc['unmeasured'])}; "
             f"overcommit {acc['overcommit']:.2f}; full in {_duration(acc['time_to_full'])}")
     for d in view["drives"]:
         why = f": {d['reason']}" if d.get("reason") else ""

@@ -1,4 +1,4 @@
-"""``pvestord volume create|shrink|list``: thin volumes for Proxmox.
+"""``pvestord volume create|shrink|list|record-maxima``: thin volumes for Proxmox.
 
 The work is :mod:`pvestord.features.volumes`'s; this is its command line.
 """
@@ -79,6 +79,13 @@ def register(sub: options.SubCommands) -> None:
                         "node; its .rrd can only refuse (default: %(default)s)")
     options.add_json_option(shrink)
 
+    record = options.add_command(
+        vsub, "record-maxima", _record_maxima,
+        "record in an LV tag the maximum of thin LVs made before it was recorded")
+    _common(record)
+    record.add_argument("storage", metavar="STORAGE", help="a thin-enabled lvm storage")
+    options.add_json_option(record)
+
     listing = options.add_command(
         vsub, "list", _list, "the thin storages' qcow2 volumes and what shrink would give back")
     _common(listing)
@@ -120,6 +127,24 @@ def _shrink(args: argparse.Namespace) -> int:
               f"{format_size(result.image_end)}, gave back {format_size(result.reclaimed)}) "
               f"in {result.seconds:.1f} s")
     return 0
+
+
+def _record_maxima(args: argparse.Namespace) -> int:
+    """Add the pvestord-max-<bytes> tag every node's capacity figures read to
+    the storage's thin LVs without it: qcow2 LVs active here are measured
+    (outside the lock), raw ones take their LV size; qcow2 LVs not active here
+    are named, for a run on their node. Exits 1 while some are left."""
+    result = asyncio.run(volumes.record_maxima(_settings(args), args.storage))
+    if args.json:
+        print(json.dumps(dataclasses.asdict(result), indent=2))
+    else:
+        for lv, maximum in sorted(result.recorded.items()):
+            print(f"{args.storage}:{lv}: recorded maximum {format_size(maximum)}")
+        for lv in result.inactive:
+            print(f"{args.storage}:{lv}: not active on this node: run this where it is")
+        for lv, why in sorted(result.failed.items()):
+            print(f"{args.storage}:{lv}: not measured: {why}")
+    return 1 if result.inactive or result.failed else 0
 
 
 def _list(args: argparse.Namespace) -> int:

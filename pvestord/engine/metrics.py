@@ -89,7 +89,10 @@ def render(view: Mapping[str, Any]) -> str:
               ("pvestord_vg_thin_allocated_bytes", "thin_allocated",
                "Sum of the thin LVs' sizes."),
               ("pvestord_vg_thin_virtual_bytes", "thin_virtual",
-               "Sum of the thin LVs' measured maxima."),
+               "Sum of the thin LVs' maxima (recorded in their tags; untagged LVs at their size)."),
+              ("pvestord_vg_thin_unrecorded_lvs", "unmeasured",
+               "Thin LVs with no recorded maximum, counted at their size: the"
+               " maxima and overcommit are a floor while above 0."),
               ("pvestord_vg_overcommit_ratio", "overcommit",
                "What the VG would need if every thin LV filled, over its size."),
               ("pvestord_vg_time_to_full_seconds", "time_to_full",

@@ -74,6 +74,7 @@ from pvestord.adapters import lvm, qemu_img
 from pvestord.adapters.config import ThinStorage, thin_from_options
 from pvestord.errors import PvestordError
 from pvestord.features import capacity
+from pvestord.policy.capacity import maximum_tag, retag_maximum
 from pvestord.policy.sizes import KiB, align_up
 from pvestord.policy.volumes import NewVolume, VolumeRole, initial_lv_size, new_volume
 
@@ -280,8 +281,11 @@ async def _decide(request: Request) -> dict[str, Any]:
         lv_size = alloc_lv_size(kind, storage.initial_size, maximum, extent)
         # A RAM state takes VG space the running thin VMs grow into: the same guards.
         await capacity.check_new_volume(storage, lv_size=lv_size, maximum=maximum,
-                                        extent_size=extent, replaces=replaces)
-        return {"name": volume.name, "format": volume.format, "tags": list(volume.tags),
+                                        replaces=replaces)
+        # The maximum goes into a tag with the LV: every node's capacity
+        # figures and guards read it from the VG metadata, active here or not.
+        tags = [*volume.tags, maximum_tag(maximum)]
+        return {"name": volume.name, "format": volume.format, "tags": tags,
                 "lv_size": lv_size, "maximum": maximum, "kind": kind.value,
                 "preallocation": "off"}
     if request.op == "resize":
@@ -291,7 +295,8 @@ async def _decide(request: Request) -> dict[str, Any]:
         image = await qemu_img.info(f"/dev/{vg}/{lv}", force_share=True)
         maximum = await _maximum(image, virtual_size, info.extent_size)
         target = resize_lv_size(info.size, maximum, storage.initial_size, info.extent_size)
-        return {"lv_size": target, "extend": target > info.size, "maximum": maximum}
+        return {"lv_size": target, "extend": target > info.size, "maximum": maximum,
+                **_retag(info.tags, maximum)}
     target_lv, source_lv = request.name("target_lv"), request.name("source_lv")
     virtual_size = request.integer("virtual_size")
     running = bool(request.body.get("running"))
@@ -301,7 +306,18 @@ async def _decide(request: Request) -> dict[str, Any]:
     maximum = await _maximum(image, virtual_size, info.extent_size)
     source_lv_size = (await lvm.lv_info(vg, source_lv)).size
     target = commit_lv_size(info.size, source_lv_size, maximum, storage.chunksize, info.extent_size)
-    return {"lv_size": target, "extend": target > info.size, "maximum": maximum}
+    # qemu-img commit grows a smaller backing image to the top's virtual size:
+    # the target, which becomes the top, records the maximum it now has.
+    return {"lv_size": target, "extend": target > info.size, "maximum": maximum,
+            **_retag(info.tags, maximum)}
+
+
+def _retag(tags: tuple[str, ...], maximum: int) -> dict[str, list[str]]:
+    """``deltags``/``addtags``: the tag changes that make an LV with ``tags``
+    record ``maximum`` (:func:`retag_maximum`), for the caller to make with
+    one ``lvchange`` under the storage lock it holds; none when it does."""
+    stale, new = retag_maximum(tags, maximum)
+    return {"deltags": stale, "addtags": new}
 
 
 async def _maximum(image: qemu_img.ImageInfo, virtual_size: int, extent_size: int) -> int:

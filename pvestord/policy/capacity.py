@@ -27,7 +27,7 @@ from __future__ import annotations
 import enum
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from pvestord.policy.sizes import format_size, parse_size
@@ -122,6 +122,60 @@ def _threshold(options: Mapping[str, str | None], option: str, default: FreeThre
         return default
 
 
+# --- the maximum recorded with each thin LV -----------------------------------
+#
+# A thin LV's maximum (what its image may grow to) is written into an LV tag
+# where it is created and where its virtual size changes, under the storage
+# lock. Tags are VG metadata: every node of the cluster reads the same ones
+# with one ``lvs``, without activating the LV or opening its image, so every
+# node reports the same figures for a VG and the guards hold cluster-wide.
+# LVM allows ``A-Z a-z 0-9 _ + . - / = ! : # &`` in a tag, 1024 characters at
+# most, not starting with a hyphen: the prefix and decimal digits are all that.
+
+#: The tag's prefix; the rest is the maximum in bytes, decimal. Not Proxmox's
+#: ``pve-`` namespace, which its LVM plugin owns (``pve-vm-<vmid>``, ``pve-<volname>``).
+MAXIMUM_TAG_PREFIX = "pvestord-max-"
+#: Digits a recorded maximum may have: up to 2^63 (an exabyte and more);
+#: longer ones are not ours (or hostile) and are not read.
+_MAXIMUM_DIGITS = re.compile(r"[0-9]{1,19}")
+_MAXIMUM_LIMIT = 10**19
+
+
+def maximum_tag(maximum: int) -> str:
+    """The tag recording ``maximum`` bytes."""
+    if not 0 < maximum < _MAXIMUM_LIMIT:
+        raise ValueError(f"a maximum is a positive number of bytes below"
+                         f" {_MAXIMUM_LIMIT}, not {maximum!r}")
+    return f"{MAXIMUM_TAG_PREFIX}{maximum}"
+
+
+def is_maximum_tag(tag: str) -> bool:
+    """A tag of this family, readable or not (for removal when it is replaced)."""
+    return tag.startswith(MAXIMUM_TAG_PREFIX)
+
+
+def maximum_from_tags(tags: Iterable[str]) -> int | None:
+    """The maximum recorded in ``tags``; None when none is readable.
+
+    Only plain ASCII digits are read (``int`` would also take ``"٣"``,
+    ``"+1"``, ``" 1"`` or ``"1_0"``); zero is no maximum. Two readable tags
+    (an admin's ``--addtag`` next to ours) give the larger one: the guards
+    rather count too much than too little."""
+    found = [int(tag[len(MAXIMUM_TAG_PREFIX):]) for tag in tags
+             if is_maximum_tag(tag)
+             and _MAXIMUM_DIGITS.fullmatch(tag[len(MAXIMUM_TAG_PREFIX):]) is not None]
+    best = max(found, default=0)
+    return best if best > 0 else None
+
+
+def retag_maximum(tags: Collection[str], maximum: int) -> tuple[list[str], list[str]]:
+    """(tags to delete, tags to add) so that an LV with ``tags`` records
+    ``maximum`` alone; both empty when it already does (no LVM change)."""
+    new = maximum_tag(maximum)
+    stale = sorted({tag for tag in tags if is_maximum_tag(tag) and tag != new})
+    return stale, [] if new in tags else [new]
+
+
 # --- accounting -------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -129,8 +183,9 @@ class LvFigures:
     """One LV of the VG, as LVM reports it."""
 
     size: int
-    #: Thin LVs: the image's measured maximum (what it may grow to), None if
-    #: unknown (an inactive LV cannot be read). Thick LVs: not thin.
+    #: Thin LVs: the image's maximum (what it may grow to), recorded in the
+    #: LV's tag or measured; None if unknown (an LV made before the tag, or
+    #: by Proxmox's ``lvm`` type, inactive here). Thick LVs: not thin.
     maximum: int | None = None
     thin: bool = True
 
@@ -153,7 +208,8 @@ class Account:
     #: Sum of the thin LVs' sizes (what they hold now).
     thin_allocated: int
     #: Sum of the thin LVs' maxima (their virtual commitment); an LV whose
-    #: maximum is unknown counts at its size, and is counted in ``unmeasured``.
+    #: maximum is unknown counts at its size, and is counted in ``unmeasured``
+    #: (the figure is then partial: a floor, not the commitment).
     thin_virtual: int
     unmeasured: int
     #: Everything the VG would need if every thin LV filled, over its size.

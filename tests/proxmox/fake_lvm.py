@@ -26,10 +26,15 @@ def main(argv: list[str]) -> int:
         print(json.dumps({"report": [{"vg": [row]}]}))
         return 0
     if command == "lvs":
+        # "vg/lv" asks for that LV alone; "active": false is an LV active on
+        # another node only (its tags are VG metadata, read here all the same).
+        one = argv[-1].split("/", 1)[1] if "/" in argv[-1] else None
         rows = [{"vg_name": vg, "lv_name": name, "lv_size": str(lv["size"]),
                  "lv_tags": ",".join(lv["tags"]), "vg_extent_size": str(state["extent"]),
-                 "vg_free": "0", "lv_active": "active", "lv_device_open": "",
-                 "lv_attr": "-wi-a-----"} for name, lv in sorted(lvs.items())]
+                 "vg_free": "0", "lv_active": "active" if lv.get("active", True) else "",
+                 "lv_device_open": "",
+                 "lv_attr": "-wi-a-----" if lv.get("active", True) else "-wi-------"}
+                for name, lv in sorted(lvs.items()) if one is None or name == one]
         print(json.dumps({"report": [{"lv": rows}]}))
         return 0
     print(f"fake lvm: not a report: {argv}", file=sys.stderr)

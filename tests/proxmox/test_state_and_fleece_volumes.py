@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from pvestord.policy.capacity import maximum_from_tags, maximum_tag
 from pvestord.policy.sizes import GiB, KiB, align_up
 from tests.proxmox import upstream
 from tests.proxmox.recorded import (
@@ -70,9 +71,13 @@ def test_vmstate_is_a_raw_lv_as_proxmox_makes_it(bed: Bed) -> None:
     made = bed.try_alloc("thin1", 100, "raw", "vm-100-state-snap1", VMSTATE_KIB)
     assert made == {"volid": "thin1:vm-100-state-snap1", "error": ""}
     [command] = lvcreates(bed.commands())
-    # The same lvcreate (name, tags, activation flags), the same size in extents.
-    assert without_size(command) == without_size(reference_command)
-    assert bed.lvs()["vm-100-state-snap1"] == reference
+    # The same lvcreate (name, tags, activation flags), the same size in extents,
+    # and the maximum every node's capacity figures read: the LV's size.
+    recorded = ["--addtag", maximum_tag(reference["size"])]
+    assert without_size(command) == [*without_size(reference_command)[:-1], *recorded,
+                                     reference_command[-1]]
+    assert bed.lvs()["vm-100-state-snap1"] == {
+        **reference, "tags": [*reference["tags"], maximum_tag(reference["size"])]}
     assert reference["size"] == align_up(VMSTATE_KIB * KiB, EXTENT)
     assert reference["tags"] == ["pve-vm-100"]
     # A raw stream: no image is written onto it.
@@ -108,7 +113,8 @@ def test_fleecing_image_is_a_thin_qcow2_named_with_its_suffix(bed: Bed) -> None:
     assert made == {"volid": "thin1:vm-100-fleece-0.qcow2", "error": ""}
     lv = bed.lvs()["vm-100-fleece-0.qcow2"]
     assert lv["size"] == INITIAL_SIZE
-    assert lv["tags"] == ["pve-vm-100", "@pve-vm-100-fleece-0.qcow2"]
+    assert lv["tags"][:2] == ["pve-vm-100", "@pve-vm-100-fleece-0.qcow2"]
+    assert maximum_from_tags(lv["tags"]) is not None and len(lv["tags"]) == 3
     [create] = [c for c in bed.commands() if c[:2] == ["/usr/bin/qemu-img", "create"]]
     assert create[-2] == f"/dev/{VG}/vm-100-fleece-0.qcow2"
     assert "preallocation=off" in create and "qcow2" in create

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -209,9 +210,121 @@ def test_a_new_volume_is_refused_below_critical_free(monkeypatch: object) -> Non
     patch.setattr(lvm, "list_lvs", lvs)
     try:
         thin = parse_storage_config("pvestord: t0\n\tvgname vg0\n", "s").thin_storages["t0"]
-        asyncio.run(check_new_volume(thin, lv_size=GiB // 2, maximum=GiB, extent_size=4 * MiB))
+        asyncio.run(check_new_volume(thin, lv_size=GiB // 2, maximum=GiB))
         with pytest.raises(CapacityRefusedError, match="pvestord-thin-critical-free"):
-            asyncio.run(check_new_volume(thin, lv_size=2 * GiB, maximum=GiB,
-                                         extent_size=4 * MiB))
+            asyncio.run(check_new_volume(thin, lv_size=2 * GiB, maximum=GiB))
     finally:
         patch.undo()
+
+
+# --- the maximum recorded in an LV tag ---------------------------------------
+
+#: LVM's tag characters (lvm(8), "TAGS"): what an admin's or another tool's tag may hold.
+lvm_tag_text = st.text(alphabet="ABCXYZabcxyz0123456789_+.-/=!:#&", max_size=40)
+
+
+@given(st.integers(min_value=1, max_value=10**19 - 1))
+def test_a_recorded_maximum_reads_back_and_is_a_valid_lvm_tag(maximum: int) -> None:
+    tag = capacity.maximum_tag(maximum)
+    assert capacity.maximum_from_tags(["pve-vm-100", tag, "@pve-vm-100-disk-0.qcow2"]) == maximum
+    # lvm(8): A-Z a-z 0-9 _ + . - / = ! : # &, at most 1024, no leading hyphen.
+    assert len(tag) <= 1024 and not tag.startswith("-")
+    assert all(c.isascii() and (c.isalnum() or c in "_+.-/=!:#&") for c in tag)
+
+
+@pytest.mark.parametrize("maximum", [0, -1, 10**19])
+def test_no_tag_is_written_for_a_maximum_it_could_not_read_back(maximum: int) -> None:
+    with pytest.raises(ValueError, match="positive number of bytes"):
+        capacity.maximum_tag(maximum)
+
+
+@pytest.mark.parametrize("tag", [
+    "pvestord-max-", "pvestord-max-0", "pvestord-max--5", "pvestord-max-+5", "pvestord-max- 5",
+    "pvestord-max-5 ", "pvestord-max-1_0", "pvestord-max-\u0663", "pvestord-max-5\n",
+    "pvestord-max-0x10", "pvestord-max-1e9", "pvestord-max-" + "9" * 20, "pvestord-max-5G",
+    "PVESTORD-MAX-5", "xpvestord-max-5", "pve-max-5",
+])
+def test_hostile_or_foreign_tags_are_no_maximum(tag: str) -> None:
+    assert capacity.maximum_from_tags([tag, "pve-vm-100"]) is None
+
+
+@given(st.lists(st.one_of(lvm_tag_text, lvm_tag_text.map(lambda t: "pvestord-max-" + t),
+                          st.text(max_size=30).map(lambda t: "pvestord-max-" + t))))
+def test_any_tags_read_as_no_maximum_or_the_largest_plain_one(tags: list[str]) -> None:
+    got = capacity.maximum_from_tags(tags)
+    plain = [int(t[13:]) for t in tags if t.startswith("pvestord-max-")
+             and t[13:].isascii() and t[13:].isdigit() and len(t[13:]) <= 19]
+    assert got == (max(plain) if plain and max(plain) > 0 else None)
+
+
+@given(st.lists(st.one_of(lvm_tag_text, lvm_tag_text.map(lambda t: "pvestord-max-" + t)),
+                unique=True),
+       st.integers(min_value=1, max_value=10**19 - 1))
+def test_retagging_leaves_exactly_the_new_maximum_and_is_idempotent(tags: list[str],
+                                                                   maximum: int) -> None:
+    stale, new = capacity.retag_maximum(tags, maximum)
+    after = [t for t in tags if t not in stale] + new
+    assert capacity.maximum_from_tags(after) == maximum
+    ours = [t for t in after if t.startswith("pvestord-max-")]
+    assert ours == [capacity.maximum_tag(maximum)]
+    # Other tags (Proxmox's pve-vm-<vmid>, pve-<volname>, an admin's) are kept.
+    assert [t for t in tags if not t.startswith("pvestord-max-")] \
+        == [t for t in after if not t.startswith("pvestord-max-")]
+    assert capacity.retag_maximum(after, maximum) == ([], [])
+
+
+# --- the same figures on every node ------------------------------------------
+
+rows = st.lists(st.tuples(
+    st.integers(min_value=0, max_value=50),                  # vmid
+    st.integers(min_value=1, max_value=64).map(lambda n: n * 4 * MiB),  # LV size
+    st.one_of(st.none(), st.integers(min_value=1, max_value=10**13)),  # recorded maximum
+    st.booleans(),                                           # active on "this" node
+    st.one_of(st.none(), st.integers(min_value=1, max_value=10**13)),  # measured here
+), max_size=12, unique_by=lambda r: r[0])
+
+
+@given(rows)
+def test_tagged_lvs_give_every_node_the_same_account(lvs: list[tuple[int, int, int | None,
+                                                                     bool, int | None]]) -> None:
+    """Two nodes see the same VG metadata but each has its own LVs active and
+    measured: for LVs that carry the tag the account must not depend on that;
+    an untagged LV counts at its measure where one exists, else its size."""
+    import asyncio
+
+    from pvestord.adapters import lvm, vgspace
+
+    vg_size = 10**15
+    used = sum(size for _, size, _, _, _ in lvs)
+
+    def listing(active_here: bool) -> list[lvm.LvRow]:
+        return [lvm.LvRow("vg0", f"vm-{vmid}-disk-0.qcow2", size,
+                          ("pve-vm-1",) + ((capacity.maximum_tag(rec),) if rec else ()),
+                          active == active_here, False, "-")
+                for vmid, size, rec, active, _ in lvs]
+
+    def view(active_here: bool) -> capacity.Account:
+        async def space(vg: str, **_: object) -> tuple[int, int]:
+            return vg_size, vg_size - used
+
+        async def list_lvs(vg: str, **_: object) -> list[lvm.LvRow]:
+            return listing(active_here)
+
+        measured = {f"vm-{vmid}-disk-0.qcow2": m for vmid, _, _, active, m in lvs
+                    if m is not None and active == active_here}
+        patch = pytest.MonkeyPatch()
+        patch.setattr(lvm, "vg_space", space)
+        patch.setattr(lvm, "list_lvs", list_lvs)
+        try:
+            return asyncio.run(vgspace.read_account("vg0", maxima=measured))
+        finally:
+            patch.undo()
+
+    node_a, node_b = view(True), view(False)
+    if all(rec is not None for _, _, rec, _, _ in lvs):
+        assert node_a == node_b
+        assert node_a.unmeasured == 0
+        assert node_a.thin_virtual == sum(max(size, rec or 0) for _, size, rec, _, _ in lvs)
+    for node, here in ((node_a, True), (node_b, False)):
+        assert node.unmeasured == sum(1 for _, _, rec, active, m in lvs
+                                      if rec is None and (m is None or active != here))

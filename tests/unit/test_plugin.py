@@ -15,6 +15,7 @@ from pvestord.errors import PvestordError
 from pvestord.features import plugin
 from pvestord.features.capacity import CapacityRefusedError
 from pvestord.features.plugin import Kind
+from pvestord.policy.capacity import maximum_tag
 from pvestord.policy.sizes import GiB, MiB
 from pvestord.policy.volumes import VolumeRole
 
@@ -164,6 +165,8 @@ class FakeWorld:
         self.hanging = hanging
         self.calls: list[tuple[str, str]] = []
         self.cancelled: list[str] = []
+        #: LV tags beyond none, by LV (VG metadata: read whatever is active).
+        self.tags: dict[str, tuple[str, ...]] = {}
 
     async def _call(self, what: str, lv: str) -> None:
         self.calls.append((what, lv))
@@ -176,7 +179,8 @@ class FakeWorld:
 
     async def lv_info(self, vg: str, lv: str, **_: object) -> lvm.LvInfo:
         await self._call("lvs", lv)
-        return lvm.LvInfo(vg, lv, self.lv_sizes[lv], EXTENT, 100 * GiB, True, False)
+        return lvm.LvInfo(vg, lv, self.lv_sizes[lv], EXTENT, 100 * GiB, True, False,
+                          self.tags.get(lv, ()))
 
     async def vg_info(self, vg: str, **_: object) -> lvm.VgInfo:
         return lvm.VgInfo(vg, EXTENT, 100 * GiB)
@@ -185,7 +189,8 @@ class FakeWorld:
         return 200 * GiB, 100 * GiB
 
     async def list_lvs(self, vg: str, **_: object) -> list[lvm.LvRow]:
-        return [lvm.LvRow(vg, lv, size, (), lv != "vm-102-disk-0.qcow2", False, "-")
+        return [lvm.LvRow(vg, lv, size, self.tags.get(lv, ()), lv != "vm-102-disk-0.qcow2",
+                          False, "-")
                 for lv, size in self.lv_sizes.items()]
 
     async def info(self, path: str, **_: object) -> qemu_img.ImageInfo:
@@ -252,29 +257,69 @@ def test_an_answer_past_its_share_of_the_lock_alarm_gives_up_and_stops_its_comma
     assert world.cancelled == [SOURCE]
 
 
-def test_max_overcommit_measures_the_active_thin_lvs_within_the_answer_budget(
-        world: FakeWorld) -> None:
-    text = _request(op="alloc", virtual_size=4 * GiB, lock_seconds_left=60, **NEW_DISK).replace(
+def _capped(ratio: str, **body: object) -> str:
+    return _request(op="alloc", lock_seconds_left=60, **body).replace(
         '"pvestord-initial-size": "1G"',
-        '"pvestord-initial-size": "1G", "pvestord-max-overcommit": "10"')
-    answer = _answer(text)
-    assert answer["kind"] == "thin"
-    measured = {lv for what, lv in world.calls if what == "qemu-img info"}
-    # vm-102 is not active; snapshot LVs are not guest volumes to vgspace.
-    assert measured == {SOURCE, "vm-101-disk-0.qcow2"}
-    # One LV that does not answer stops the allocation in time, nothing left running.
+        f'"pvestord-initial-size": "1G", "pvestord-max-overcommit": "{ratio}"')
+
+
+def test_max_overcommit_reads_the_recorded_maxima_and_measures_nothing(
+        world: FakeWorld) -> None:
+    """VG 200 GiB, 100 GiB free, 93 GiB of it thick (the snapshot LV among it).
+    vm-102 is not active here (another node's VM): its recorded maximum of
+    1000 GiB counts all the same, so every node judges the same commitment.
+    Before the tag, only active LVs were measured (two qemu-img each, under
+    the storage lock) and vm-102 counted at its 2 GiB: 0.55, allowed."""
+    world.tags = {SOURCE: ("pve-vm-100", maximum_tag(5 * GiB)),
+                  "vm-101-disk-0.qcow2": (maximum_tag(5 * GiB),),
+                  "vm-102-disk-0.qcow2": (maximum_tag(1000 * GiB),)}
+    with pytest.raises(CapacityRefusedError, match=r"overcommit to 5\.54"):
+        _answer(_capped("5", virtual_size=4 * GiB, **NEW_DISK))
+    # Only the new volume's own maximum is measured (no image there yet to read).
+    assert [call for call in world.calls if call[0].startswith("qemu-img")] == [
+        ("qemu-img measure", "")]
+    assert _answer(_capped("6", virtual_size=4 * GiB, **NEW_DISK))["kind"] == "thin"
+
+
+def test_an_lv_without_the_tag_counts_at_its_size_and_is_not_opened(world: FakeWorld) -> None:
+    """An LV made before the tag, or by Proxmox's lvm type: its LV size,
+    even when active here (measuring it would hold the lock for qemu-img)."""
     world.calls.clear()
-    world.hanging = {"vm-101-disk-0.qcow2"}
-    with pytest.raises(plugin.PluginTimeoutError, match="alloc: no answer"):
-        _answer(text.replace('"lock_seconds_left": 60', '"lock_seconds_left": 0.05'))
-    assert world.cancelled == ["vm-101-disk-0.qcow2"]
+    # Committed: 93 thick + 3 + 2 + 2 = 100 GiB; + 5 GiB new = 0.525 of 200 GiB.
+    with pytest.raises(CapacityRefusedError, match=r"overcommit to 0\.53"):
+        _answer(_capped("0.5", virtual_size=4 * GiB, **NEW_DISK))
+    assert not [call for call in world.calls if call[0] == "qemu-img info"]
+
+
+def test_an_alloc_records_the_new_volumes_maximum_in_a_tag(world: FakeWorld) -> None:
+    answer = _answer(_request(op="alloc", virtual_size=4 * GiB, lock_seconds_left=60,
+                              **NEW_DISK))
+    assert answer["tags"] == ["pve-vm-100", "@pve-vm-100-disk-3.qcow2", maximum_tag(5 * GiB)]
+    assert answer["maximum"] == 5 * GiB
+
+
+@pytest.mark.parametrize("op", ["resize", "commit"])
+def test_a_resize_or_commit_answers_the_tag_changes_of_the_new_maximum(
+        world: FakeWorld, op: str) -> None:
+    lv = SOURCE if op == "resize" else TARGET
+    body: dict[str, object] = ({"lv": lv} if op == "resize"
+                               else {"target_lv": lv, "source_lv": SOURCE, "running": False})
+    world.tags = {lv: ("pve-vm-100", maximum_tag(3 * GiB), "pvestord-max-junk")}
+    answer = _answer(_request(op=op, virtual_size=4 * GiB, lock_seconds_left=60, **body))
+    assert answer["deltags"] == [maximum_tag(3 * GiB), "pvestord-max-junk"]
+    assert answer["addtags"] == [maximum_tag(5 * GiB)]
+    # Recorded already: no lvchange at all.
+    world.tags = {lv: ("pve-vm-100", maximum_tag(5 * GiB))}
+    answer = _answer(_request(op=op, virtual_size=4 * GiB, lock_seconds_left=60, **body))
+    assert (answer["deltags"], answer["addtags"]) == ([], [])
 
 
 def test_a_vm_state_is_a_plain_lv_of_the_size_asked(world: FakeWorld) -> None:
     size = 8 * GiB + 500 * MiB + 1024
     answer = _answer(_request(op="alloc", vmid=100, format="raw", name="vm-100-state-snap1",
                               virtual_size=size, lock_seconds_left=60))
-    assert answer == {"name": "vm-100-state-snap1", "format": "raw", "tags": ["pve-vm-100"],
+    assert answer == {"name": "vm-100-state-snap1", "format": "raw",
+                      "tags": ["pve-vm-100", maximum_tag(-(-size // EXTENT) * EXTENT)],
                       "lv_size": -(-size // EXTENT) * EXTENT,
                       "maximum": -(-size // EXTENT) * EXTENT, "kind": "plain",
                       "preallocation": "off"}
@@ -288,7 +333,8 @@ def test_a_fleecing_image_is_thin_and_named_qcow2(world: FakeWorld) -> None:
                               callers=["PVE::VZDump::QemuServer::__ANON__"]))
     assert (answer["name"], answer["format"], answer["kind"]) == (
         "vm-100-fleece-0.qcow2", "qcow2", "thin")
-    assert answer["tags"] == ["pve-vm-100", "@pve-vm-100-fleece-0.qcow2"]
+    assert answer["tags"] == ["pve-vm-100", "@pve-vm-100-fleece-0.qcow2",
+                              maximum_tag(5 * GiB)]
     assert answer["lv_size"] == 1 * GiB
 
 

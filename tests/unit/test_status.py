@@ -78,6 +78,8 @@ def test_metrics_parse_with_prometheus_own_parser() -> None:
     assert samples[("pvestord_vg_time_to_full_seconds", (("vg", "vg0"),))] == 40 * 180
     # 60 GiB used: 57 of it thick, 2 GiB thin LV with an 11 GiB maximum, 1 GiB unmeasured.
     assert samples[("pvestord_vg_overcommit_ratio", (("vg", "vg0"),))] == pytest.approx(0.69)
+    # That 1 GiB LV has no recorded maximum: the figures are a floor, said so.
+    assert samples[("pvestord_vg_thin_unrecorded_lvs", (("vg", "vg0"),))] == 1
 
 
 def test_status_reads_the_live_view_and_says_when_the_daemon_is_gone(
@@ -92,7 +94,9 @@ def test_status_reads_the_live_view_and_says_when_the_daemon_is_gone(
     shown = json.loads(capsys.readouterr().out)
     assert shown["live"] is True and shown["queue_length"] == 3
     assert main(["status", "--file", str(path)]) == 0
-    assert "VG vg0 [ok]" in capsys.readouterr().out
+    shown_text = capsys.readouterr().out
+    assert "VG vg0 [ok]" in shown_text
+    assert "partial: 1 LV(s) with no recorded maximum" in shown_text
     # A pid that no longer runs: the view is shown, and said to be old.
     view["pid"] = 2 ** 22 + 12345
     status.publish(path, view)

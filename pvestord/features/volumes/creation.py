@@ -8,7 +8,9 @@ So the result is a volume Proxmox can attach (pve-storage
 - ``lvcreate -aly -Wy --yes --setautoactivation n --addtag pve-vm-<vmid>
   --addtag pve-<volname>``: the second tag is what Proxmox activates a qcow2
   volume (and its snapshot LVs) by (``lvchange -aey @pve-<volname>``); without
-  it Proxmox could not start a VM on the volume;
+  it Proxmox could not start a VM on the volume; and ``--addtag
+  pvestord-max-<bytes>``, the image's maximum, which every node's capacity
+  figures read (:mod:`pvestord.adapters.vgspace`);
 - ``qemu-img create -f qcow2 -o preallocation=off``: Proxmox's default for
   qcow2 is ``metadata``, which writes every L2 table up front; a thin LV
   needs them allocated as the guest writes;
@@ -33,6 +35,7 @@ from pvestord.features.volumes.storage import (
     locked,
     thin_storage,
 )
+from pvestord.policy.capacity import maximum_tag
 from pvestord.policy.sizes import format_size
 from pvestord.policy.volumes import (
     VolumeError,
@@ -77,8 +80,7 @@ async def create(settings: VolumeSettings, storeid: str, vmid: int, size: int,
     measured = await qemu_img.measure(size)
     maximum = policy.maximum_size(measured.fully_allocated, extent)
     lv_size = initial_lv_size(storage.initial_size, maximum, extent)
-    await capacity.check_new_volume(storage, lv_size=lv_size, maximum=maximum,
-                                    extent_size=extent)
+    await capacity.check_new_volume(storage, lv_size=lv_size, maximum=maximum)
     # Only what must be atomic with lvcreate runs under the lock (REVIEW R7):
     # the name is chosen and checked again there (one lvs), the qcow2 header
     # is written after the lock is released (it changes no LVM metadata).
@@ -88,7 +90,8 @@ async def create(settings: VolumeSettings, storeid: str, vmid: int, size: int,
         if volname in names:
             raise VolumeError(f"volume {storeid}:{volname} already exists")
         held.require(lvm.CHANGE_TIMEOUT + command.KILL_WAIT)
-        await lvm.create(vg, volname, lv_size, (f"pve-vm-{vmid}", f"pve-{volname}"))
+        await lvm.create(vg, volname, lv_size, (f"pve-vm-{vmid}", f"pve-{volname}",
+                                                maximum_tag(maximum)))
     try:
         await command.run_async(
             [command.binary("qemu-img"), "create", "-q", "-f", "qcow2",

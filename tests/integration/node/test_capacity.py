@@ -171,3 +171,59 @@ def test_a_filling_vg_warns_refuses_new_volumes_and_keeps_the_reserve(
 def lv_names(vg: VG) -> list[str]:
     out = sh("lvs", "--reportformat", "json", "-o", "lv_name", vg.name)
     return [row["lv_name"] for row in json.loads(out)["report"][0]["lv"]]
+
+
+def recorded_maxima(vg: VG) -> dict[str, int]:
+    """Each LV's ``pvestord-max-<bytes>`` tag, as any node reads it (VG metadata)."""
+    out = sh("lvs", "--reportformat", "json", "-o", "lv_name,lv_tags", vg.name)
+    found: dict[str, int] = {}
+    for row in json.loads(out)["report"][0]["lv"]:
+        for tag in filter(None, row["lv_tags"].split(",")):
+            if tag.startswith("pvestord-max-"):
+                found[row["lv_name"]] = int(tag.removeprefix("pvestord-max-"))
+    return found
+
+
+def vg_account(bed: NodeBed, vg: VG, status_file: Path) -> dict[str, Any]:
+    """The VG's account as a freshly started daemon publishes it (its first
+    account is read at start)."""
+    status_file.unlink(missing_ok=True)
+    with daemons(bed, pvestord_args=("--vg-health-dir",
+                                     str(status_file.parent / "vg-unhealthy"))):
+        wait_until(lambda: status_file.exists()
+                   and vg.name in status(status_file).get("vgs", {}),
+                   START_TIMEOUT, "the VG's account in status")
+        account: dict[str, Any] = status(status_file)["vgs"][vg.name]
+    return account
+
+
+def test_every_node_reports_the_same_overcommit_whatever_is_active_on_it(
+        bed: NodeBed, vg: VG, tmp_path: Path, out_dir: Path) -> None:
+    """Issue 38 item 7: two thin volumes made here, then one deactivated, as
+    another node's VM would be to this node: the account (maxima, overcommit)
+    must not change, because it comes from the LVs' tags, not from what this
+    node can open. A thick LV named as a guest volume without the tag (made by
+    Proxmox's lvm type, or before the tag) counts at its LV size, once
+    in ``unmeasured`` on both views."""
+    made = [volume_create(bed, vmid) for vmid in (160, 161)]
+    assert all(done.returncode == 0 for done in made), [done.stderr for done in made]
+    first, second = (done.stdout.strip().split(":")[1] for done in made)
+    sh("lvcreate", "-q", "-an", "-Zn", "-L", "64m", "-n", "vm-162-disk-0", vg.name)
+    maxima = recorded_maxima(vg)
+    assert set(maxima) == {first, second}, maxima
+    # volume_create makes 4 GiB images: the maximum is past the virtual size.
+    assert all(maximum > 4 * GiB for maximum in maxima.values()), maxima
+    status_file = tmp_path / "run-pvestord" / "status.json"
+
+    both_active = vg_account(bed, vg, status_file)
+    sh("lvchange", "-an", f"{vg.name}/{second}")
+    one_elsewhere = vg_account(bed, vg, status_file)
+
+    (out_dir / "capacity-views.json").write_text(json.dumps(
+        {"both_active": both_active, "one_elsewhere": one_elsewhere, "maxima": maxima},
+        indent=1))
+    same = ("size", "free", "thin_allocated", "thin_virtual", "unmeasured", "overcommit",
+            "committed")
+    assert {k: both_active[k] for k in same} == {k: one_elsewhere[k] for k in same}
+    assert both_active["thin_virtual"] == sum(maxima.values()) + 64 * MiB
+    assert both_active["unmeasured"] == 1  # vm-162-disk-0: no tag, at its LV size

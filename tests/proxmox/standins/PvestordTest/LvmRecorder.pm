@@ -9,8 +9,9 @@ package PvestordTest::LvmRecorder;
 # The VG lives in $ENV{PVESTORD_TEST_LVM_STATE}, a JSON file shared with the
 # fake 'lvm' pvestord runs (PVESTORD_LVM, tests/proxmox/fake_lvm.py):
 # {"vg", "size", "extent", "lvs": {name: {"size", "tags": [...],
-# "virtual-size", "backing"}}} (the last two once qemu-img made an image on
-# it). Each command is appended to $ENV{PVESTORD_TEST_LVM_LOG}, one JSON array
+# "virtual-size", "backing", "active"}}} ("virtual-size" and "backing" once
+# qemu-img made an image on it; "active": false for an LV active on another
+# node only, which fake_lvm.py reports inactive). Each command is appended to $ENV{PVESTORD_TEST_LVM_LOG}, one JSON array
 # a line; with $ENV{PVESTORD_TEST_LVM_LOCKS_LOG} also there, with the stand-in
 # locks (PvestordTest::StandIns) held while it ran, by any process:
 # {"command": [...], "locks": [lock ids]}.
@@ -189,7 +190,23 @@ my sub simulate {
         my ($path) = grep { m{^/dev/} } @$cmd;
         my ($name) = $path =~ m{^/dev/\Q$vg\E/(.+)$};
         die "blkdiscard: no LV '$path'\n" if !$name || !$lvs->{$name};
-    } elsif ($tool ne 'lvchange') {
+    } elsif ($tool eq 'lvchange') {
+        # Activation changes nothing here; tags are VG metadata, kept. LVM
+        # deletes before it adds, and keeps a tag once.
+        my @del = option_values($cmd, '--deltag');
+        my @add = option_values($cmd, '--addtag');
+        if (@del || @add) {
+            my ($name) = $cmd->[-1] =~ m{^(?:/dev/)?\Q$vg\E/(.+)$}
+                or die "lvchange: '$cmd->[-1]'?\n";
+            my $lv = $lvs->{$name} or die "lvchange: no LV '$cmd->[-1]'\n";
+            my %gone = map { $_ => 1 } @del;
+            my @tags = grep { !$gone{$_} } $lv->{tags}->@*;
+            for my $tag (@add) {
+                push @tags, $tag if !grep { $_ eq $tag } @tags;
+            }
+            $lv->{tags} = \@tags;
+        }
+    } else {
         die "the LVM stand-in does not know '@$cmd'\n";
     }
     save_state($state);

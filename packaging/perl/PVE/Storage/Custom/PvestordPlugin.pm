@@ -253,7 +253,10 @@ my sub ask {
 }
 
 # Under the storage lock, ask pvestord how large the LV at $path must be and
-# grow it that far if it is smaller.
+# grow it that far if it is smaller. The LV's recorded maximum (its
+# 'pvestord-max-<bytes>' tag, which every node's capacity figures read) is
+# brought to the image's new one first: if the lvextend then fails, the tag
+# over-counts until the next change, which the guards prefer to under-counting.
 my sub grow_as_asked {
     my ($class, $scfg, $storeid, $path, $request) = @_;
 
@@ -263,6 +266,14 @@ my sub grow_as_asked {
         undef,
         sub {
             my $plan = ask($scfg, $storeid, $request);
+            my @retag = (
+                (map { ('--deltag', $_) } ($plan->{deltags} // [])->@*),
+                (map { ('--addtag', $_) } ($plan->{addtags} // [])->@*),
+            );
+            run_command(
+                ['/sbin/lvchange', @retag, $path],
+                errmsg => "error recording the maximum of '$path'",
+            ) if @retag;
             return if !$plan->{extend};
             run_command(
                 ['/sbin/lvextend', '--size', "$plan->{lv_size}b", $path],
