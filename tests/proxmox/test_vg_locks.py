@@ -24,7 +24,8 @@ from pathlib import Path
 from pvestord.policy.sizes import GiB
 from tests.proxmox import test_state_and_fleece_volumes as beds
 from tests.proxmox import upstream
-from tests.proxmox.test_state_and_fleece_volumes import VG, Bed
+from tests.proxmox.recorded import Bed
+from tests.proxmox.test_state_and_fleece_volumes import VG
 
 # That module's bed: thin1 and thick1 on one VG (pytest finds fixtures in the
 # test's own module).
