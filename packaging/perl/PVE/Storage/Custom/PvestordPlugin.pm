@@ -8,7 +8,9 @@ package PVE::Storage::Custom::PvestordPlugin;
 # Perl here only maps Proxmox's method calls onto 'pvestord plugin' (JSON on
 # stdin and stdout, see pvestord/features/plugin.py), which decides every size; what it
 # answers is carried out with Proxmox's own helpers, under the storage lock
-# Proxmox's callers hold or that is taken here as LVMPlugin does.
+# Proxmox's callers hold or that is taken here as LVMPlugin does. That lock is
+# the lock of every storage on the VG (cluster_lock_storage below), and none is
+# taken on a VG pvestord has marked unhealthy on this node.
 #
 # Every method not overridden here is LVMPlugin's: activation (after a check
 # of the section), listing, size information, free (with saferemove), rename,
@@ -216,8 +218,9 @@ my $UNTIMED_ASK_TIMEOUT = 60;
 
 # One decision of pvestord's: the request with this storage's settings in, the answer out.
 #
-# Every caller holds the storage lock, and cfs_lock runs the locked code under
-# an alarm (60 s) that aborts it well before pmxcfs lets another node take the
+# The question which locks to take comes before any lock and is bounded by a
+# timeout below. Every other caller holds the storage lock, and cfs_lock runs
+# the locked code under an alarm (60 s) that aborts it well before pmxcfs lets another node take the
 # lock (120 s). run_command with a 'timeout' would put that alarm aside while
 # pvestord runs and re-arm it afterwards with the time it had left before, so
 # no timeout is passed: the caller's alarm bounds pvestord. pvestord is told
