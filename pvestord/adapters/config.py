@@ -29,13 +29,12 @@ from types import MappingProxyType
 
 from pvestord.adapters.storagecfg import Section, parse_sections
 from pvestord.errors import ConfigError
-from pvestord.policy import capacity
+from pvestord.policy import capacity, vglocks
 from pvestord.policy.storageoptions import (
     CHUNK_PERCENTAGE,
     CHUNKSIZE,
     PREFIX,
     boolean_option,
-    flag,
     sets_thin_option,
     thin_values,
 )
@@ -169,21 +168,13 @@ class StorageConfig:
         from there). ``disable 1`` storages are left out: Proxmox allocates
         nothing on them. Sorted by id, the order every holder takes them in.
         """
-        users: dict[str, bool] = {}
-        for section in self.sections:
-            if section.type not in LVM_TYPES or section.options.get("vgname") != vgname:
-                continue
-            # An unreadable "disable" counts as enabled, an unreadable
-            # "shared" as shared: one lock more, never one fewer.
-            if flag(section.options, "disable", unreadable=False):
-                continue
-            users[section.id] = flag(section.options, "shared", unreadable=True)
-        return sorted(users.items())
+        return vglocks.vg_users(((s.type, s.id, s.options) for s in self.sections), vgname)
 
 
 #: Storage types whose volumes live in an LVM VG named by ``vgname``: each
-#: one's storage lock guards that VG's metadata.
-LVM_TYPES = ("lvm", "lvmthin", PLUGIN_TYPE)
+#: one's storage lock guards that VG's metadata (the rule is shared with the
+#: Proxmox plugin, :mod:`pvestord.policy.vglocks`).
+LVM_TYPES = vglocks.LVM_TYPES
 
 
 

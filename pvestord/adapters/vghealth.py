@@ -64,6 +64,10 @@ class VgHealth:
     def __init__(self, folder: Path = DEFAULT_DIR) -> None:
         self.folder = folder
 
+    def path(self, vg: str) -> Path:
+        """The file that marks ``vg`` (whether it is there or not)."""
+        return self._path(vg)
+
     def _path(self, vg: str) -> Path:
         if not _VG_NAME.fullmatch(vg):
             raise PvestordError(f"not a VG name: {vg!r}")

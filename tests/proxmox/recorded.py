@@ -28,6 +28,10 @@ class Bed:
     state: Path
     log: Path
     locks_log: Path
+    #: The stand-in locks in the order they were taken (PvestordTest/StandIns.pm).
+    lock_order: Path
+    #: The folder of the VG marks the bed's pvestord reads (``--vg-health-dir``).
+    health_dir: Path
     env: dict[str, str]
     vg: str
     vg_size: int
@@ -60,6 +64,12 @@ class Bed:
         return [(entry["command"], entry["locks"])
                 for entry in map(json.loads, self.locks_log.read_text().splitlines())]
 
+    def locks_taken(self) -> list[str]:
+        """The stand-in locks taken, in order, since the log was last cleared."""
+        if not self.lock_order.exists():
+            return []
+        return self.lock_order.read_text().split()
+
     def lvs(self) -> dict[str, Any]:
         return json.loads(self.state.read_text())["lvs"]  # type: ignore[no-any-return]
 
@@ -71,6 +81,7 @@ class Bed:
     def clear_log(self) -> None:
         self.log.unlink(missing_ok=True)
         self.locks_log.unlink(missing_ok=True)
+        self.lock_order.unlink(missing_ok=True)
 
     def reset(self) -> None:
         self.set_lvs({})
@@ -81,18 +92,22 @@ def make_bed(proxmox: upstream.Upstream, folder: Path, *, vg: str, vg_size: int,
              extent: int) -> Bed:
     """An empty VG of ``vg_size`` and the checkout's pvestord, set up in ``folder``."""
     pvestord = folder / "pvestord"
+    # Its VG marks in the bed, never the node's /run/pvestord/vg-unhealthy.
+    health = folder / "vg-unhealthy"
     pvestord.write_text(
-        f"#!/bin/sh\nPYTHONPATH={upstream.REPO} exec {VENV_BIN / 'pvestord'} \"$@\"\n")
+        f"#!/bin/sh\nPYTHONPATH={upstream.REPO} exec {VENV_BIN / 'pvestord'} \"$@\""
+        f" --vg-health-dir {health}\n")
     pvestord.chmod(0o755)
     lvm = folder / "lvm"
     lvm.write_text(f"#!/bin/sh\nexec {VENV_BIN / 'python'} {FAKE_LVM} \"$@\"\n")
     lvm.chmod(0o755)
-    state, log, locks_log = (folder / "vg.json", folder / "commands.jsonl",
-                             folder / "locks.jsonl")
-    bed = Bed(proxmox, state, log, locks_log, {
+    state, log, locks_log, lock_order = (folder / "vg.json", folder / "commands.jsonl",
+                                         folder / "locks.jsonl", folder / "lock-order")
+    bed = Bed(proxmox, state, log, locks_log, lock_order, health, {
         "PVESTORD_TEST_COMMAND": str(pvestord), "PVESTORD_LVM": str(lvm),
         "PVESTORD_TEST_LVM_STATE": str(state), "PVESTORD_TEST_LVM_LOG": str(log),
-        "PVESTORD_TEST_LVM_LOCKS_LOG": str(locks_log)}, vg, vg_size, extent)
+        "PVESTORD_TEST_LVM_LOCKS_LOG": str(locks_log),
+        "PVESTORD_TEST_LOCK_ORDER_LOG": str(lock_order)}, vg, vg_size, extent)
     bed.reset()
     return bed
 

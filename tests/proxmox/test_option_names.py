@@ -127,9 +127,9 @@ def test_the_plugin_hands_pvestord_both_names(proxmox: upstream.Upstream,
                                               tmp_path: Path) -> None:
     """The Perl passes on whatever names the section uses; pvestord picks."""
     request = tmp_path / "request.json"
-    recorder = tmp_path / "pvestord"
-    recorder.write_text(f"#!/bin/sh\ncat > {request}\nexit 1\n")
-    recorder.chmod(0o755)
+    recorder = upstream.plugin_stand_in(tmp_path / "pvestord",
+                                        f"printf '%s' \"$request\" > {request}\nexit 1",
+                                        tmp_path / "vg-unhealthy")
     proxmox.write_storage_cfg(FORMER.replace("\tinitial-size 1G\n",
                                              "\tpvestord-initial-size 2G\n"))
     done = proxmox.perl(

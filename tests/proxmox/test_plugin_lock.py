@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +21,6 @@ import pytest
 
 from tests.proxmox import upstream
 
-VENV_BIN = Path(sys.executable).parent
 STORAGE_CFG = ("pvestord: thin1\n\tvgname vg_h1_absent\n\tcontent images\n\tshared 1\n"
                "\tsnapshot-as-volume-chain 1\n\tpvestord-chunksize 256M\n")
 #: How long the slow pvestord waits before it runs: longer than the short alarm.
@@ -64,14 +62,14 @@ def test_stand_in_lock_keeps_cfs_locks_contract(proxmox: upstream.Upstream) -> N
 def slow_pvestord(folder: Path) -> Iterator[Path]:
     """A pvestord that waits :data:`SLOW_START` s, then runs the checkout's;
     it leaves ``started`` (its pid) and, when its wait is over, ``ran``."""
-    wrapper = folder / "pvestord"
-    wrapper.write_text(
-        "#!/bin/sh\n"
+    # Slow only under the lock: the locks to take are asked for before it.
+    wrapper = upstream.plugin_stand_in(
+        folder / "pvestord",
         f"echo $$ > {folder / 'started'}\n"
         f"sleep {SLOW_START}\n"
         f"touch {folder / 'ran'}\n"
-        f"PYTHONPATH={upstream.REPO} exec {VENV_BIN / 'pvestord'} \"$@\"\n")
-    wrapper.chmod(0o755)
+        f"exec {upstream.PVESTORD} \"$@\" <<EOF\n$request\nEOF",
+        folder / "vg-unhealthy")
     try:
         yield wrapper
     finally:

@@ -18,6 +18,7 @@ import json
 import os
 import select
 import subprocess
+import sys
 import tarfile
 import time
 from collections.abc import Mapping, Sequence
@@ -38,9 +39,27 @@ PERL_MODULES = ("AnyEvent", "Clone", "Devel::Cycle", "Encode::Locale", "File::ch
                 "Net::IP", "Net::SSLeay", "NetAddr::IP", "POSIX::strptime",
                 "String::ShellQuote", "Date::Parse", "URI", "LWP::UserAgent", "XML::LibXML")
 PERL_TIMEOUT = 300.0
+#: The checkout's pvestord, as a shell command line.
+PVESTORD = f"PYTHONPATH={REPO} {Path(sys.executable).parent / 'pvestord'}"
 #: Perl that reads storage.cfg through PVE::Storage and prints it as Proxmox writes it.
 READ_AND_WRITE = ('my $cfg = PVE::Storage::config();'
                   'print PVE::Storage::Plugin->write_config("storage.cfg", $cfg);')
+
+
+def plugin_stand_in(path: Path, other_ops: str, health_dir: Path) -> Path:
+    """A ``pvestord`` for the plugin (``$PVESTORD``) at ``path`` that answers
+    ``locks`` as the checkout's does (the storage locks it takes before any
+    other op; VG marks from ``health_dir``) and runs the shell ``other_ops``
+    for every other op, with the request in ``$request`` and :data:`PVESTORD`
+    to run the checkout's on ``$request``."""
+    path.write_text(
+        "#!/bin/sh\nrequest=$(cat)\n"
+        "case \"$request\" in *'\"op\":\"locks\"'*)\n"
+        f"    {PVESTORD} \"$@\" --vg-health-dir {health_dir} <<EOF\n$request\nEOF\n"
+        "    exit $?;;\nesac\n"
+        f"{other_ops}\n")
+    path.chmod(0o755)
+    return path
 
 
 def sources_dir() -> Path:

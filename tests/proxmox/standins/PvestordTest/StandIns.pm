@@ -12,7 +12,8 @@ package PvestordTest::StandIns;
 # the holder first), whose expiry dies with cfs_lock's message; the code's
 # result is returned, an error is left in $@ and undef returned; the caller's
 # own alarm is re-armed afterwards. A test shortens the alarm with
-# $PvestordTest::StandIns::LOCKED_COMMAND_ALARM.
+# $PvestordTest::StandIns::LOCKED_COMMAND_ALARM. Locks nest as cfs_lock's do
+# (each suspends the alarm around it and re-arms it afterwards).
 #
 # $ENV{PVESTORD_TEST_COMMAND}: the pvestord the plugin runs (the checkout's),
 # instead of the installed /usr/bin/pvestord.
@@ -40,6 +41,16 @@ use PVE::RPCEnvironment;
 # Seconds the locked code may run, as cfs_lock's alarm(60).
 our $LOCKED_COMMAND_ALARM = 60;
 
+# $ENV{PVESTORD_TEST_LOCK_ORDER_LOG}: each lock id appended as it is taken,
+# one a line (the order a holder takes several in).
+my sub record_taken {
+    my ($lockid) = @_;
+    my $log = $ENV{PVESTORD_TEST_LOCK_ORDER_LOG} // return;
+    open(my $fh, '>>', $log) or die "lock order log: $!\n";
+    print {$fh} "$lockid\n";
+    close($fh);
+}
+
 my sub local_lock {
     my ($lockid, $timeout, $code, @param) = @_;
 
@@ -52,6 +63,7 @@ my sub local_lock {
         local $SIG{ALRM} = sub { die "got lock request timeout\n" };
         alarm($timeout || 10);
         flock($fh, LOCK_EX) or die "flock $lockid: $!\n";
+        record_taken($lockid);
         local $SIG{ALRM} = sub { die "'$lockid'-locked command timed out - aborting\n" };
         alarm($LOCKED_COMMAND_ALARM);
         $is_code_err = 1;

@@ -8,7 +8,9 @@ package PVE::Storage::Custom::PvestordPlugin;
 # Perl here only maps Proxmox's method calls onto 'pvestord plugin' (JSON on
 # stdin and stdout, see pvestord/features/plugin.py), which decides every size; what it
 # answers is carried out with Proxmox's own helpers, under the storage lock
-# Proxmox's callers hold or that is taken here as LVMPlugin does.
+# Proxmox's callers hold or that is taken here as LVMPlugin does. That lock is
+# the lock of every storage on the VG (cluster_lock_storage below), and none is
+# taken on a VG pvestord has marked unhealthy on this node.
 #
 # Every method not overridden here is LVMPlugin's: activation (after a check
 # of the section), listing, size information, free (with saferemove), rename,
@@ -23,6 +25,7 @@ use warnings;
 use File::Basename qw(basename);
 use JSON;
 use List::Util qw(max);
+use POSIX qw();
 use Time::HiRes qw();
 
 use PVE::Tools qw(run_command);
@@ -209,10 +212,15 @@ sub activate_storage {
 # package variable.)
 our $PVESTORD = '/usr/bin/pvestord';
 
+# How long pvestord may take to answer when no lock alarm bounds it: above its
+# own budget then (30 s, UNTIMED_LOCK_BUDGET in pvestord/features/plugin.py).
+my $UNTIMED_ASK_TIMEOUT = 60;
+
 # One decision of pvestord's: the request with this storage's settings in, the answer out.
 #
-# Every caller holds the storage lock, and cfs_lock runs the locked code under
-# an alarm (60 s) that aborts it well before pmxcfs lets another node take the
+# The question which locks to take comes before any lock and is bounded by a
+# timeout below. Every other caller holds the storage lock, and cfs_lock runs
+# the locked code under an alarm (60 s) that aborts it well before pmxcfs lets another node take the
 # lock (120 s). run_command with a 'timeout' would put that alarm aside while
 # pvestord runs and re-arm it afterwards with the time it had left before, so
 # no timeout is passed: the caller's alarm bounds pvestord. pvestord is told
@@ -242,6 +250,9 @@ my sub ask {
         input => encode_json($request),
         outfunc => sub { $output .= shift },
         errmsg => "pvestord plugin $request->{op}",
+        # With no alarm to put aside (before the locks are taken, or under the
+        # flock of a storage that is not shared), a timeout is what bounds it.
+        ($alarm_left ? () : (timeout => $UNTIMED_ASK_TIMEOUT)),
     );
     # On failure the error goes up to the lock, which ends it and its alarm.
     if ($alarm_left) {
@@ -250,6 +261,65 @@ my sub ask {
         Time::HiRes::alarm($still_left > 0 ? $still_left : 0.001);
     }
     return decode_json($output);
+}
+
+# Proxmox locks 'storage-<storeid>' around a change of a storage's LVM
+# metadata, never the VG: an 'lvm:' and a 'pvestord:' storage on one VG would
+# take two different locks, and Proxmox's lvcreate on the one could write the
+# VG's metadata at the moment our lvcreate on the other does (one update lost,
+# extents given twice). So every lock taken on this storage, by Proxmox's
+# callers (vdisk_alloc, vdisk_free, rename, LVMPlugin's snapshot and free
+# paths) and by the methods below, is the lock of every storage on the VG,
+# each taken as Proxmox takes it for that storage, in the order pvestord's
+# daemon takes them (two holders taking them in one order cannot deadlock).
+# Which ones, in which order, and whether this node may change the VG at all
+# (its unhealthy mark): pvestord decides ('locks', pvestord/features/pluginlocks.py),
+# the daemon's rule; here they are only taken.
+#
+# Nested, each cfs_lock suspends the one around it and gives the code inside
+# its own alarm(60): the innermost alarm bounds the code, and the outer locks
+# are held that long plus the waits for the inner ones. The waits share one
+# budget, $timeout (10 s, what a caller allows for its one lock), so the first
+# lock is held at most some 70 s, inside pmxcfs's 120 s.
+sub cluster_lock_storage {
+    my ($class, $storeid, $shared, $timeout, $func, @param) = @_;
+
+    my $cfg = PVE::Storage::config();
+    my $scfg = $cfg->{ids}->{$storeid} // die "storage '$storeid' does not exist\n";
+    my $ask_locks = sub {
+        my @storages;
+        for my $id (sort keys $cfg->{ids}->%*) {
+            my $section = $cfg->{ids}->{$id};
+            push @storages, {
+                storeid => $id,
+                type => $section->{type},
+                map { defined($section->{$_}) ? ($_ => "$section->{$_}") : () }
+                    qw(vgname shared disable),
+            };
+        }
+        # Refused (an error naming the mark) when the VG is marked on this node.
+        return ask({ $scfg->%*, shared => $shared }, $storeid,
+            { op => 'locks', storages => \@storages });
+    };
+    my $plan = $ask_locks->();
+    my $deadline = Time::HiRes::time() + ($timeout || 10);
+    my $locked = sub {
+        # The daemon may have marked the VG while we waited for the locks:
+        # asked again, pvestord refuses with the mark's reason.
+        $ask_locks->() if -e $plan->{health_mark};
+        return $func->(@param);
+    };
+    for my $lock (reverse $plan->{locks}->@*) {
+        my $inner = $locked;
+        $locked = sub {
+            # cfs_lock and lock_file take whole seconds, at least one.
+            my $wait = max(1, POSIX::ceil($deadline - Time::HiRes::time()));
+            return $class->SUPER::cluster_lock_storage(
+                $lock->{storeid}, $lock->{shared}, $wait, $inner,
+            );
+        };
+    }
+    return $locked->();
 }
 
 # Under the storage lock, ask pvestord how large the LV at $path must be and
