@@ -42,7 +42,8 @@ def _version() -> str:
         return "unknown"
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's parser (its manual page is written from it too)."""
     p = argparse.ArgumentParser(
         prog="qmeventd-py",
         description="QMP event server for QEMU (drop-in for Proxmox's qmeventd) that"
@@ -72,6 +73,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="accepted for qmeventd compatibility; we always run in the foreground")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    return p
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = build_parser()
     args = p.parse_args(argv)
     if args.path is not None and args.socket is not None and args.path != args.socket:
         p.error("give the socket path once (positional or --socket)")

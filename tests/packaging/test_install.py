@@ -149,10 +149,11 @@ def test_install_never_leaves_two_units_for_the_socket(installed_root: Path,
         _dpkg(root, deb, "-i")
         assert _enabled(root, "qmeventd-py.service") == "disabled"
         # The admin masked qmeventd first: a first install enables qmeventd-py.
+        # (Masked after the purge: a removal lifts systemctl's mask, postrm.)
         chroot(root, ["systemctl", "disable", "qmeventd.service"])
         standin.unlink()
-        chroot(root, ["systemctl", "mask", "qmeventd.service"])
         _dpkg(root, deb, "--purge", "pvestord")
+        chroot(root, ["systemctl", "mask", "qmeventd.service"])
         _dpkg(root, deb, "-i")
         assert _enabled(root, "qmeventd-py.service") == "enabled"
         assert _enabled(root, "qmeventd.service") == "masked"
@@ -164,3 +165,94 @@ def test_install_never_leaves_two_units_for_the_socket(installed_root: Path,
         chroot(root, ["systemctl", "disable", "qmeventd.service"], check=False)
         standin.unlink(missing_ok=True)
     assert _enabled(root, "qmeventd-py.service") == "enabled"
+
+
+#: Every Proxmox daemon that loads storage plugins when it starts
+#: (docs/operations.md): the postinst reloads those that run.
+PROXMOX_DAEMONS = ("pvedaemon.service", "pveproxy.service", "pvestatd.service",
+                   "pvescheduler.service", "pve-ha-crm.service", "pve-ha-lrm.service")
+#: A stand-in for systemctl, first on the postinst's PATH: the root has no
+#: systemd running (and no Proxmox). It records every call and reports the
+#: units named in ``active`` as running, every other one as not.
+_SYSTEMCTL_STANDIN = """\
+#!/bin/sh
+# Stand-in for systemctl (tests/packaging/test_install.py), not systemd's.
+dir=/tmp/standin-systemctl
+echo "$*" >>"$dir/calls"
+case " $* " in
+*" is-active "*)
+	for arg; do
+		case "$arg" in *.service) grep -qxF "$arg" "$dir/active" && exit 0 ;; esac
+	done
+	exit 3 ;;
+*" is-enabled "*) exit 1 ;;
+esac
+exit 0
+"""
+
+
+def test_postinst_reloads_the_proxmox_daemons_that_run(installed_root: Path) -> None:
+    """Every daemon that loads storage plugins learns ours at configure, the
+    scheduler and HA services too (issue 38 item 3); one that is not running is
+    left alone, and the postinst says which it reloaded."""
+    root = installed_root
+    standin = root / "tmp/standin-systemctl"
+    running = ("pvedaemon.service", "pvestatd.service", "pvescheduler.service",
+               "pve-ha-lrm.service")
+    systemd_dir = root / "run/systemd/system"
+    made_systemd_dir = not systemd_dir.exists()
+    standin.mkdir()
+    try:
+        (standin / "systemctl").write_text(_SYSTEMCTL_STANDIN)
+        (standin / "systemctl").chmod(0o755)
+        (standin / "active").write_text("".join(f"{u}\n" for u in running))
+        systemd_dir.mkdir(parents=True, exist_ok=True)
+        done = chroot(root, ["env", "PATH=/tmp/standin-systemctl:/usr/sbin:/usr/bin:/sbin:/bin",
+                             "/var/lib/dpkg/info/pvestord.postinst", "configure",
+                             pyproject_version()])
+        calls = (standin / "calls").read_text().splitlines()
+    finally:
+        shutil.rmtree(standin)
+        if made_systemd_dir:
+            systemd_dir.rmdir()
+    touched = [c.split()[-1] for c in calls
+               if c.split()[0] in ("reload-or-try-restart", "try-reload-or-restart")]
+    assert touched == list(running), calls
+    assert not [c for c in calls for u in PROXMOX_DAEMONS if u not in running
+                and u in c.split() and "is-active" not in c.split()], calls
+    said = [line for line in done.stdout.splitlines() if "reloaded" in line]
+    assert said and all(u.removesuffix(".service") in said[0] for u in running), done.stdout
+
+
+def _fake_pve_storage(root: Path, apiver: int, apiage: int) -> Path:
+    """A PVE/Storage.pm declaring an API window, as pve-storage's does; no
+    Proxmox package is installable here."""
+    path = root / "usr/share/perl5/PVE/Storage.pm"
+    path.write_text(f"package PVE::Storage;\nuse constant APIVER => {apiver};\n"
+                    f"use constant APIAGE => {apiage};\n1;\n")
+    return path
+
+
+@pytest.mark.parametrize(("apiver", "apiage", "says"),
+                         [(14, 5, "libpve-storage-perl 9.1.6 or newer"),
+                          (22, 6, "no longer offers")])
+def test_preinst_refuses_a_storage_api_without_the_plugins(
+        installed_root: Path, deb: Path, apiver: int, apiage: int, says: str) -> None:
+    """Where PVE::Storage would refuse the plugin (an API older than 15, or
+    one that dropped 15), dpkg refuses the package before unpacking it, with
+    the reason; the storage type never silently disappears."""
+    root = installed_root
+    fake = _fake_pve_storage(root, apiver, apiage)
+    shutil.copy2(deb, root / "tmp" / deb.name)
+    try:
+        done = chroot(root, ["dpkg", "-i", f"/tmp/{deb.name}"], timeout=DPKG_TIMEOUT,
+                      check=False)
+    finally:
+        fake.unlink()
+        (root / "tmp" / deb.name).unlink()
+    assert done.returncode != 0, done.stdout
+    assert says in done.stdout + done.stderr, done.stdout + done.stderr
+    assert f"APIVER {apiver}" in done.stdout + done.stderr
+    # Refused before anything was unpacked: the installed package is as it was.
+    status = chroot(root, ["dpkg-query", "-W", "-f=${Status}", "pvestord"])
+    assert status.stdout == "install ok installed"
