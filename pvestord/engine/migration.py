@@ -39,7 +39,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -51,6 +51,8 @@ from pvestord.adapters.config import StorageConfig, ThinStorage
 from pvestord.adapters.locks import Held, VgLock, vg_lock
 from pvestord.adapters.qmp import (
     MIGRATION_STATES,
+    BlockNodes,
+    RunState,
     VmBusyError,
     VmMonitor,
     migration_status_from,
@@ -63,23 +65,24 @@ from pvestord.engine.gates import STORAGE_LOCK_TIMEOUT
 from pvestord.engine.oncelog import OncePerChange
 from pvestord.engine.pervm import forget_vm
 from pvestord.errors import PvestordError
+from pvestord.policy.blockjobs import WRITING, BlockJob, JobEdges
 from pvestord.policy.lvnames import chain_vmid
 from pvestord.policy.sizes import format_size
 from pvestord.policy.vmconfig import (
     MIGRATE_LOCK_GRACE,
+    MIGRATING_STATUSES,
     RENAMING_LOCK_GRACE,
     RENAMING_LOCKS,
     ConfigLockRule,
     config_lock_rule,
+    source_migrating,
 )
 
 log = logging.getLogger(__name__)
 
 #: ``query-migrate`` statuses of a migration in flight (``completed`` leaves
 #: the source in run state ``postmigrate``, already one of MIGRATION_STATES).
-MIGRATING = frozenset({"setup", "active", "postcopy-active", "postcopy-paused",
-                       "postcopy-recover", "pre-switchover", "device", "wait-unplug",
-                       "cancelling"})
+MIGRATING = MIGRATING_STATUSES
 #: How long an outgoing mark defers extensions while QEMU shows no migration
 #: in flight, counted from when the mark was written or the migration was
 #: last seen in flight (which refreshes the mark). The hook calls ``begin``
@@ -244,8 +247,9 @@ def config_lock(settings: DaemonSettings, vmid: int, *, in_flight: bool,
     return config_lock_rule(found.lock, age=found.age, in_flight=in_flight, quiet=seen_quiet)
 
 
-async def migrating_away(monitor: VmMonitor) -> bool:
-    """Whether the VM behind ``monitor`` is migrating away, or has gone.
+async def migration_under_way(monitor: VmMonitor, run: RunState | None = None) -> bool:
+    """Whether ``query-migrate`` shows the VM behind ``monitor`` migrating
+    away, or gone (``run``: its run state, if already read).
 
     ``completed`` alone is not enough: a destination reports its incoming
     migration as ``completed`` too. The source is the one left in run state
@@ -254,11 +258,34 @@ async def migrating_away(monitor: VmMonitor) -> bool:
     completed, and grew the LV of a VM that already ran on the other node.
     """
     status = migration_status_from(await monitor.execute("query-migrate"))
-    if status in MIGRATING:
+    if source_migrating(migration_status=status):
         return True
     if status == "completed":
-        return (await monitor.run_state()).status in MIGRATION_STATES
+        return (run or await monitor.run_state()).status in MIGRATION_STATES
     return False
+
+
+def mirroring_to_nbd(jobs: tuple[BlockJob, ...], nodes: BlockNodes,
+                     graph: Mapping[str, JobEdges]) -> bool:
+    """Whether a mirror into an NBD export runs in the VM (what one look
+    read: its jobs, nodes and job graph): a live migration's local disks
+    copied into the target QEMU, which has the shared LVs open already
+    (:func:`pvestord.policy.vmconfig.mirrors_to_nbd`)."""
+    return source_migrating(migration_status=None, jobs=jobs, nbd_nodes=nodes.nbd,
+                            targets={job: edges.target for job, edges in graph.items()})
+
+
+async def migrating_away(monitor: VmMonitor) -> bool:
+    """Whether the VM behind ``monitor`` is migrating away, or has gone: the
+    ``query-migrate`` of :func:`migration_under_way`, or a mirror into an NBD
+    export (:func:`mirroring_to_nbd`). The nodes and the job graph are read
+    only while a mirror may write: a VM without one costs two commands."""
+    if await migration_under_way(monitor):
+        return True
+    jobs = await monitor.block_jobs()
+    if not any(job.type == "mirror" and job.status in WRITING for job in jobs):
+        return False
+    return mirroring_to_nbd(jobs, await monitor.block_nodes(), await monitor.job_graph())
 
 
 def extensions_defer(settings: DaemonSettings, vmid: int, *, in_flight: bool,
