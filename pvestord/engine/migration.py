@@ -7,7 +7,8 @@ it takes the device's size when its block nodes are activated at the
 switchover: a refresh after that comes too late. So:
 
 * **defer on the source**: while the VM migrates, its source node does not
-  extend its drives (a pass sees the migration in ``query-migrate``, or the
+  extend its drives (a pass sees the migration in ``query-migrate`` or a
+  mirror into the target's NBD export (:func:`mirroring_to_nbd`), or the
   mark left by :func:`begin` with role ``outgoing``, and leaves the VM alone;
   a guest that fills its LV meanwhile pauses on ENOSPC, and the destination
   extends and resumes it). The mark defers only while QEMU reports the
@@ -22,7 +23,7 @@ switchover: a refresh after that comes too late. So:
   thin LV of the VM whose device-mapper table is smaller than the metadata,
   under the storage lock (so an extension in flight on another node finishes
   first); the daemon does the same for an incoming VM it finds in state
-  ``inmigrate``;
+  ``inmigrate``, under the lock on every look (:mod:`pvestord.engine.incoming`);
 * **arm on the destination** once the VM runs there: the daemon's reconcile.
 
 The mark is a file beside the VM's pidfile, ``<run_dir>/<vmid>.migrating``
