@@ -247,8 +247,7 @@ class Extender:
             # The destination of a live migration: its QEMU takes the
             # devices' sizes at the switchover, so catch up now with
             # whatever the source grew (docs/design.md, "Live migration").
-            await catch_up_incoming(vm, await self.figures.drives(look.found, fresh=True),
-                                    gates=self.gates, figures=self.figures,
+            await catch_up_incoming(vm, look.found, gates=self.gates, figures=self.figures,
                                     extending=self.extending, changes=self.lvm_changes)
         if run.status in MIGRATION_STATES:
             raise VmBusyError(f"VM {vm.vmid} is in state {run.status}: later")

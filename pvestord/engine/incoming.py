@@ -8,13 +8,14 @@ migration").
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from pvestord.adapters import lvm
 from pvestord.adapters.command import KILL_WAIT
 from pvestord.adapters.lockheld import LockTimeout
 from pvestord.adapters.service import fields
 from pvestord.adapters.vms import LocalVm
-from pvestord.engine.drive import Drive
+from pvestord.engine.drive import DriveCandidate
 from pvestord.engine.gates import STORAGE_LOCK_TIMEOUT, VgGates
 from pvestord.engine.lvfigures import LvFigures
 from pvestord.engine.lvmchanges import LvmChanges
@@ -24,7 +25,7 @@ from pvestord.policy.sizes import format_size
 log = logging.getLogger("pvestord.engine.extender")
 
 
-async def catch_up_incoming(vm: LocalVm, drives: list[Drive], *, gates: VgGates,
+async def catch_up_incoming(vm: LocalVm, drives: Sequence[DriveCandidate], *, gates: VgGates,
                             figures: LvFigures, extending: set[tuple[int, str]],
                             changes: LvmChanges,
                             budget: float = STORAGE_LOCK_TIMEOUT) -> None:
@@ -45,12 +46,13 @@ async def catch_up_incoming(vm: LocalVm, drives: list[Drive], *, gates: VgGates,
     backoff (up to a minute) would space the looks out just when the
     switchover may come; the next look, seconds later, tries again.
 
-    ``drives``: the VM's drives as the look found them (their LV names);
-    their sizes are read again under the lock. ``extending`` shows a drive
+    ``drives``: the VM's thin drives as the look found them, bound to the
+    LVs QEMU has open; their sizes are read under the lock alone, so a look
+    costs no LVM read (nor ``qemu-img``) outside it. ``extending`` shows a drive
     as being extended (status) while its refresh runs, as ``changes`` does
     for the pass deadline: never during a lock wait, which changes nothing.
     """
-    by_vg: dict[str, list[Drive]] = {}
+    by_vg: dict[str, list[DriveCandidate]] = {}
     for drive in drives:
         if drive.storage is not None:
             by_vg.setdefault(drive.vg, []).append(drive)

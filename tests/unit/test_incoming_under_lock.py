@@ -12,18 +12,21 @@ and this node's device-mapper tables (``lvm.list_lvs``, ``device_size``,
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import cast
 
 import pytest
 
-from pvestord.adapters import lvm
+from pvestord.adapters import devices, lvm
 from pvestord.adapters.config import parse_storage_config
 from pvestord.adapters.lockheld import LockTimeout
-from pvestord.adapters.qmp import ThinDriveView
+from pvestord.adapters.qmp import ThinDriveView, VmBusyError
+from pvestord.adapters.settings import DaemonSettings
 from pvestord.adapters.vms import LocalVm
 from pvestord.engine.drive import Drive
+from pvestord.engine.extender import Extender
 from pvestord.engine.gates import VgGates
 from pvestord.engine.incoming import catch_up_incoming
 from pvestord.engine.lvfigures import LvFigures
@@ -163,3 +166,50 @@ async def test_a_busy_lock_skips_the_look_without_failing_the_pass(
     used.append(gates)
     await run(gates, [drive(0, GiB + 256 * MiB)])
     assert table[lv] == GiB  # the next look refreshes it
+
+
+async def test_the_pass_over_an_inmigrate_vm_refreshes_under_the_lock(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wiring: a whole :class:`~pvestord.engine.extender.Extender` pass
+    over an ``inmigrate`` VM (the fake QEMU and ``lvm`` of
+    test_leftover_renaming_lock.py, a real lock directory) refreshes the
+    table another node left behind, holding the storage lock, and leaves
+    the VM for later."""
+    from tests.unit.test_leftover_renaming_lock import FAKE_LVM, LV, FakeQemu, running
+
+    class IncomingQemu(FakeQemu):
+        def reply(self, command: str, arguments: dict[str, object]) -> object:
+            if command == "query-status":
+                return {"running": False, "status": "inmigrate"}
+            return super().reply(command, arguments)
+
+    script = tmp_path / "fake_lvm"
+    script.write_text(FAKE_LVM)
+    script.chmod(0o755)
+    (tmp_path / "sizes.json").write_text(f'{{"{LV}": {GiB + 256 * MiB}}}')
+    monkeypatch.setenv("PVESTORD_LVM", str(script))
+    table = {LV: GiB}  # the source grew the LV; this node's table is as activated
+    locks = tmp_path / "locks"
+    locks.mkdir()
+
+    async def refresh(vg: str, lv: str, **_: object) -> None:
+        assert any(locks.iterdir()), "refreshed without the storage lock"
+        table[lv] = GiB + 256 * MiB
+
+    monkeypatch.setattr(lvm, "device_size", lambda vg, lv: table[lv])
+    monkeypatch.setattr(lvm, "refresh", refresh)
+    monkeypatch.setattr(devices, "open_block_devices", lambda pid, proc=None: None)
+    settings = DaemonSettings(node="pve2", queue=tmp_path / "extend-queue",
+                              nodes_dir=tmp_path / "nodes", run_dir=tmp_path, lock_dir=locks,
+                              vg_health_dir=tmp_path / "marks", lvm_shell=False)
+    storage = parse_storage_config(
+        "lvm: san1\n\tvgname san\n\tshared 1\n\tpvestord-chunksize 256M\n", "storage.cfg")
+    extender = Extender(settings, lambda: storage)
+    vm = LocalVm(VMID, os.getpid(), tmp_path / f"{VMID}.qmp")
+    try:
+        async with running(IncomingQemu(tmp_path), vm.qmp_socket):
+            with pytest.raises(VmBusyError, match="inmigrate"):
+                await extender.handle(vm)
+    finally:
+        await extender.close()
+    assert table[LV] == GiB + 256 * MiB
