@@ -61,7 +61,7 @@ from pvestord.adapters.qmp import (
 from pvestord.adapters.service import fields
 from pvestord.adapters.settings import DaemonSettings
 from pvestord.adapters.vghealth import VgHealth
-from pvestord.adapters.vmconfig import read_config_lock
+from pvestord.adapters.vmconfig import migration_task_running, read_config_lock
 from pvestord.engine.gates import STORAGE_LOCK_TIMEOUT
 from pvestord.engine.oncelog import OncePerChange
 from pvestord.engine.pervm import forget_vm
@@ -238,13 +238,23 @@ def config_lock(settings: DaemonSettings, vmid: int, *, in_flight: bool,
     on the target, so it defers like the hint's mark, with no hint at all. A
     left-over one is said at warning (``qm unlock`` clears it) and defers
     nothing (the engine says so at warning), so that a guest paused for room
-    is not kept waiting for an admin. A renaming lock is judged left over
-    from ``quiet``'s count as the pass left it (none: never).
+    is not kept waiting for an admin. It is never left over while the source
+    shows a migration under way: ``in_flight`` (what QEMU showed the caller),
+    or qemu-server's ``qmigrate`` task for the VM still running on this node
+    (:func:`pvestord.adapters.vmconfig.migration_task_running`). A renaming
+    lock is judged left over from ``quiet``'s count as the pass left it
+    (none: never).
     """
     found = read_config_lock(settings.reports_dir, settings.node, vmid, now)
     if found is None:
         return ConfigLockRule.NONE
     seen_quiet = 0.0 if quiet is None else quiet.quiet_for(vmid, found.lock)
+    # qemu-server's task is asked only when nothing else kept the lock
+    # fresh: files alone, so under the storage lock too.
+    if found.lock == "migrate" and not in_flight and abs(found.age) >= MIGRATE_LOCK_GRACE:
+        in_flight = source_migrating(
+            migration_status=None,
+            task_running=migration_task_running(settings.node, vmid))
     return config_lock_rule(found.lock, age=found.age, in_flight=in_flight, quiet=seen_quiet)
 
 

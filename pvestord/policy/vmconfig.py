@@ -142,15 +142,52 @@ def mirrors_to_nbd(jobs: Iterable[BlockJob], nbd_nodes: Collection[str],
 
 def source_migrating(*, migration_status: str | None, jobs: Iterable[BlockJob] = (),
                      nbd_nodes: Collection[str] = (),
-                     targets: Mapping[str, str | None] | None = None) -> bool:
-    """Whether the source QEMU shows a live migration under way: the
-    ``query-migrate`` status of one in flight, or a mirror of a local disk
-    into the target over NBD (:func:`mirrors_to_nbd`), which qemu-server runs
-    between the target's start and ``migrate``. Either keeps ``lock:
-    migrate`` from being taken as left over (:func:`config_lock_rule`'s
-    ``in_flight``)."""
-    return migration_status in MIGRATING_STATUSES or mirrors_to_nbd(
+                     targets: Mapping[str, str | None] | None = None,
+                     task_running: bool = False) -> bool:
+    """Whether the source shows a live migration under way: the
+    ``query-migrate`` status of one in flight, a mirror of a local disk into
+    the target over NBD (:func:`mirrors_to_nbd`), which qemu-server runs
+    between the target's start and ``migrate``, or qemu-server's
+    ``qmigrate`` task still running here (``task_running``,
+    :func:`migration_tasks`). Any keeps ``lock: migrate`` from being taken as
+    left over (:func:`config_lock_rule`'s ``in_flight``)."""
+    return task_running or migration_status in MIGRATING_STATUSES or mirrors_to_nbd(
         jobs, nbd_nodes, {} if targets is None else targets)
+
+
+def migration_tasks(active: str, node: str, vmid: int) -> list[tuple[int, int]]:
+    """The ``(pid, pstart)`` of every ``qmigrate`` task of ``vmid`` started on
+    ``node`` that Proxmox's task list ``active`` (``/var/log/pve/tasks/active``)
+    names, finished or not: only the process tells (:func:`task_alive`).
+
+    Each line starts with a UPID, ``UPID:<node>:<pid>:<pstart>:<starttime>:
+    <type>:<id>:<user>:``, the numbers in hexadecimal; a finished task's
+    line carries its end and status after it. ``pstart`` is the worker's
+    start time in clock ticks (``/proc/<pid>/stat``, field 22): Proxmox's own
+    ``check_process_running`` takes a task as running only while a process
+    with that pid and that start lives, which a reused pid or a reboot never
+    matches. Lines that are not UPIDs are skipped.
+    """
+    found = []
+    for line in active.splitlines():
+        parts = line.split(" ", 1)[0].split(":")
+        if len(parts) < 8 or parts[0] != "UPID" or parts[1] != node:
+            continue
+        if parts[5] != "qmigrate" or parts[6] != str(vmid):
+            continue
+        try:
+            found.append((int(parts[2], 16), int(parts[3], 16)))
+        except ValueError:
+            continue
+    return found
+
+
+def task_alive(stat: str, pstart: int) -> bool:
+    """Whether ``/proc/<pid>/stat``'s text ``stat`` is the task's worker:
+    its start time (field 22, counted after the command's closing
+    parenthesis, which may itself hold spaces) is the UPID's ``pstart``."""
+    fields = stat.rpartition(")")[2].split()
+    return len(fields) > 19 and fields[19] == str(pstart)
 
 
 class ConfigLockRule(enum.Enum):
