@@ -41,6 +41,7 @@ from pvestord.policy import (
     qom_path,
 )
 from pvestord.policy.devices import own_filename
+from pvestord.policy.vmconfig import nbd_node
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,9 @@ class BlockNodes:
     #: The image each named node opens (:func:`filenames_from`): what
     #: ``qemu-img`` is pointed at to read a layer's allocation map.
     filenames: dict[str, str]
+    #: The nodes that are NBD clients (:func:`pvestord.policy.vmconfig.nbd_node`):
+    #: a live migration's mirror targets.
+    nbd: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -255,7 +259,8 @@ class VmMonitor:
         stats = await self.execute("query-blockstats", {"query-nodes": True})
         names = {n["node-name"] for n in nodes if isinstance(n, dict)
                  and isinstance(n.get("node-name"), str)} if isinstance(nodes, list) else set()
-        return BlockNodes(thin_drives_from(nodes, stats), names, filenames_from(nodes))
+        return BlockNodes(thin_drives_from(nodes, stats), names, filenames_from(nodes),
+                          nbd_nodes_from(nodes))
 
     async def set_threshold(self, file_node: str, offset: int) -> None:
         """Arm (``offset`` > 0) or disarm (0) the one-shot write threshold."""
@@ -397,6 +402,14 @@ def filenames_from(nodes: object) -> dict[str, str]:
             if path is not None:
                 found[node["node-name"]] = path
     return found
+
+
+def nbd_nodes_from(nodes: object) -> frozenset[str]:
+    """The node-names of a ``query-named-block-nodes`` reply that are NBD
+    clients (:func:`pvestord.policy.vmconfig.nbd_node`); junk is skipped."""
+    return frozenset(node["node-name"] for node in (nodes if isinstance(nodes, list) else ())
+                     if isinstance(node, dict) and isinstance(node.get("node-name"), str)
+                     and nbd_node(node.get("drv"), node.get("file")))
 
 
 def job_graph_from(graph: object) -> dict[str, JobEdges]:

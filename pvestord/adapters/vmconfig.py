@@ -12,10 +12,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pvestord.policy.vmconfig import config_lock
+from pvestord.policy.vmconfig import config_lock, migration_tasks, task_alive
 
 #: A config is a few KiB; anything far larger is not one, and is not read whole.
 MAX_CONFIG_BYTES = 1024 * 1024
+#: Proxmox's list of this node's running and recent tasks (pvedaemon,
+#: pveproxy and ``qm`` keep it; root-readable).
+TASKS_ACTIVE = Path("/var/log/pve/tasks/active")
+#: It holds the running tasks and a few recent ones: a few KiB.
+MAX_TASKS_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -42,3 +47,26 @@ def read_config_lock(nodes_dir: Path, node: str, vmid: int,
     except (FileNotFoundError, NotADirectoryError):
         return None
     return ConfigLock(config_lock(text), (time.time() if now is None else now) - mtime)
+
+
+def migration_task_running(node: str, vmid: int, *, active: Path | None = None,
+                           proc: Path = Path("/proc")) -> bool:
+    """Whether qemu-server's ``qmigrate`` task for ``vmid`` runs on ``node``
+    (:func:`pvestord.policy.vmconfig.migration_tasks`): the task that wrote
+    ``lock: migrate`` and removes it at its end, alive however long its
+    target's start or its disks' mirror takes. A node without the list (no
+    Proxmox, a test bed) or a list we may not read says no: the other
+    signs of a migration still count. Two small file reads, no process."""
+    try:
+        with (TASKS_ACTIVE if active is None else active).open("rb") as tasks:
+            text = tasks.read(MAX_TASKS_BYTES).decode("utf-8", errors="replace")
+    except (FileNotFoundError, NotADirectoryError, PermissionError):
+        return False
+    for pid, pstart in migration_tasks(text, node, vmid):
+        try:
+            stat = (proc / str(pid) / "stat").read_text(errors="replace")
+        except (FileNotFoundError, NotADirectoryError, PermissionError, ProcessLookupError):
+            continue
+        if task_alive(stat, pstart):
+            return True
+    return False

@@ -8,13 +8,15 @@ migration").
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from pvestord.adapters import lvm
+from pvestord.adapters.command import KILL_WAIT
+from pvestord.adapters.lockheld import LockTimeout
 from pvestord.adapters.service import fields
 from pvestord.adapters.vms import LocalVm
-from pvestord.engine import migration
-from pvestord.engine.drive import Drive
-from pvestord.engine.gates import VgGates
+from pvestord.engine.drive import DriveCandidate
+from pvestord.engine.gates import STORAGE_LOCK_TIMEOUT, VgGates
 from pvestord.engine.lvfigures import LvFigures
 from pvestord.engine.lvmchanges import LvmChanges
 from pvestord.policy.sizes import format_size
@@ -23,35 +25,64 @@ from pvestord.policy.sizes import format_size
 log = logging.getLogger("pvestord.engine.extender")
 
 
-async def catch_up_incoming(vm: LocalVm, drives: list[Drive], *, gates: VgGates,
+async def catch_up_incoming(vm: LocalVm, drives: Sequence[DriveCandidate], *, gates: VgGates,
                             figures: LvFigures, extending: set[tuple[int, str]],
-                            changes: LvmChanges) -> None:
+                            changes: LvmChanges,
+                            budget: float = STORAGE_LOCK_TIMEOUT) -> None:
     """Refresh every thin LV of an incoming VM that another node grew.
 
-    ``drives`` freshly read from LVM. Compared without the lock (LVM's
-    metadata against this node's table): the lock is taken, and the
-    comparison made again under it, only when the table is behind. A VM
-    waiting in ``inmigrate`` is looked at on every retry, and a storage-lock
-    round trip per drive each time was most of the load of a migration
-    (REVIEW 4.1). ``extending`` shows the drive as being extended (status)
-    from the lock wait on; ``changes`` marks it only while the refresh runs.
+    Compared under the storage lock, on every look at a VM in ``inmigrate``
+    (the busy backoff's pace, at most 4 s apart): the source's extension
+    takes that lock for its ``lvextend``, so one in flight has committed by
+    the time the comparison reads LVM, and one that commits later is seen
+    by the next look. Compared without the lock, an extension committing
+    just then was missed until the next look, which may come after the
+    switchover (REVIEW-3 H4). What it costs is bounded for the lock's other
+    users (REVIEW 4.1): one lock round trip per VG and look, never one per
+    drive; under it one ``lvs`` of the VG, and a refresh only for a drive
+    whose table is behind, each started only while the lock stays ours for
+    the refresh's whole budget. A lock that stays busy past ``budget``
+    skips this look (said at info) instead of failing the pass: a failure's
+    backoff (up to a minute) would space the looks out just when the
+    switchover may come; the next look, seconds later, tries again.
+
+    ``drives``: the VM's thin drives as the look found them, bound to the
+    LVs QEMU has open; their sizes are read under the lock alone, so a look
+    costs no LVM read (nor ``qemu-img``) outside it. ``extending`` shows a drive
+    as being extended (status) while its refresh runs, as ``changes`` does
+    for the pass deadline: never during a lock wait, which changes nothing.
     """
+    by_vg: dict[str, list[DriveCandidate]] = {}
     for drive in drives:
-        if drive.storage is None or lvm.device_size(drive.vg, drive.lv) >= drive.lv_size:
-            continue
-        key = (vm.vmid, drive.view.file_node)
-        extending.add(key)
+        if drive.storage is not None:
+            by_vg.setdefault(drive.vg, []).append(drive)
+    for vg, group in by_vg.items():
+        storage = group[0].storage
+        assert storage is not None
         try:
-            async with gates.locked(drive.vg, drive.storage) as held:
-                done = await migration.catch_up(
-                    drive.vg, drive.lv, held=held,
-                    changing=changes.running(vm.vmid, drive.view.file_node))
-        finally:
-            extending.discard(key)
-        if done.action == "refreshed":
-            figures.changed(drive.vg)
-            log.info("VM %d %s: incoming migration: LV %s refreshed %s -> %s", vm.vmid,
-                     drive.view.file_node, drive.view.path, format_size(done.old),
-                     format_size(done.new), extra=fields(
-                         VMID=vm.vmid, BLOCK_NODE=drive.view.file_node, LV=drive.lv,
-                         VG=drive.vg, OLD_SIZE=done.old, NEW_SIZE=done.new))
+            async with gates.locked(vg, storage, budget) as held:
+                sizes = {row.lv: row.size for row in await lvm.list_lvs(vg)}
+                for drive in group:
+                    size = sizes.get(drive.lv)
+                    if size is None:
+                        continue  # renamed or gone since the look: the next one sees
+                    device = lvm.device_size(vg, drive.lv)
+                    if device >= size:
+                        continue
+                    held.require(lvm.CHANGE_TIMEOUT + KILL_WAIT)
+                    key = (vm.vmid, drive.view.file_node)
+                    extending.add(key)
+                    try:
+                        with changes.running(vm.vmid, drive.view.file_node):
+                            await lvm.refresh(vg, drive.lv)
+                    finally:
+                        extending.discard(key)
+                    figures.changed(vg)
+                    log.info("VM %d %s: incoming migration: LV %s refreshed %s -> %s",
+                             vm.vmid, drive.view.file_node, drive.view.path,
+                             format_size(device), format_size(size), extra=fields(
+                                 VMID=vm.vmid, BLOCK_NODE=drive.view.file_node, LV=drive.lv,
+                                 VG=vg, OLD_SIZE=device, NEW_SIZE=size))
+        except LockTimeout as err:
+            log.info("VM %d: incoming migration: VG %s not compared this time: %s",
+                     vm.vmid, vg, err, extra=fields(VMID=vm.vmid, VG=vg))

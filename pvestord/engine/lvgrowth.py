@@ -129,6 +129,9 @@ class LvGrowth:
             # writes; those grow the LV QEMU has open, by its name as of now:
             # Proxmox renames under this very lock. A renaming lock the pass
             # judged left over is judged again on the config as it is now.
+            # ``in_flight=False`` here does not age out a lock: what QEMU
+            # shows (query-migrate, a mirror into the target's NBD export)
+            # was asked just before the lock and deferred already.
             lock_rule = migration.config_lock(self.settings, vm.vmid, in_flight=False,
                                               quiet=self._quiet_locks)
             if migration.outgoing_marked(self.settings.run_dir, vm.vmid) or \

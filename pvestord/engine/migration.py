@@ -7,7 +7,8 @@ it takes the device's size when its block nodes are activated at the
 switchover: a refresh after that comes too late. So:
 
 * **defer on the source**: while the VM migrates, its source node does not
-  extend its drives (a pass sees the migration in ``query-migrate``, or the
+  extend its drives (a pass sees the migration in ``query-migrate`` or a
+  mirror into the target's NBD export (:func:`mirroring_to_nbd`), or the
   mark left by :func:`begin` with role ``outgoing``, and leaves the VM alone;
   a guest that fills its LV meanwhile pauses on ENOSPC, and the destination
   extends and resumes it). The mark defers only while QEMU reports the
@@ -22,7 +23,7 @@ switchover: a refresh after that comes too late. So:
   thin LV of the VM whose device-mapper table is smaller than the metadata,
   under the storage lock (so an extension in flight on another node finishes
   first); the daemon does the same for an incoming VM it finds in state
-  ``inmigrate``;
+  ``inmigrate``, under the lock on every look (:mod:`pvestord.engine.incoming`);
 * **arm on the destination** once the VM runs there: the daemon's reconcile.
 
 The mark is a file beside the VM's pidfile, ``<run_dir>/<vmid>.migrating``
@@ -39,7 +40,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -51,6 +52,8 @@ from pvestord.adapters.config import StorageConfig, ThinStorage
 from pvestord.adapters.locks import Held, VgLock, vg_lock
 from pvestord.adapters.qmp import (
     MIGRATION_STATES,
+    BlockNodes,
+    RunState,
     VmBusyError,
     VmMonitor,
     migration_status_from,
@@ -58,28 +61,29 @@ from pvestord.adapters.qmp import (
 from pvestord.adapters.service import fields
 from pvestord.adapters.settings import DaemonSettings
 from pvestord.adapters.vghealth import VgHealth
-from pvestord.adapters.vmconfig import read_config_lock
+from pvestord.adapters.vmconfig import migration_task_running, read_config_lock
 from pvestord.engine.gates import STORAGE_LOCK_TIMEOUT
 from pvestord.engine.oncelog import OncePerChange
 from pvestord.engine.pervm import forget_vm
 from pvestord.errors import PvestordError
+from pvestord.policy.blockjobs import WRITING, BlockJob, JobEdges
 from pvestord.policy.lvnames import chain_vmid
 from pvestord.policy.sizes import format_size
 from pvestord.policy.vmconfig import (
     MIGRATE_LOCK_GRACE,
+    MIGRATING_STATUSES,
     RENAMING_LOCK_GRACE,
     RENAMING_LOCKS,
     ConfigLockRule,
     config_lock_rule,
+    source_migrating,
 )
 
 log = logging.getLogger(__name__)
 
 #: ``query-migrate`` statuses of a migration in flight (``completed`` leaves
 #: the source in run state ``postmigrate``, already one of MIGRATION_STATES).
-MIGRATING = frozenset({"setup", "active", "postcopy-active", "postcopy-paused",
-                       "postcopy-recover", "pre-switchover", "device", "wait-unplug",
-                       "cancelling"})
+MIGRATING = MIGRATING_STATUSES
 #: How long an outgoing mark defers extensions while QEMU shows no migration
 #: in flight, counted from when the mark was written or the migration was
 #: last seen in flight (which refreshes the mark). The hook calls ``begin``
@@ -234,18 +238,29 @@ def config_lock(settings: DaemonSettings, vmid: int, *, in_flight: bool,
     on the target, so it defers like the hint's mark, with no hint at all. A
     left-over one is said at warning (``qm unlock`` clears it) and defers
     nothing (the engine says so at warning), so that a guest paused for room
-    is not kept waiting for an admin. A renaming lock is judged left over
-    from ``quiet``'s count as the pass left it (none: never).
+    is not kept waiting for an admin. It is never left over while the source
+    shows a migration under way: ``in_flight`` (what QEMU showed the caller),
+    or qemu-server's ``qmigrate`` task for the VM still running on this node
+    (:func:`pvestord.adapters.vmconfig.migration_task_running`). A renaming
+    lock is judged left over from ``quiet``'s count as the pass left it
+    (none: never).
     """
     found = read_config_lock(settings.reports_dir, settings.node, vmid, now)
     if found is None:
         return ConfigLockRule.NONE
     seen_quiet = 0.0 if quiet is None else quiet.quiet_for(vmid, found.lock)
+    # qemu-server's task is asked only when nothing else kept the lock
+    # fresh: files alone, so under the storage lock too.
+    if found.lock == "migrate" and not in_flight and abs(found.age) >= MIGRATE_LOCK_GRACE:
+        in_flight = source_migrating(
+            migration_status=None,
+            task_running=migration_task_running(settings.node, vmid))
     return config_lock_rule(found.lock, age=found.age, in_flight=in_flight, quiet=seen_quiet)
 
 
-async def migrating_away(monitor: VmMonitor) -> bool:
-    """Whether the VM behind ``monitor`` is migrating away, or has gone.
+async def migration_under_way(monitor: VmMonitor, run: RunState | None = None) -> bool:
+    """Whether ``query-migrate`` shows the VM behind ``monitor`` migrating
+    away, or gone (``run``: its run state, if already read).
 
     ``completed`` alone is not enough: a destination reports its incoming
     migration as ``completed`` too. The source is the one left in run state
@@ -254,11 +269,34 @@ async def migrating_away(monitor: VmMonitor) -> bool:
     completed, and grew the LV of a VM that already ran on the other node.
     """
     status = migration_status_from(await monitor.execute("query-migrate"))
-    if status in MIGRATING:
+    if source_migrating(migration_status=status):
         return True
     if status == "completed":
-        return (await monitor.run_state()).status in MIGRATION_STATES
+        return (run or await monitor.run_state()).status in MIGRATION_STATES
     return False
+
+
+def mirroring_to_nbd(jobs: tuple[BlockJob, ...], nodes: BlockNodes,
+                     graph: Mapping[str, JobEdges]) -> bool:
+    """Whether a mirror into an NBD export runs in the VM (what one look
+    read: its jobs, nodes and job graph): a live migration's local disks
+    copied into the target QEMU, which has the shared LVs open already
+    (:func:`pvestord.policy.vmconfig.mirrors_to_nbd`)."""
+    return source_migrating(migration_status=None, jobs=jobs, nbd_nodes=nodes.nbd,
+                            targets={job: edges.target for job, edges in graph.items()})
+
+
+async def migrating_away(monitor: VmMonitor) -> bool:
+    """Whether the VM behind ``monitor`` is migrating away, or has gone: the
+    ``query-migrate`` of :func:`migration_under_way`, or a mirror into an NBD
+    export (:func:`mirroring_to_nbd`). The nodes and the job graph are read
+    only while a mirror may write: a VM without one costs two commands."""
+    if await migration_under_way(monitor):
+        return True
+    jobs = await monitor.block_jobs()
+    if not any(job.type == "mirror" and job.status in WRITING for job in jobs):
+        return False
+    return mirroring_to_nbd(jobs, await monitor.block_nodes(), await monitor.job_graph())
 
 
 def extensions_defer(settings: DaemonSettings, vmid: int, *, in_flight: bool,
