@@ -127,6 +127,26 @@ def _static_stats(pairs: Sequence[str]) -> str:
 #: The simulator applies a ``cmdlist`` step every 5 loop iterations of 20 s.
 SIM_ROUNDS_PER_STEP = 5
 SIM_ROUND_SECONDS = 20
+#: The simulator's watchdog timeout (Sim/Hardware.pm). A CRM or LRM updates its watchdog
+#: only in the rounds it runs, and every loop checks every node's watchdog, also in the
+#: skipped rounds: after N skipped rounds the last update is 20 * N s (and the second the
+#: round's iterations add) old, so from 3 skipped rounds on the master's (crm) or the
+#: active LRMs' (lrm) watchdog fires and powers their node off.
+SIM_WATCHDOG_SECONDS = 60
+MAX_SKIPPED_ROUNDS = SIM_WATCHDOG_SECONDS // SIM_ROUND_SECONDS - 1
+
+
+def _check_skips(step: Sequence[str], commands: Sequence[Command]) -> None:
+    """Refuse a step whose skipped rounds outlast the watchdog: what follows (a node
+    powered off by its watchdog, another node taking the manager lock) is not modelled.
+    Skips of one step add up (TestHardware.pm adds them); the next step comes only after
+    5 rounds, when at most 2 skipped ones have long run out."""
+    for daemon in ("crm", "lrm"):
+        rounds = sum(int(c.arg) for c in commands if c.verb == f"skip-{daemon}")
+        if rounds > MAX_SKIPPED_ROUNDS:
+            raise Unsupported(
+                f"{rounds} skipped {daemon} rounds: the watchdog fires after "
+                f"{SIM_WATCHDOG_SECONDS} s", "; ".join(step))
 
 
 def sim_events(steps: Sequence[Sequence[str]]) -> list[Event]:
@@ -136,6 +156,7 @@ def sim_events(steps: Sequence[Sequence[str]]) -> list[Event]:
     gap: int | None = None
     for step in steps:
         commands = tuple(sim_command(c) for c in step)
+        _check_skips(step, commands)
         events.append(Event("; ".join(step) if step else "(wait)", commands, gap))
         step_seconds = SIM_ROUNDS_PER_STEP * SIM_ROUND_SECONDS
         delay = max((int(c.split()[1]) for c in step

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ha_placement.events import parse_event
+from ha_placement.events import Unsupported, parse_event, sim_events
 from ha_placement.explain import render_json, render_text
 from ha_placement.inputs import read_sim_test
 from ha_placement.manager import MOTION_KINDS, pending_work, predict
@@ -186,3 +186,15 @@ def test_pending_work_names_what_each_decision_leaves_running(
     assert kinds[-1] == "same-round"
     assert work[-1].next_event.after_rounds == 0
     assert all(w.next_event.label == following.label for w in work)
+
+
+@pytest.mark.parametrize("step", [["skip-round crm 3"], ["skip-round lrm 7"],
+                                  ["skip-round lrm 2", "skip-round lrm"]])
+def test_skipped_rounds_past_the_watchdog_are_not_modelled(step: list[str]) -> None:
+    """The simulator's daemons update their watchdog (60 s) only in the rounds they run:
+    three skipped 20 s rounds let the master's (crm) or every active LRM's (lrm) watchdog
+    fire and power its node off (TestHardware.pm's loop, Hardware.pm's watchdog_check),
+    which the model does not play; it refuses the step instead of predicting a calm run."""
+    with pytest.raises(Unsupported, match="watchdog"):
+        sim_events([["power node1 on"], step])
+    assert sim_events([["power node1 on"], ["skip-round crm 2", "skip-round lrm 2"]])
