@@ -109,7 +109,12 @@ class LrmRounds(World):
             if sd.state in MOTION_STATES and sd.target is not None \
                     and not self.member(sd.target):
                 # The target left the cluster: the LRM's migration fails, and the manager
-                # keeps the resource where it is (next_state_migrate_relocate).
+                # keeps the resource where it is (next_state_migrate_relocate). That is the
+                # real LRM (PVEVM/PVECT migrate: the guest's config is still on its source);
+                # the simulator's migrate would move it to the lost node, but only a skipped
+                # LRM round could let the target go first, and a simulator step that skips
+                # that long is refused (events.MAX_SKIPPED_ROUNDS): so this branch is only
+                # reached by an admin's event coming while a migration runs.
                 sd.lrm_done = sd.lrm_error = True
                 self.changed = True
             elif sd.state in ("migrate", "relocate", "request_start_balance"):

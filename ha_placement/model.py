@@ -100,7 +100,8 @@ class Command:
     stop-now (ha-manager crm-command stop SID TIMEOUT), migrate, relocate, delay,
     add (``arg``: "NODE [STATE [RUNNING]]"), delete, restart-lrm (the node's LRM
     restarts: its resources freeze meanwhile), skip-crm / skip-lrm (``arg``: how many
-    manager / LRM rounds do not run, as the simulator's ``skip-round``), set-size
+    manager / LRM rounds do not run, as the simulator's ``skip-round``; at most
+    ``events.MAX_SKIPPED_ROUNDS``, past which the simulator's watchdog fires), set-size
     (``arg``: "maxcpu=N maxmem=BYTES", either or both: a guest's size for the static CRS).
     """
 
