@@ -41,11 +41,12 @@ import signal
 import time
 from collections.abc import Callable, Sequence
 
-from pvestord.adapters import service
+from pvestord.adapters import custody, service
 from pvestord.adapters.locks import queue_lock
 from pvestord.adapters.queue import Entry, ExtendQueue
 from pvestord.adapters.service import fields
 from pvestord.adapters.settings import DaemonSettings
+from pvestord.adapters.vghealth import VgHealth
 from pvestord.adapters.vms import LocalVm, local_vm, local_vms
 from pvestord.adapters.watch import FolderWatch
 from pvestord.engine import metrics, publisher, status
@@ -106,6 +107,9 @@ class Daemon:
         self.config.get()
         self._watch = _watch_for_work(self.settings, self._wake.set)
         _say_started(self.settings)
+        # Before any pass: an lvm the last daemon left stuck keeps its VG's
+        # storage locks held by us, not expiring while it may still write.
+        custody.resume(VgHealth(self.settings.vg_health_dir))
         loops = [asyncio.create_task(self._queue_loop(), name="queue"),
                  asyncio.create_task(self._reconcile_loop(), name="reconcile"),
                  asyncio.create_task(report_loop(
@@ -127,6 +131,9 @@ class Daemon:
         await asyncio.gather(*loops, return_exceptions=True)
         stop.cancel()
         await self.passes.finish(SHUTDOWN_GRACE)
+        # Custodians last (a pass cut off just now may have made one): each
+        # renews its locks and writes down what the next daemon must keep.
+        await custody.hand_over()
         if self._watch is not None:
             self._watch.stop()
         await self.extender.close()
