@@ -237,10 +237,12 @@ async def keep(name: str, stack: contextlib.AsyncExitStack, locks: Sequence[Lock
         raise
     log.warning("pid %s ended %.0f s after custody began here: releasing lock %s",
                 record.pids, time.monotonic() - started, name)
-    held.reclaim()
-    await stack.aclose()
+    # The record first: the processes are gone, so a lock left behind by a
+    # crash right here only has to expire.
     if book is not None:
         book.clear(record.vg)
+    held.reclaim()
+    await stack.aclose()
 
 
 def _lifetimes(record: CustodyRecord) -> str:

@@ -55,6 +55,7 @@ from pvestord.engine.extender import Extender
 from pvestord.engine.failures import Failures
 from pvestord.engine.passes import Passes
 from pvestord.engine.reportloop import publish_stopped, report_loop
+from pvestord.engine.suspension import SuspendedLvs
 from pvestord.engine.vmpass import run_pass
 from pvestord.errors import PvestordError
 
@@ -78,6 +79,12 @@ class Daemon:
         self.failures = Failures(reconcile=self._reconcile_due.add, wake=self._wake.set)
         self.passes = Passes(settings, config=self.config.get, changing=self._changing,
                              abandon=self._abandoned)
+        # LVs a killed change of ours left suspended (REVIEW-3 M2): looked for
+        # at start, every reconcile interval, and at once after a kill.
+        self.suspended = SuspendedLvs(self.config.get, self.extender.lvm_changes,
+                                      self.failures, settings.vg_health_dir,
+                                      lvm_timeout=settings.lvm_timeout)
+        self.extender.lvm_changes.on_killed = self.suspended.wake.set
         self._loop_progress = time.monotonic()
         self._known_vms: set[int] = set()
         self._queue_depth = 0
@@ -115,7 +122,9 @@ class Daemon:
                  asyncio.create_task(report_loop(
                      self.settings, self.config.get, self.extender.lvm_health, self.failures,
                      self._stop, shells=self.extender.lvm_shells), name="report"),
-                 asyncio.create_task(self.publisher.loop(self._status_view), name="status")]
+                 asyncio.create_task(self.publisher.loop(self._status_view), name="status"),
+                 asyncio.create_task(self.suspended.loop(self.settings.reconcile_interval),
+                                     name="suspended")]
         if service.watchdog_interval() is not None:
             loops.append(asyncio.create_task(service.watchdog_loop(self.wedged),
                                              name="watchdog"))

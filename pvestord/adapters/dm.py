@@ -1,0 +1,66 @@
+"""Device-mapper state of this node's LVs: which are suspended, and putting
+one left suspended back to work (REVIEW-3 M2, :mod:`pvestord.policy.suspended`).
+
+``dmsetup`` is run as any other command (:mod:`pvestord.adapters.command`:
+argument list, timeout, checked output); ``PVESTORD_DMSETUP`` overrides the
+binary, as ``PVESTORD_LVM`` does for ``lvm``.
+"""
+
+from __future__ import annotations
+
+from pvestord.adapters import lvm
+from pvestord.adapters.command import binary, run_async
+from pvestord.errors import CommandError, PvestordError
+from pvestord.policy.suspended import DmDevice, parse_dm_info
+
+#: ``dmsetup info`` and ``resume`` are ioctls on this node: quick, unless
+#: the node itself is in trouble.
+DMSETUP_TIMEOUT = 10.0
+
+
+class DmError(PvestordError):
+    """A device could not be read or resumed."""
+
+
+async def devices(*, timeout: float = DMSETUP_TIMEOUT) -> list[DmDevice]:  # noqa: ASYNC109
+    """Every device-mapper device of this node, and whether it is suspended.
+
+    ``info`` reads state only: it never opens the devices, so a suspended
+    one does not block it.
+    """
+    try:
+        done = await run_async([binary("dmsetup"), "info", "-c", "--noheadings",
+                                "-o", "name,suspended", "--separator", ":"], timeout=timeout)
+    except CommandError as err:
+        raise DmError(f"reading the device-mapper devices: {err}") from err
+    return parse_dm_info(done.stdout)
+
+
+async def resume_left_suspended(vg: str, lv: str, dm_name: str, *, lvm_timeout: float,
+                                timeout: float = DMSETUP_TIMEOUT) -> str:  # noqa: ASYNC109
+    """Bring ``vg/lv``, found suspended, back to work; how it was done.
+
+    Not a bare ``dmsetup resume``: a command killed after it loaded its new
+    table and suspended the device, but before it committed the metadata,
+    leaves that new table loaded (inactive), and ``resume`` would make it
+    live: a table larger than the metadata says, on extents another LV may
+    be given (the AHEAD state). ``lvchange --refresh`` loads the table from
+    the committed metadata, replacing any inactive one, and resumes.
+
+    If the refresh fails (LVM itself cannot run), ``dmsetup clear`` drops
+    the inactive table and ``dmsetup resume`` brings back the live one,
+    which the device had before the killed command: I/O flows again, and a
+    table left behind the metadata is the reconcile pass's to refresh.
+    """
+    try:
+        await lvm.refresh(vg, lv, timeout=lvm_timeout)
+    except lvm.LvmError as refresh_error:
+        dmsetup = binary("dmsetup")
+        try:
+            await run_async([dmsetup, "clear", dm_name], timeout=timeout)
+            await run_async([dmsetup, "resume", dm_name], timeout=timeout)
+        except CommandError as err:
+            raise DmError(f"LV {vg}/{lv} is left suspended: refreshing it failed "
+                          f"({refresh_error}), and so did dmsetup ({err})") from err
+        return f"dmsetup clear and resume (the refresh failed: {refresh_error})"
+    return "lvchange --refresh"
