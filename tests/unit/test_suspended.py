@@ -210,3 +210,15 @@ async def test_a_marked_vg_is_not_resumed(tmp_path: Path,
         raise CommandError(["lvm", "lvextend"], None, "", timed_out=True, timeout=1.0)
     await check.check()
     assert stand.resumes == []
+
+
+
+def test_the_metrics_count_resumes_and_failed_resumes() -> None:
+    from pvestord.engine import metrics
+    text = metrics.render({
+        "extensions": {"made": 0, "failed": 0, "latency_buckets_ms": [], "latency_counts": [],
+                       "latency_sum_ms": 0, "lock_wait_ms_total": 0},
+        "paused_vms": 0, "queue_length": 0, "lvm_shell_restarts": 0, "vgs": {},
+        "tally": {"events": {"dm_resumed": 2, "dm_resume_failed": 1}}})
+    assert "pvestord_lv_resumed_total 2" in text
+    assert "pvestord_lv_resume_failures_total 1" in text
