@@ -1,12 +1,15 @@
 """Device-mapper state of this node's LVs: which are suspended, and putting
 one left suspended back to work (REVIEW-3 M2, :mod:`pvestord.policy.suspended`).
 
+The state is read from sysfs (``/sys/block/dm-*/dm``: no process per look);
 ``dmsetup`` is run as any other command (:mod:`pvestord.adapters.command`:
 argument list, timeout, checked output); ``PVESTORD_DMSETUP`` overrides the
 binary, as ``PVESTORD_LVM`` does for ``lvm``.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from pvestord.adapters import lvm
 from pvestord.adapters.command import binary, run_async
@@ -22,12 +25,41 @@ class DmError(PvestordError):
     """A device could not be read or resumed."""
 
 
-async def devices(*, timeout: float = DMSETUP_TIMEOUT) -> list[DmDevice]:  # noqa: ASYNC109
+#: Where the kernel shows each dm device's name and state.
+SYS_BLOCK = Path("/sys/block")
+
+
+def devices_in_sysfs(root: Path = SYS_BLOCK) -> list[DmDevice] | None:
+    """The devices as ``/sys/block/dm-*/dm/{name,suspended}`` show them: no
+    process, so the periodic look costs an idle node nothing. None when the
+    kernel does not show them (then ``dmsetup`` is asked)."""
+    found = []
+    try:
+        entries = sorted(root.glob("dm-*"))
+        for entry in entries:
+            try:
+                name = (entry / "dm" / "name").read_text().strip()
+                state = (entry / "dm" / "suspended").read_text().strip()
+            except FileNotFoundError:
+                if not entry.exists():
+                    continue  # removed while we looked
+                return None
+            found.append(DmDevice(name, state == "1"))
+    except OSError:
+        return None
+    return found
+
+
+async def devices(*, timeout: float = DMSETUP_TIMEOUT,  # noqa: ASYNC109
+                  sysfs: Path = SYS_BLOCK) -> list[DmDevice]:
     """Every device-mapper device of this node, and whether it is suspended.
 
-    ``info`` reads state only: it never opens the devices, so a suspended
-    one does not block it.
+    From sysfs when it shows them; else ``dmsetup info``, which reads state
+    only: it never opens the devices, so a suspended one does not block it.
     """
+    seen = devices_in_sysfs(sysfs)
+    if seen is not None:
+        return seen
     try:
         done = await run_async([binary("dmsetup"), "info", "-c", "--noheadings",
                                 "-o", "name,suspended", "--separator", ":"], timeout=timeout)

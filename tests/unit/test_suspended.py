@@ -222,3 +222,16 @@ def test_the_metrics_count_resumes_and_failed_resumes() -> None:
         "tally": {"events": {"dm_resumed": 2, "dm_resume_failed": 1}}})
     assert "pvestord_lv_resumed_total 2" in text
     assert "pvestord_lv_resume_failures_total 1" in text
+
+
+async def test_the_devices_are_read_from_sysfs_without_a_process(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for index, (name, state) in enumerate([(DM, "1"), ("other", "0")]):
+        folder = tmp_path / f"dm-{index}" / "dm"
+        folder.mkdir(parents=True)
+        (folder / "name").write_text(name + "\n")
+        (folder / "suspended").write_text(state + "\n")
+    (tmp_path / "sda").mkdir()
+    # No dmsetup may run: a stand-in that fails says so.
+    monkeypatch.setenv("PVESTORD_DMSETUP", stand_in(tmp_path / "dmsetup", "exit 1\n"))
+    assert await dm.devices(sysfs=tmp_path) == [DmDevice(DM, True), DmDevice("other", False)]
