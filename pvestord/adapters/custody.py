@@ -349,7 +349,8 @@ def resume(health: VgHealth) -> list[asyncio.Task[None]]:
 async def hand_over() -> None:
     """At daemon stop: every custodian renews its locks once more, writes its
     record for the next daemon and leaves the locks in place."""
-    tasks = list(CUSTODIANS)
+    loop = asyncio.get_running_loop()
+    tasks = [task for task in CUSTODIANS if task.get_loop() is loop]
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
