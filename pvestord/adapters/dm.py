@@ -76,23 +76,36 @@ async def resume_left_suspended(vg: str, lv: str, dm_name: str, *, lvm_timeout: 
     table and suspended the device, but before it committed the metadata,
     leaves that new table loaded (inactive), and ``resume`` would make it
     live: a table larger than the metadata says, on extents another LV may
-    be given (the AHEAD state). ``lvchange --refresh`` loads the table from
-    the committed metadata, replacing any inactive one, and resumes.
+    be given (the AHEAD state). So:
 
-    If the refresh fails (LVM itself cannot run), ``dmsetup clear`` drops
-    the inactive table and ``dmsetup resume`` brings back the live one,
-    which the device had before the killed command: I/O flows again, and a
-    table left behind the metadata is the reconcile pass's to refresh.
+    1. ``dmsetup clear`` drops the inactive table (it never was live, and
+       the command that loaded it is gone), so that nothing below can make
+       it live, whatever LVM does with a device it finds suspended already;
+    2. ``lvchange --refresh`` loads the table from the committed metadata
+       and resumes;
+    3. if LVM cannot run, ``dmsetup resume`` brings back the live table the
+       device had before the killed command (after 1, there is no other):
+       I/O flows again, and a table behind the metadata is the reconcile
+       pass's to refresh.
     """
+    dmsetup = binary("dmsetup")
+    try:
+        await run_async([dmsetup, "clear", dm_name], timeout=timeout)
+    except CommandError as err:
+        cleared: CommandError | None = err
+    else:
+        cleared = None
     try:
         await lvm.refresh(vg, lv, timeout=lvm_timeout)
     except lvm.LvmError as refresh_error:
-        dmsetup = binary("dmsetup")
+        if cleared is not None:
+            raise DmError(f"LV {vg}/{lv} is left suspended: its inactive table could not be "
+                          f"dropped ({cleared}) and refreshing it failed ({refresh_error})"
+                          ) from refresh_error
         try:
-            await run_async([dmsetup, "clear", dm_name], timeout=timeout)
             await run_async([dmsetup, "resume", dm_name], timeout=timeout)
         except CommandError as err:
             raise DmError(f"LV {vg}/{lv} is left suspended: refreshing it failed "
-                          f"({refresh_error}), and so did dmsetup ({err})") from err
+                          f"({refresh_error}), and so did dmsetup resume ({err})") from err
         return f"dmsetup clear and resume (the refresh failed: {refresh_error})"
-    return "lvchange --refresh"
+    return "dmsetup clear and lvchange --refresh"

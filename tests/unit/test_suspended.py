@@ -87,7 +87,7 @@ def stand_in(path: Path, body: str) -> str:
     return str(path)
 
 
-async def test_the_resume_refreshes_from_the_metadata_before_any_dmsetup(
+async def test_the_resume_drops_the_inactive_table_then_refreshes_from_the_metadata(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls = tmp_path / "calls"
     monkeypatch.setenv("PVESTORD_LVM", stand_in(tmp_path / "lvm", f'echo "lvm $*" >> {calls}\n'))
@@ -95,8 +95,10 @@ async def test_the_resume_refreshes_from_the_metadata_before_any_dmsetup(
                        stand_in(tmp_path / "dmsetup", f'echo "dmsetup $*" >> {calls}\n'))
     how = await dm.resume_left_suspended("san", "vm-100-disk-0.qcow2",
                                          "san-vm--100--disk--0.qcow2", lvm_timeout=5.0)
-    assert how == "lvchange --refresh"
-    (line,) = calls.read_text().splitlines()
+    assert how == "dmsetup clear and lvchange --refresh"
+    clear, line = calls.read_text().splitlines()
+    # The inactive table dropped first: nothing can make it live.
+    assert clear == "dmsetup clear san-vm--100--disk--0.qcow2"
     assert line.startswith("lvm lvchange ") and "--refresh" in line
     assert line.endswith("san/vm-100-disk-0.qcow2")
 
@@ -111,8 +113,10 @@ async def test_a_failed_refresh_drops_the_inactive_table_before_resuming(
     how = await dm.resume_left_suspended("san", "vm-100-disk-0.qcow2",
                                          "san-vm--100--disk--0.qcow2", lvm_timeout=5.0)
     assert how.startswith("dmsetup clear and resume")
-    assert calls.read_text().splitlines()[1:] == [
-        "dmsetup clear san-vm--100--disk--0.qcow2", "dmsetup resume san-vm--100--disk--0.qcow2"]
+    lines = calls.read_text().splitlines()
+    assert lines[0] == "dmsetup clear san-vm--100--disk--0.qcow2"
+    assert lines[1].startswith("lvm lvchange ")
+    assert lines[2:] == ["dmsetup resume san-vm--100--disk--0.qcow2"]
 
 
 async def test_a_resume_that_fails_is_reported(tmp_path: Path,
@@ -235,3 +239,16 @@ async def test_the_devices_are_read_from_sysfs_without_a_process(
     # No dmsetup may run: a stand-in that fails says so.
     monkeypatch.setenv("PVESTORD_DMSETUP", stand_in(tmp_path / "dmsetup", "exit 1\n"))
     assert await dm.devices(sysfs=tmp_path) == [DmDevice(DM, True), DmDevice("other", False)]
+
+
+async def test_no_dmsetup_resume_while_the_inactive_table_may_still_be_loaded(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = tmp_path / "calls"
+    monkeypatch.setenv("PVESTORD_LVM", stand_in(tmp_path / "lvm", "exit 5\n"))
+    monkeypatch.setenv("PVESTORD_DMSETUP", stand_in(
+        tmp_path / "dmsetup", f'echo "dmsetup $*" >> {calls}\n[ "$1" = clear ] && exit 1\n'
+        "exit 0\n"))
+    with pytest.raises(dm.DmError, match="inactive table could not be dropped"):
+        await dm.resume_left_suspended("san", "vm-100-disk-0.qcow2",
+                                       "san-vm--100--disk--0.qcow2", lvm_timeout=5.0)
+    assert calls.read_text().splitlines() == ["dmsetup clear san-vm--100--disk--0.qcow2"]

@@ -83,7 +83,7 @@ def test_an_lv_left_suspended_by_a_killed_lvextend_is_resumed(
             f"hung until killed (pvestord run --lvm-timeout {LVM_TIMEOUT:g}), every time "
             "until the rule was removed",
             "the kill was noted, the LV found suspended with no change of ours on it and "
-            "resumed with lvchange --refresh (the table matched the metadata, not the larger "
-            "inactive one); guest I/O went through; extended once lvextend behaved; no "
-            "write failed", clock(), test))
+            "resumed with dmsetup clear and lvchange --refresh (the table matched the "
+            "metadata, not the larger inactive one); guest I/O went through; extended once "
+            "lvextend behaved; no write failed", clock(), test))
         final_checks(vm, vg, lv, work)
