@@ -66,6 +66,25 @@ RECORD_LIMIT = 64 * 1024
 
 #: Custodians at work, kept referenced until they are done.
 CUSTODIANS: set[asyncio.Task[None]] = set()
+#: The custodian of each VG kept in this process.
+_KEEPING: dict[str, asyncio.Task[None]] = {}
+
+
+def _register(vg: str, task: asyncio.Task[None]) -> None:
+    CUSTODIANS.add(task)
+    _KEEPING[vg] = task
+
+    def done(ended: asyncio.Task[None]) -> None:
+        CUSTODIANS.discard(ended)
+        if _KEEPING.get(vg) is ended:
+            del _KEEPING[vg]
+
+    task.add_done_callback(done)
+
+
+def _kept_here(vg: str) -> bool:
+    task = _KEEPING.get(vg)
+    return task is not None and not task.done() and task.get_loop() is asyncio.get_running_loop()
 
 
 def custody_folder(health: VgHealth) -> Path:
@@ -266,8 +285,7 @@ def start(name: str, stack: contextlib.AsyncExitStack, locks: Sequence[Lock], he
             log.error("cannot write the custody record of VG %s: %s", record.vg, err)
     task = asyncio.create_task(keep(name, stack, locks, held, record, book),
                                name=f"custody of {record.vg}")
-    CUSTODIANS.add(task)
-    task.add_done_callback(CUSTODIANS.discard)
+    _register(record.vg, task)
     return task
 
 
@@ -325,23 +343,26 @@ async def _resumed(record: CustodyRecord, book: CustodyBook) -> None:
 
 
 def resume(health: VgHealth) -> list[asyncio.Task[None]]:
-    """At daemon start: take custody again of every stuck process the last
-    daemon kept, and forget the ones that have gone meanwhile."""
+    """Take custody of every stuck process written down that no custodian of
+    ours keeps (the last daemon's, a command line's), and forget the ones
+    that have gone meanwhile: at daemon start, and again every reconcile
+    (the command line cannot keep a lock once it has exited)."""
     book = CustodyBook(custody_folder(health))
     tasks = []
     for record in book.records():
+        if _kept_here(record.vg):
+            continue
         if not record.alive():
-            log.warning("pid %s (%s), kept in custody by the last pvestord, has ended: custody "
+            log.warning("pid %s (%s), kept in custody before, has ended: custody "
                         "of VG %s over (the VG mark stays until an operator removes it)",
                         record.pids, " ".join(record.command[:2]), record.vg)
             book.clear(record.vg)
             continue
         log.error("pid %s (%s), which SIGKILL did not end, may still act on VG %s: keeping "
-                  "its storage locks as the last pvestord did", record.pids,
+                  "its storage locks, as the process that ran it did", record.pids,
                   " ".join(record.command[:2]), record.vg)
         task = asyncio.create_task(_resumed(record, book), name=f"custody of {record.vg}")
-        CUSTODIANS.add(task)
-        task.add_done_callback(CUSTODIANS.discard)
+        _register(record.vg, task)
         tasks.append(task)
     return tasks
 

@@ -169,6 +169,11 @@ class VgLock:
         if self.health is not None:
             self.health.check(self.vg)
 
+    def _book(self) -> custody.CustodyBook | None:
+        if self.health is None:
+            return None
+        return custody.CustodyBook(custody.custody_folder(self.health))
+
     def _mark(self, stuck: UnkillableCommandError) -> None:
         if self.health is not None:
             self.health.mark(self.vg, f"{' '.join(stuck.argv[:2])} (pid "
@@ -178,7 +183,8 @@ class VgLock:
     @contextlib.contextmanager
     def acquire(self, timeout: float = DEFAULT_TIMEOUT) -> Iterator[Held]:
         """As :meth:`acquire_async`, without renewal or custodian: a stuck
-        command leaves the locks in place to expire on their own."""
+        command leaves the locks in place, written down for the daemon to
+        take over (:func:`pvestord.adapters.custody.resume`)."""
         self._check()
         deadline = time.monotonic() + timeout
         with contextlib.ExitStack() as stack:
@@ -192,6 +198,17 @@ class VgLock:
                 if stuck is not None:
                     self._mark(stuck)
                     held.abandon()
+                    # No task to keep the locks here (the command line exits):
+                    # written down for the daemon, which takes them over at its
+                    # next reconcile (custody.resume).
+                    book = self._book()
+                    if book is not None:
+                        try:
+                            book.write(custody.record_of(self.vg, stuck.argv, stuck.stuck,
+                                                         self.locks, held, time.time()))
+                        except OSError as err:
+                            log.error("cannot write the custody record of VG %s: %s",
+                                      self.vg, err)
                 raise
 
     @contextlib.asynccontextmanager
@@ -219,8 +236,7 @@ class VgLock:
             self._mark(stuck)
             log.error("keeping lock %s while pid %s, which SIGKILL did not end, may still act",
                       self.name, ", ".join(map(str, stuck.pids)) or "unknown")
-            book = (custody.CustodyBook(custody.custody_folder(self.health))
-                    if self.health is not None else None)
+            book = self._book()
             custody.start(self.name, stack, self.locks, held,
                           custody.record_of(self.vg, stuck.argv, stuck.stuck, self.locks, held,
                                             time.time()), book)

@@ -189,6 +189,9 @@ class Daemon:
 
     async def _reconcile_loop(self) -> None:
         while not self._stop.is_set():
+            # A stuck command the command line left behind (it cannot keep
+            # the lock once it has exited): taken over well within a lifetime.
+            custody.resume(VgHealth(self.settings.vg_health_dir))
             for vm in local_vms(self.settings.run_dir):
                 self._reconcile_due.add(vm.vmid)
             self._wake.set()

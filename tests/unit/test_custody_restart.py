@@ -39,7 +39,8 @@ def settings_in(tmp_path: Path) -> DaemonSettings:
     return DaemonSettings(
         node="n1", queue=tmp_path / "extend-queue", storage_config=tmp_path / "storage.cfg",
         run_dir=tmp_path / "run", nodes_dir=tmp_path / "nodes", inotify=False,
-        lvm_shell=False, poll_interval=0.2, vg_health_dir=tmp_path / "vg-unhealthy")
+        lvm_shell=False, poll_interval=0.2, reconcile_interval=0.2,
+        vg_health_dir=tmp_path / "vg-unhealthy")
 
 
 @contextlib.asynccontextmanager
@@ -192,3 +193,21 @@ async def test_a_lock_taken_by_another_while_no_daemon_ran_is_not_adopted(
             await wait_until(lambda: path.exists(), "the lock taken again")
             assert await events_of(await waiter(locks, "storage-thin1",
                                                 wait=4 * LIFE)) == ["refused", "timeout"]
+
+
+async def test_a_stuck_command_of_the_command_line_is_taken_over_by_the_daemon(
+        tmp_path: Path) -> None:
+    """The command line's hold has no task to keep the lock after it exits:
+    it writes the custody down, and the running daemon takes it over."""
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    health = VgHealth(tmp_path / "vg-unhealthy")
+    lock = vg_lock("san", [("thin1", True)], lock_dir=locks, lifetime=LIFE, health=health)
+    async with stuck_process() as stuck, daemon_running(tmp_path):
+        unkillable = UnkillableCommandError(["lvm", "lvcreate"], "", timeout=1.0,
+                                            stuck=stuck_processes(stuck.pid))
+        with pytest.raises(LvmError), lock.acquire(1.0):
+            raise LvmError("creating LV san/x") from unkillable
+        assert (locks / "storage-thin1").is_dir()
+        assert await events_of(await waiter(locks, "storage-thin1",
+                                            wait=4 * LIFE)) == ["refused", "timeout"]
