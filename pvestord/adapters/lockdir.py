@@ -375,6 +375,42 @@ class LockDirLock:
     ) -> AsyncIterator[Held]:
         """Hold, renewing the lock every :data:`RENEW_SHARE` of its lifetime."""
         mine, since = await wait_async(self._waiting(timeout))
+        async with self._hold_async(mine, since) as held:
+            yield held
+
+    def owned(self) -> tuple[int, int] | None:
+        """(inode, mtime in ns) of the lock directory as it is now, or None
+        if there is none: what a holder records to :meth:`adopt_async` it later."""
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return st.st_ino, st.st_mtime_ns
+
+    @contextlib.asynccontextmanager
+    async def adopt_async(self, ino: int, mtime_ns: int) -> AsyncIterator[Held]:
+        """Hold a lock directory an earlier holder on this node left in place
+        (a daemon that stopped while a command under it could still act) as
+        if we had taken it: renewed, released at the end.
+
+        Only the very directory it left: same inode, and unchanged since its
+        last renewal (pmxcfs never lowers a lock's mtime, so a newer one is a
+        new holder's). Raises :class:`LockError` otherwise: it expired or was
+        taken by another holder meanwhile, and taking it now is a fresh wait.
+        """
+        seen = _Seen(ino, mtime_ns)
+        probe = _DirHeld(self.name, self.lifetime, time.monotonic(), seen)
+        lost = self._still_mine(probe)
+        if lost is not None:
+            raise LockError(f"lock {self.name} cannot be taken over: {lost}")
+        # Renewed at once: its life so far is unknown here.
+        if not self.renew(probe):
+            raise LockError(f"lock {self.name} cannot be taken over: {probe.broken}")
+        async with self._hold_async(probe.mine, probe.renewed_at) as held:
+            yield held
+
+    @contextlib.asynccontextmanager
+    async def _hold_async(self, mine: _Seen, since: float) -> AsyncIterator[_DirHeld]:
         held = _DirHeld(self.name, self.lifetime, since, mine)
         held_since = time.monotonic()
         renewer = asyncio.create_task(self._renew_while_held(held),
@@ -388,3 +424,11 @@ class LockDirLock:
             renewer.cancel()
             self._release(held, held_since)
             await asyncio.gather(renewer, return_exceptions=True)
+
+
+def held_directory(held: Held) -> tuple[int, int] | None:
+    """(inode, mtime in ns) of the lock directory ``held`` holds, as of its
+    last renewal; None for a hold that is no lock directory's, or one lost."""
+    if not isinstance(held, _DirHeld) or held.lost:
+        return None
+    return held.mine.ino, held.mine.mtime_ns

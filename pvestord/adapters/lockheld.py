@@ -127,6 +127,10 @@ class Held:
         """At release, leave the lock as it is: it expires on its own."""
         self.abandoned = True
 
+    def reclaim(self) -> None:
+        """Undo :meth:`abandon`: release the lock at the end after all."""
+        self.abandoned = False
+
 
 class HeldAll(Held):
     """Several locks held together (every storage of one VG)."""
@@ -149,6 +153,11 @@ class HeldAll(Held):
         super().abandon()
         for held in self.helds:
             held.abandon()
+
+    def reclaim(self) -> None:
+        super().reclaim()
+        for held in self.helds:
+            held.reclaim()
 
 
 class Lock(Protocol):

@@ -26,7 +26,8 @@ refuses settings where it does not).
 :class:`VgLock` holds the locks of every storage on one VG (Proxmox locks
 by storage id, not VG), refuses a VG marked unhealthy, and when a command
 under it survives SIGKILL, marks the VG and leaves the locks to a custodian
-that keeps them, renewed, until that process has gone.
+that keeps them, renewed, until that process has gone, across a restart of
+the daemon too (:mod:`pvestord.adapters.custody`).
 
 Every wait is a retry loop (``time.sleep`` for the command line,
 ``asyncio.sleep`` for the daemons): a lock that cannot be had in time raises
@@ -40,7 +41,6 @@ emulated pmxcfs expiry). Here: which backend protects what, and the VG lock.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import errno
 import logging
@@ -50,7 +50,9 @@ from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from pathlib import Path
 
 from pvestord import paths
+from pvestord.adapters import custody
 from pvestord.adapters.command import UnkillableCommandError
+from pvestord.adapters.custody import CUSTODY_POLL, custodians_done
 from pvestord.adapters.lockdir import (
     EmulatedPmxcfsExpiry,
     LockDirLock,
@@ -128,13 +130,6 @@ def storage_lock(storeid: str, *, shared: bool, lock_dir: Path | None = None,
 # ---------------------------------------------------------------------------
 # every storage of one VG, and what happens when a command under it is stuck
 
-#: How often a custodian looks whether the stuck command has gone.
-CUSTODY_POLL = 1.0
-
-#: Custodians at work, kept referenced until they are done.
-_CUSTODIANS: set[asyncio.Task[None]] = set()
-
-
 def unkillable_cause(exc: BaseException | None) -> UnkillableCommandError | None:
     """The :class:`UnkillableCommandError` behind ``exc`` (it may be wrapped
     in an LVM error or carried by a cancellation), or None."""
@@ -174,6 +169,11 @@ class VgLock:
         if self.health is not None:
             self.health.check(self.vg)
 
+    def _book(self) -> custody.CustodyBook | None:
+        if self.health is None:
+            return None
+        return custody.CustodyBook(custody.custody_folder(self.health))
+
     def _mark(self, stuck: UnkillableCommandError) -> None:
         if self.health is not None:
             self.health.mark(self.vg, f"{' '.join(stuck.argv[:2])} (pid "
@@ -183,7 +183,8 @@ class VgLock:
     @contextlib.contextmanager
     def acquire(self, timeout: float = DEFAULT_TIMEOUT) -> Iterator[Held]:
         """As :meth:`acquire_async`, without renewal or custodian: a stuck
-        command leaves the locks in place to expire on their own."""
+        command leaves the locks in place, written down for the daemon to
+        take over (:func:`pvestord.adapters.custody.resume`)."""
         self._check()
         deadline = time.monotonic() + timeout
         with contextlib.ExitStack() as stack:
@@ -197,6 +198,17 @@ class VgLock:
                 if stuck is not None:
                     self._mark(stuck)
                     held.abandon()
+                    # No task to keep the locks here (the command line exits):
+                    # written down for the daemon, which takes them over at its
+                    # next reconcile (custody.resume).
+                    book = self._book()
+                    if book is not None:
+                        try:
+                            book.write(custody.record_of(self.vg, stuck.argv, stuck.stuck,
+                                                         self.locks, held, time.time()))
+                        except OSError as err:
+                            log.error("cannot write the custody record of VG %s: %s",
+                                      self.vg, err)
                 raise
 
     @contextlib.asynccontextmanager
@@ -222,43 +234,14 @@ class VgLock:
                 await stack.aclose()
                 raise
             self._mark(stuck)
-            task = asyncio.create_task(_custody(self.name, stack, held, stuck),
-                                       name=f"custody of {self.vg}")
-            _CUSTODIANS.add(task)
-            task.add_done_callback(_CUSTODIANS.discard)
+            log.error("keeping lock %s while pid %s, which SIGKILL did not end, may still act",
+                      self.name, ", ".join(map(str, stuck.pids)) or "unknown")
+            book = self._book()
+            custody.start(self.name, stack, self.locks, held,
+                          custody.record_of(self.vg, stuck.argv, stuck.stuck, self.locks, held,
+                                            time.time()), book)
             raise
         await stack.aclose()
-
-
-async def _custody(name: str, stack: contextlib.AsyncExitStack, held: Held,
-                   stuck: UnkillableCommandError) -> None:
-    """Keep ``stack``'s locks (their renewal runs on) until ``stuck`` has gone."""
-    pids = ", ".join(map(str, stuck.pids)) or "unknown"
-    log.error("keeping lock %s while pid %s, which SIGKILL did not end, may still act",
-              name, pids)
-    started = time.monotonic()
-    try:
-        # Polled: the stuck processes are no children of ours to wait for.
-        while any(process.alive() for process in stuck.stuck):  # noqa: ASYNC110
-            await asyncio.sleep(CUSTODY_POLL)
-    except asyncio.CancelledError:
-        # Our own shutdown: what is left is to not release the locks.
-        held.abandon()
-        log.error("stopping while pid %s may still act: lock %s left to expire", pids, name)
-        await stack.aclose()
-        raise
-    log.warning("pid %s ended %.0f s after it was killed: releasing lock %s", pids,
-                time.monotonic() - started, name)
-    await stack.aclose()
-
-
-async def custodians_done(timeout: float) -> bool:  # noqa: ASYNC109 - a bound, not a deadline
-    """Wait up to ``timeout`` for every custodian; True if none is left."""
-    tasks = list(_CUSTODIANS)
-    if not tasks:
-        return True
-    _, pending = await asyncio.wait(tasks, timeout=timeout)
-    return not pending
 
 
 def vg_lock(vg: str, storages: Iterable[tuple[str, bool]], *, lock_dir: Path | None = None,
@@ -274,7 +257,8 @@ def vg_lock(vg: str, storages: Iterable[tuple[str, bool]], *, lock_dir: Path | N
                        for storeid, shared in ordered], health)
 
 __all__ = [
-    "DEFAULT_TIMEOUT", "HOLD_BUDGET", "MARGIN_SHARE", "PMXCFS_LOCK_EXPIRY", "RENEW_SHARE",
+    "CUSTODY_POLL", "DEFAULT_TIMEOUT", "HOLD_BUDGET", "MARGIN_SHARE", "PMXCFS_LOCK_EXPIRY",
+    "RENEW_SHARE",
     "EmulatedPmxcfsExpiry", "FlockLock", "Held", "Lock", "LockDirLock", "LockError",
     "LockLifetimeError", "LockTimeout", "UnlockRequest", "VgLock", "custodians_done",
     "on_pmxcfs", "pmxcfs_unlock_request", "queue_lock", "storage_lock", "unkillable_cause",

@@ -22,6 +22,8 @@ log = logging.getLogger(__name__)
 #: Journal fields our log calls may carry (``extra=``); shown on stderr too.
 FIELDS = ("VMID", "BLOCK_NODE", "LV", "VG", "OLD_SIZE", "NEW_SIZE", "DURATION_MS", "REASON",
           "ROUND_STARTED", "QMP_MS", "LOCK_WAIT_MS", "LVM_MS",
+          # an LV found left suspended, and resumed (engine/suspension.py)
+          "DM_NAME", "DM_STATE",
           # stale device-mapper tables and blocked resumes (extender.py)
           "THRESHOLD", "TABLE", "TABLE_SIZE", "LV_SIZE", "DEVICE", "RESUME_BLOCKED",
           # extensions held back by a live migration (daemon.py)

@@ -41,11 +41,12 @@ import signal
 import time
 from collections.abc import Callable, Sequence
 
-from pvestord.adapters import service
+from pvestord.adapters import custody, service
 from pvestord.adapters.locks import queue_lock
 from pvestord.adapters.queue import Entry, ExtendQueue
 from pvestord.adapters.service import fields
 from pvestord.adapters.settings import DaemonSettings
+from pvestord.adapters.vghealth import VgHealth
 from pvestord.adapters.vms import LocalVm, local_vm, local_vms
 from pvestord.adapters.watch import FolderWatch
 from pvestord.engine import metrics, publisher, status
@@ -54,6 +55,7 @@ from pvestord.engine.extender import Extender
 from pvestord.engine.failures import Failures
 from pvestord.engine.passes import Passes
 from pvestord.engine.reportloop import publish_stopped, report_loop
+from pvestord.engine.suspension import SuspendedLvs
 from pvestord.engine.vmpass import run_pass
 from pvestord.errors import PvestordError
 
@@ -78,6 +80,12 @@ class Daemon:
         self.failures = Failures(reconcile=self._reconcile_due.add, wake=self._wake.set)
         self.passes = Passes(settings, config=self.config.get, changing=self._changing,
                              abandon=self._abandoned)
+        # LVs a killed change of ours left suspended (REVIEW-3 M2): looked for
+        # at start, every reconcile interval, and at once after a kill.
+        self.suspended = SuspendedLvs(self.config.get, self.extender.lvm_changes,
+                                      self.failures, settings.vg_health_dir,
+                                      lvm_timeout=settings.lvm_timeout)
+        self.extender.lvm_changes.on_killed = self.suspended.wake.set
         self._loop_progress = time.monotonic()
         self._known_vms: set[int] = set()
         self._queue_depth = 0
@@ -108,12 +116,17 @@ class Daemon:
         self.config.get()
         self._watch = _watch_for_work(self.settings, self._wake.set)
         _say_started(self.settings)
+        # Before any pass: an lvm the last daemon left stuck keeps its VG's
+        # storage locks held by us, not expiring while it may still write.
+        custody.resume(VgHealth(self.settings.vg_health_dir))
         loops = [asyncio.create_task(self._queue_loop(), name="queue"),
                  asyncio.create_task(self._reconcile_loop(), name="reconcile"),
                  asyncio.create_task(report_loop(
                      self.settings, self.config.get, self.extender.lvm_health, self.failures,
                      self._stop, shells=self.extender.lvm_shells), name="report"),
-                 asyncio.create_task(self.publisher.loop(self._status_view), name="status")]
+                 asyncio.create_task(self.publisher.loop(self._status_view), name="status"),
+                 asyncio.create_task(self.suspended.loop(self.settings.reconcile_interval),
+                                     name="suspended")]
         if service.watchdog_interval() is not None:
             loops.append(asyncio.create_task(service.watchdog_loop(self.wedged),
                                              name="watchdog"))
@@ -129,6 +142,9 @@ class Daemon:
         await asyncio.gather(*loops, return_exceptions=True)
         stop.cancel()
         await self.passes.finish(SHUTDOWN_GRACE)
+        # Custodians last (a pass cut off just now may have made one): each
+        # renews its locks and writes down what the next daemon must keep.
+        await custody.hand_over()
         if self._watch is not None:
             self._watch.stop()
         await self.extender.close()
@@ -181,6 +197,9 @@ class Daemon:
 
     async def _reconcile_loop(self) -> None:
         while not self._stop.is_set():
+            # A stuck command the command line left behind (it cannot keep
+            # the lock once it has exited): taken over well within a lifetime.
+            custody.resume(VgHealth(self.settings.vg_health_dir))
             for vm in local_vms(self.settings.run_dir):
                 self._reconcile_due.add(vm.vmid)
             self._wake.set()

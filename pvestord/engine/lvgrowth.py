@@ -179,7 +179,7 @@ class LvGrowth:
                     vm.vmid, node, drive.lv_path, format_size(drive.maximum),
                     extra=fields(VMID=vm.vmid, BLOCK_NODE=node, LV=drive.lv))
             held.require(self.settings.lvm_timeout + KILL_WAIT)
-            with self.changes.running(vm.vmid, node):
+            with self.changes.running(vm.vmid, node, (drive.vg, drive.lv)):
                 await lvm.extend(drive.vg, drive.lv, decision.target,
                                  timeout=self.settings.lvm_timeout, shells=self.shells)
             self.figures.changed(drive.vg)

@@ -74,7 +74,11 @@ def render(view: Mapping[str, Any]) -> str:
             ("pvestord_cluster_writes_total", "cluster_write",
              "Cluster files (queue, node report) replaced."),
             ("pvestord_cluster_lock_attempts_total", "cluster_lock_attempt",
-             "Attempts at a pmxcfs lock directory.")):
+             "Attempts at a pmxcfs lock directory."),
+            ("pvestord_lv_resumed_total", "dm_resumed",
+             "LVs found left suspended (a killed LVM change) and resumed."),
+            ("pvestord_lv_resume_failures_total", "dm_resume_failed",
+             "Attempts to resume an LV left suspended that failed: a guest's I/O hangs.")):
         out.family(name, "counter", help_text)
         out.sample(name, events.get(key, 0))
     out.family("pvestord_storage_vanished", "gauge",

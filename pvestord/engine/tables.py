@@ -70,7 +70,7 @@ class Tables:
         verdict = policy.table_state(info.size, table)
         if verdict is TableState.BEHIND:
             held.require(self.settings.lvm_timeout + KILL_WAIT)
-            with self.changes.running(vmid, drive.view.file_node):
+            with self.changes.running(vmid, drive.view.file_node, (drive.vg, drive.lv)):
                 await lvm.refresh(drive.vg, drive.lv, timeout=self.settings.lvm_timeout)
             self.figures.changed(drive.vg)
         return info, table, verdict

@@ -253,3 +253,96 @@ def test_an_lvm_slower_than_the_lock_is_killed_before_the_lock_could_expire(
             "extended once LVM was quick again; no write failed", clock(),
             "test_an_lvm_slower_than_the_lock_is_killed_before_the_lock_could_expire"))
         final_checks(vm, vg, lv, work)
+
+
+@pytest.mark.faults_full
+def test_custody_of_a_stuck_lvm_survives_a_pvestord_restart(
+        bed: NodeBed, vg: VG, tmp_path: Path, faults: LvmFaults,
+        fault_log: FaultLog) -> None:  # noqa: F811
+    """REVIEW-3 M1: pvestord is restarted (SIGTERM, then a new one) while the
+    ``lvextend`` SIGKILL did not end still lives. The storage lock must stay
+    held, renewed by the new daemon, until the stuck process has gone: a
+    second node waiting on it gets in only then.
+
+    On the old code the stopping daemon left the lock unrenewed and the new
+    one did not take it again: the waiter's emulated expiry broke it one
+    lifetime after the stop, while the stuck process (kept by the hold file)
+    still lived, so the waiter's line has ``stuck_alive`` set.
+    """
+    lock_dir = tmp_path / "pve-locks"
+    lock_dir.mkdir()
+    marks = tmp_path / "vg-unhealthy"
+    record = tmp_path / "vg-custody" / vg.name
+    lock = lock_dir / "storage-thin1"
+    vm, lv = thin_vm(bed, vg, 934)
+    test = "test_custody_of_a_stuck_lvm_survives_a_pvestord_restart"
+    with vm, node(bed, faults, "--lock-dir", str(lock_dir), "--lock-lifetime",
+                  str(LIFETIME), "--lvm-timeout", str(LVM_TIMEOUT),
+                  "--vg-health-dir", str(marks)) as running:
+        work = Workload(vm)
+        settled(bed, vm, vg, lv, LV0)
+        hold = faults.folder / "lvextend.hold"
+        hold.touch()
+        faults.rule("lvextend", f"before unkillable {STUCK_FOR:g} {vg.name}")
+        work.cross_threshold()
+        # The mark comes just before custody begins (the record, on the new
+        # code, at the same moment): the old code is judged by the waiter below.
+        wait_until(lambda: (marks / vg.name).exists(), 120, f"VG {vg.name} marked")
+        stuck = [int(p) for p in (faults.folder / "lvextend.stuck").read_text().split()]
+        assert stuck and all(alive(p) for p in stuck)
+
+        # The restart: the old daemon stops cleanly, a new one starts.
+        assert running.pvestord.stop() == 0
+        stopped_at = time.time()
+        assert lock.is_dir(), "the stopping daemon released the lock under the stuck lvm"
+        clock = Stopwatch()
+        restarted = running.start_pvestord()
+        entered_file = tmp_path / "waiter.out"
+        with entered_file.open("w") as out:
+            waiter = subprocess.Popen(  # noqa: S603 - argument list
+                [sys.executable, "-c", WAITER, str(lock_dir), "storage-thin1", str(LIFETIME),
+                 str(faults.folder)], cwd=ROOT, stdout=out, text=True)
+        try:
+            def lines() -> list[dict[str, object]]:
+                return [json.loads(x) for x in entered_file.read_text().splitlines()]
+
+            def renewed_past_expiry() -> bool:
+                # Renewed after the moment it would have expired unrenewed:
+                # the new daemon keeps it (the lock folder is local: one clock).
+                try:
+                    return lock.stat().st_mtime > stopped_at + LIFETIME
+                except FileNotFoundError:
+                    return False
+
+            wait_until(lambda: len(lines()) > 1 or renewed_past_expiry(), 4 * LIFETIME,
+                       "the waiter in, or the lock renewed past its unrenewed expiry")
+            assert len(lines()) == 1, (
+                f"another node entered while the stuck lvm lived: {lines()[1:]}")
+            assert all(alive(p) for p in stuck)
+            assert "took over lock" in restarted.log_text()
+            assert stuck[0] in [pid for pid, _ in json.loads(record.read_text())["stuck"]]
+            hold.unlink()  # its I/O completes: it runs the real lvextend and ends
+            wait_until(lambda: len(lines()) > 1, 120, "the waiter in")
+            waiter.wait(timeout=60)
+        finally:
+            hold.unlink(missing_ok=True)  # never leave the stuck command waiting
+            if waiter.poll() is None:
+                waiter.kill()
+                waiter.wait()
+        entered = lines()[1]
+        assert entered["stuck_alive"] == [], "another node entered while the stuck lvm lived"
+        assert entered["stuck_finished"] == stuck[:1]
+        wait_until(lambda: not record.exists(), 60, "the custody record removed")
+        faults.clear()
+        wait_until(lambda: vg.lv_size(lv) == LV0 + CHUNK, 60, "the late lvextend's chunk")
+        fault_log.record(FaultRecord(
+            "pvestord restarted while an lvm SIGKILL did not end lives",
+            f"lvextend left a descendant in its own session holding the pipes (lock lifetime "
+            f"{LIFETIME:g} s; pvestord run --lvm-timeout {LVM_TIMEOUT:g}); pvestord stopped "
+            "with SIGTERM and started again while it lived",
+            "the stopping daemon renewed the lock and wrote its custody down; the new one "
+            "took the same lock directory over and renewed it past the moment it would have "
+            "expired; a second process waiting on it got in only after the stuck process "
+            "ended; the custody record was removed", clock(), test))
+        (marks / vg.name).unlink()
+        final_checks(vm, vg, lv, work)
