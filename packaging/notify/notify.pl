@@ -10,12 +10,13 @@
 use strict;
 use warnings;
 
-use JSON::PP;
-
+# Checked first: on plain Debian (perl-base only) JSON::PP may be missing too,
+# and "no PVE::Notify" is the answer the daemon understands.
 if (!eval { require PVE::Notify; 1 }) {
     print STDERR "PVE::Notify is not available: $@";
     exit 3;
 }
+require JSON::PP;
 
 my $text = do { local $/; <STDIN> };
 my $notice = JSON::PP->new->decode($text);

@@ -121,3 +121,15 @@ def test_every_shipped_template_gets_the_fields_it_prints() -> None:
             assert not missing, (path.name, missing)
     shipped = {p.name.rsplit("-", 1)[0] for p in TEMPLATES.glob("*-subject.txt.hbs")}
     assert shipped == set(notices.TEMPLATES.values())
+
+
+def test_the_package_installs_every_template_where_pve_notify_reads_them() -> None:
+    """/usr/share/pve-manager/templates/default: where PVE::Notify looks for a
+    template name after the admin's overrides in /etc/pve/notification-templates."""
+    root = TEMPLATES.parents[1]
+    lines = (root / "packaging" / "debian" / "pvestord.install").read_text().splitlines()
+    installed = {src: dest for src, dest in (line.split() for line in lines if line.strip())}
+    for path in TEMPLATES.glob("*.hbs"):
+        source = path.relative_to(root).as_posix()
+        assert installed.get(source) == "usr/share/pve-manager/templates/default/", source
+    assert installed.get("packaging/notify/notify.pl") == "usr/share/pvestord/"
