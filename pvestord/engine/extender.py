@@ -142,6 +142,15 @@ class Extender:
         """Our LVM commands' failures per VG, for this node's report."""
         return self.growth.lvm_health
 
+    def note_pause(self, vmid: int, run: RunState) -> None:
+        """Tell Proxmox's notifications of a VM paused for room. Every round of
+        every pass sees the pause; the notice goes once per pause, and a VM
+        seen running again ends it."""
+        if run.paused_for_room:
+            self.notices.seen(VmPaused(vmid, tuple(d.name for d in run.nospace_devices)))
+        else:
+            self.notices.over(paused_key(vmid))
+
     def forget(self, vmid: int) -> None:
         """``vmid`` no longer runs here: drop what was remembered of its drives."""
         forget_vm(self._answered, vmid)
@@ -275,10 +284,7 @@ class Extender:
             _note_requests_for_no_thin_drive(vm, requests, thin_nodes, outcome)
         if not run.paused_for_room:
             self._said.over((vm.vmid, "", "resume"))
-            self.notices.over(paused_key(vm.vmid))
-        else:
-            # Every round of every pass sees it; the notice goes once per pause.
-            self.notices.seen(VmPaused(vm.vmid, tuple(d.name for d in run.nospace_devices)))
+        self.note_pause(vm.vmid, run)
         # Figures just read from LVM are compared with this node's table
         # (an lseek each); a drive whose table differs gets nothing else
         # until it is settled under the lock: never a threshold past the

@@ -5,7 +5,8 @@ The real sender (pvestord.adapters.notify) runs the packaged Perl program
 STAND-IN (tests/unit/standins/PVE/Notify.pm, on PERL5LIB) that records each
 ``notify()`` call instead of sending it. The events come from the engine's
 own parts where they are detected: the storage configuration source (a
-vanished section), the status publisher (a capacity crossing), the pass
+vanished section), the status publisher (a capacity crossing), the extender
+(a VM seen paused for room, from its QMP run state), the pass
 deadline (a VG marked unhealthy).
 """
 
@@ -24,13 +25,15 @@ import pytest
 from pvestord.adapters import keptsections, vgspace
 from pvestord.adapters.config import parse_storage_config
 from pvestord.adapters.notify import Notifier
+from pvestord.adapters.qmp import RunState
 from pvestord.adapters.settings import DaemonSettings
 from pvestord.engine import publisher, status
 from pvestord.engine.configsource import StorageConfigSource
+from pvestord.engine.extender import Extender
 from pvestord.engine.notices import Notices
 from pvestord.engine.passes import Passes
-from pvestord.policy import capacity
-from pvestord.policy.notices import VmPaused, paused_key
+from pvestord.policy import BlockDevice, capacity
+from pvestord.policy.notices import VmPaused
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "packaging" / "notify" / "notify.pl"
@@ -138,13 +141,24 @@ async def test_a_vg_marked_unhealthy_is_notified_once_per_mark(
     assert found[0]["severity"] == "error"
 
 
+def run_state(paused_on: str | None) -> RunState:
+    """What QMP says of a VM: paused on ENOSPC on device ``paused_on``, or running."""
+    if paused_on is None:
+        return RunState(running=True, status="running", nospace_devices=(),
+                        failed_devices=())
+    return RunState(running=False, status="io-error", failed_devices=(),
+                    nospace_devices=(BlockDevice(paused_on, None, frozenset()),))
+
+
 async def test_a_pause_for_room_is_notified_once_per_pause(sent: Path) -> None:
     notifier = Notifier(SCRIPT)
-    notices = Notices("n1", notifier)
-    for _ in range(3):  # three passes see VM 101 paused
-        notices.seen(VmPaused(101, ("drive-scsi0",)))
-    notices.over(paused_key(101))  # resumed
-    notices.seen(VmPaused(101, ("drive-scsi1",)))
+    extender = Extender(DaemonSettings(node="n1", lvm_shell=False),
+                        lambda: parse_storage_config(SECTION, "storage.cfg"),
+                        notices=Notices("n1", notifier))
+    # The rounds of three passes see VM 101 paused; it runs; it pauses again.
+    for paused_on in ["drive-scsi0"] * 5 + [None, None, "drive-scsi1", "drive-scsi1"]:
+        extender.note_pause(101, run_state(paused_on))
+    extender.note_pause(102, run_state(None))  # another VM, running: nothing
     await notifier.drain()
     found = calls(sent)
     assert sorted(c["data"]["drives"] for c in found) == ["drive-scsi0", "drive-scsi1"]
