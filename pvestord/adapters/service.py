@@ -48,7 +48,9 @@ FIELDS = ("VMID", "BLOCK_NODE", "LV", "VG", "OLD_SIZE", "NEW_SIZE", "DURATION_MS
           "FAILURE",
           # a pvestord: section gone from storage.cfg, or back (configsource.py); its
           # text to put back and the command that does it
-          "STORAGE", "STORAGE_STATE", "LAST_SEEN", "SECTION", "RESTORE")
+          "STORAGE", "STORAGE_STATE", "LAST_SEEN", "SECTION", "RESTORE",
+          # a notification handed to Proxmox's notification system (notify.py)
+          "NOTIFICATION", "SEVERITY")
 
 
 def stderr_value(value: object) -> str:

@@ -26,7 +26,9 @@ from pvestord.adapters.config import (
     parse_storage_config,
 )
 from pvestord.adapters.service import fields
+from pvestord.engine.notices import Notices, silent
 from pvestord.errors import ConfigError
+from pvestord.policy.notices import StorageVanished, vanished_key
 from pvestord.policy.vanished import (
     Kept,
     observe,
@@ -47,7 +49,8 @@ class StorageConfigSource:
     (logged once): an admin's typo must not stop extensions cluster-wide.
     """
 
-    def __init__(self, path: Path, kept_file: Path | None = None) -> None:
+    def __init__(self, path: Path, kept_file: Path | None = None, *,
+                 notices: Notices | None = None) -> None:
         """``kept_file``: where the ``pvestord:`` sections are kept (the
         daemon's); None: not kept (one-shot commands, which must not judge
         what vanished from a copy the daemon owns)."""
@@ -60,6 +63,8 @@ class StorageConfigSource:
         self._kept_problem: str | None = None
         #: Vanished sections this daemon has logged its error for.
         self._announced: set[str] = set()
+        #: The same, once, to Proxmox's notification system.
+        self.notices = notices if notices is not None else silent()
         if kept_file is not None:
             try:
                 self._kept = keptsections.read(kept_file)
@@ -166,8 +171,10 @@ class StorageConfigSource:
                       extra=fields(STORAGE=sid, STORAGE_STATE="vanished",
                                    LAST_SEEN=int(kept.seen), SECTION=kept.text,
                                    RESTORE=restore_command(sid)))
+            self.notices.seen(StorageVanished(sid, str(self.path), when, restore_command(sid)))
         for sid in seen.back:
             self._announced.discard(sid)
+            self.notices.over(vanished_key(sid))
             log.info("storage '%s' is back in %s", sid, self.path,
                      extra=fields(STORAGE=sid, STORAGE_STATE="back", RECOVERED="yes"))
         if seen.kept == self._kept:

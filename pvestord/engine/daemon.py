@@ -43,6 +43,7 @@ from collections.abc import Callable, Sequence
 
 from pvestord.adapters import custody, service
 from pvestord.adapters.locks import queue_lock
+from pvestord.adapters.notify import Notifier
 from pvestord.adapters.queue import Entry, ExtendQueue
 from pvestord.adapters.service import fields
 from pvestord.adapters.settings import DaemonSettings
@@ -53,6 +54,7 @@ from pvestord.engine import metrics, publisher, status
 from pvestord.engine.configsource import StorageConfigSource
 from pvestord.engine.extender import Extender
 from pvestord.engine.failures import Failures
+from pvestord.engine.notices import Notices
 from pvestord.engine.passes import Passes
 from pvestord.engine.reportloop import publish_stopped, report_loop
 from pvestord.engine.suspension import SuspendedLvs
@@ -71,17 +73,21 @@ class Daemon:
         self.settings = settings
         self.queue = ExtendQueue(settings.queue,
                                  lock=queue_lock(settings.queue, lock_dir=settings.lock_dir))
+        # One sender and one memory of what was announced, for every part.
+        self.notices = Notices(settings.node, Notifier())
         self.config = StorageConfigSource(settings.storage_config,
-                                          kept_file=settings.kept_sections)
-        self.extender = Extender(settings, self.config.get)
+                                          kept_file=settings.kept_sections,
+                                          notices=self.notices)
+        self.extender = Extender(settings, self.config.get, notices=self.notices)
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
         self._reconcile_due: set[int] = set()
         self.failures = Failures(reconcile=self._reconcile_due.add, wake=self._wake.set)
         self.passes = Passes(settings, config=self.config.get, changing=self._changing,
-                             abandon=self._abandoned)
-        # LVs a killed change of ours left suspended (REVIEW-3 M2): looked for
-        # at start, every reconcile interval, and at once after a kill.
+                             abandon=self._abandoned, notices=self.notices)
+        # LVs a killed change of ours left suspended, hanging their guest's
+        # I/O: looked for at start, every reconcile interval, and at once
+        # after a kill.
         self.suspended = SuspendedLvs(self.config.get, self.extender.lvm_changes,
                                       self.failures, settings.vg_health_dir,
                                       lvm_timeout=settings.lvm_timeout)
@@ -97,7 +103,7 @@ class Daemon:
             settings.node, self.extender.activity, self.config.get,
             kept=lambda: self.config.kept, status_file=status_file,
             metrics_file=metrics.METRICS_FILE if status_file == status.STATUS_FILE else None,
-            shells=self.extender.lvm_shells)
+            shells=self.extender.lvm_shells, notices=self.notices)
 
     # -- lifecycle
 
@@ -148,6 +154,10 @@ class Daemon:
         if self._watch is not None:
             self._watch.stop()
         await self.extender.close()
+        if self.notices.notifier is not None:
+            # A notice of the last moments (a mark at shutdown) still goes out;
+            # each send is bounded by its own timeout.
+            await self.notices.notifier.drain()
         publish_stopped(self.settings)
         for ended in crashed:
             if not ended.cancelled() and ended.exception() is not None:

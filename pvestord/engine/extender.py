@@ -71,6 +71,7 @@ from pvestord.engine.lvfigures import LvFigures
 from pvestord.engine.lvgrowth import Grown, LvGrowth
 from pvestord.engine.lvmchanges import LvmChanges
 from pvestord.engine.nodereport import LvmHealth
+from pvestord.engine.notices import Notices, silent
 from pvestord.engine.oncelog import OncePerChange
 from pvestord.engine.pervm import forget_vm
 from pvestord.engine.settle import (
@@ -84,6 +85,7 @@ from pvestord.engine.tables import Tables
 from pvestord.engine.werror import WerrorWatch
 from pvestord.errors import PvestordError
 from pvestord.policy import Decision, DriveState, Reason
+from pvestord.policy.notices import VmPaused, paused_key
 from pvestord.policy.resume import BlockedBecause
 from pvestord.policy.vmconfig import grows_while_renaming
 
@@ -95,8 +97,11 @@ class Extender:
 
     def __init__(self, settings: DaemonSettings,
                  storage_config: Callable[[], StorageConfig], *,
-                 quiet_locks: migration.QuietRenamingLocks | None = None) -> None:
+                 quiet_locks: migration.QuietRenamingLocks | None = None,
+                 notices: Notices | None = None) -> None:
         self.settings = settings
+        #: A VM paused for room is told to Proxmox's notifications once per pause.
+        self.notices = notices if notices is not None else silent()
         self._storage_config = storage_config
         #: Persistent ``lvm`` shells for the extension path, if configured.
         self.lvm_shells = LvmShells() if settings.lvm_shell else None
@@ -137,10 +142,20 @@ class Extender:
         """Our LVM commands' failures per VG, for this node's report."""
         return self.growth.lvm_health
 
+    def note_pause(self, vmid: int, run: RunState) -> None:
+        """Tell Proxmox's notifications of a VM paused for room. Every round of
+        every pass sees the pause; the notice goes once per pause, and a VM
+        seen running again ends it."""
+        if run.paused_for_room:
+            self.notices.seen(VmPaused(vmid, tuple(d.name for d in run.nospace_devices)))
+        else:
+            self.notices.over(paused_key(vmid))
+
     def forget(self, vmid: int) -> None:
         """``vmid`` no longer runs here: drop what was remembered of its drives."""
         forget_vm(self._answered, vmid)
         self._said.forget(vmid)
+        self.notices.over(paused_key(vmid))  # a VM that stopped is no longer paused
         self.quiet_locks.forget(vmid)
         self.bindings.forget(vmid)
         self.werror.forget(vmid)
@@ -269,6 +284,7 @@ class Extender:
             _note_requests_for_no_thin_drive(vm, requests, thin_nodes, outcome)
         if not run.paused_for_room:
             self._said.over((vm.vmid, "", "resume"))
+        self.note_pause(vm.vmid, run)
         # Figures just read from LVM are compared with this node's table
         # (an lseek each); a drive whose table differs gets nothing else
         # until it is settled under the lock: never a threshold past the

@@ -21,7 +21,9 @@ from pvestord.adapters.config import StorageConfig
 from pvestord.adapters.service import fields
 from pvestord.adapters.settings import DaemonSettings
 from pvestord.adapters.vghealth import VgHealth
+from pvestord.engine.notices import Notices, silent
 from pvestord.policy.lvnames import chain_vmid
+from pvestord.policy.notices import VgMarked, marked_key
 
 #: The daemon's messages keep the logger name they always had.
 log = logging.getLogger("pvestord.engine.daemon")
@@ -66,8 +68,10 @@ class Passes:
 
     def __init__(self, settings: DaemonSettings, *, config: Callable[[], StorageConfig],
                  changing: Callable[[int], bool], abandon: Callable[[int], None],
-                 dev: Path = Path("/dev")) -> None:
+                 dev: Path = Path("/dev"), notices: Notices | None = None) -> None:
         self.settings = settings
+        #: A VG marked unhealthy is told to Proxmox's notifications once per mark.
+        self.notices = notices if notices is not None else silent()
         self._config = config
         #: Where LVM links each active LV, as ``<dev>/<vg>/<lv>``.
         self._dev = dev
@@ -127,7 +131,12 @@ class Passes:
         message = (f"VM {vmid}: pass abandoned after {now - started:.0f} s (its deadline is "
                    f"{self.settings.pass_deadline:g} s)")
         for vg in vgs:
-            self.vg_health.mark(vg, f"{message}, in the middle of an LVM change")
+            # Marked already (an earlier abandoned pass): the same mark, told once.
+            if self.vg_health.get(vg) is None:
+                self.notices.over(marked_key(vg))
+            reason = f"{message}, in the middle of an LVM change"
+            self.vg_health.mark(vg, reason)
+            self.notices.seen(VgMarked(vg, reason, str(self.vg_health.path(vg))))
             log.error("%s, in the middle of an LVM change on VG %s: VG marked unhealthy",
                       message, vg, extra=fields(VMID=vmid, VG=vg))
         if not vgs:

@@ -24,8 +24,11 @@ from pvestord.adapters.config import StorageConfig
 from pvestord.adapters.lvmshell import LvmShells
 from pvestord.adapters.service import fields
 from pvestord.engine import metrics, status
+from pvestord.engine.notices import Notices, silent
 from pvestord.errors import PvestordError
 from pvestord.policy import capacity
+from pvestord.policy.notices import LowSpace, low_space_key
+from pvestord.policy.sizes import format_size
 from pvestord.policy.vanished import Kept
 
 log = logging.getLogger(__name__)
@@ -51,8 +54,11 @@ class Publisher:
                  kept: Callable[[], Mapping[str, Kept]] = dict,
                  status_file: Path = status.STATUS_FILE,
                  metrics_file: Path | None = metrics.METRICS_FILE,
-                 shells: LvmShells | None = None) -> None:
+                 shells: LvmShells | None = None,
+                 notices: Notices | None = None) -> None:
         self.node = node
+        #: A crossing also goes to Proxmox's notifications, once.
+        self.notices = notices if notices is not None else silent()
         #: The accounts' ``vgs`` and ``lvs`` run in the VGs' lvm shells.
         self.shells = shells
         self.activity = activity
@@ -90,6 +96,13 @@ class Publisher:
                             "; new thin volumes are refused" if level is capacity.Level.CRITICAL
                             else "", extra=fields(VG=vg, CAPACITY_LEVEL=level.name.lower(),
                                                   VG_FREE=account.free))
+                self.notices.seen(LowSpace(vg, level.name.lower(), format_size(account.free),
+                                           format_size(account.size), str(limit)))
+            elif level is capacity.Level.OK:
+                self.notices.over(low_space_key(vg))
+            else:
+                # Back from critical to warn: critical again is a new crossing.
+                self.notices.lowered(low_space_key(vg), int(level))
             self._levels[vg] = level
             self._accounts[vg] = status.account_view(account, level)
         for gone in set(self._accounts) - set(guards):

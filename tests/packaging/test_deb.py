@@ -41,6 +41,12 @@ EXPECTED_FILES = {
     # keeps them true to the command lines).
     "./usr/share/man/man1/pvestord.1.gz",
     "./usr/share/man/man8/qmeventd-py.8.gz",
+    # Proxmox notifications (pvestord.adapters.notify): the PVE::Notify bridge,
+    # and the templates where PVE::Notify renders them from.
+    "./usr/share/pvestord/notify.pl",
+    *(f"./usr/share/pve-manager/templates/default/pvestord-{name}-{part}.txt.hbs"
+      for name in ("low-space", "vm-paused", "vg-unhealthy", "storage-vanished")
+      for part in ("subject", "body")),
 }
 
 
