@@ -77,6 +77,14 @@ FAULTS = [
           "test_full_vg_keeps_the_entry_then_extends_when_space_is_added",
           "the error is logged once, the entry kept; after vgextend the LV grows and "
           "writes continue"),
+    Fault("VG full with two VMs paused on ENOSPC, a PV added (the runbook's step 1)",
+          "tests/integration/node/test_full_vg_runbook.py::"
+          "test_a_full_vg_with_paused_vms_runs_again_once_a_pv_is_added",
+          "two guests paused past their 64 MiB LVs on a VG with 8 MiB free (chunk 32 MiB); "
+          "each logged FAILURE=vg-full, RESUME_BLOCKED=drive-failed and a retry, status "
+          "showed the VG critical and both drives failed; pvcreate + vgextend and no other "
+          "command: both resumed by the daemon's retry, one extension each, every byte "
+          "read back, qemu-img check clean (docs/operations.md, When the VG is full)"),
     Fault("hostile queue lines, storage.cfg text, QMP replies and events",
           "tests/unit/test_fuzz_queue.py, test_fuzz_config.py, test_fuzz_qmp.py",
           "hypothesis: parsers return a result or their own error type, good entries "
