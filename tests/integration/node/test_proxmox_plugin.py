@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from pvestord.features import plugin
+from pvestord.policy.capacity import maximum_tag
 from tests.harness.lvmbed import VG, GiB, MiB, measured_maximum, qcow2_check, sh
 from tests.harness.pvestorage import (
     DISK,
@@ -279,7 +280,9 @@ def test_vm_state_and_fleecing_image_with_real_lvm(
                     f' "{state}", {state_kib})];')[0]
     assert made == f"{STORE}:{state}"
     assert lv_sizes(vg)[state] == -(-state_kib * 1024 // EXTENT) * EXTENT
-    assert lv_tags(vg)[state] == {f"pve-vm-{VMID}"}
+    # Proxmox's tag, and the maximum every node's capacity figures read: a
+    # raw LV's is its size.
+    assert lv_tags(vg)[state] == {f"pve-vm-{VMID}", maximum_tag(lv_sizes(vg)[state])}
     path = pve.call(f'PVE::Storage::activate_volumes($cfg, ["{made}"]);'
                     f' return PVE::Storage::path($cfg, "{made}");')
     assert path == f"/dev/{vg.name}/{state}"
