@@ -119,6 +119,9 @@ def test_lock_migrate_defers_through_a_local_disk_mirror(guest: Guest) -> None:
     # after the switchover (A's QEMU quits with it here).
     a.vm(vmid, "qmp", "migrate", {"uri": f"tcp:{b.addr}:{MIGRATE_PORT}"})
     guest.finish_migration()
+    # qemu-server stops the target's NBD server once the disks are across
+    # (and the harness's own reads export through one of their own).
+    b.vm(vmid, "qmp", "nbd-server-stop")
     guest.config_lock(None)  # qemu-server moves the config to B and unlocks it
     assert device_size(b, vg, lv) == lv_size(b, vg, lv) == grown
     assert b.vm(vmid, "read_verify", fmt_node(vmid), 0, crossing, 0x71, timeout=300)
