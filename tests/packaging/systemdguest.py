@@ -53,7 +53,7 @@ REPO = HERE.parents[1]
 #: initrd has virtio_blk and ext4; its modules are in the root), QEMU for a
 #: VM, and the package's own dependencies so that ``dpkg -i`` needs no network.
 PACKAGES = (
-    "systemd", "systemd-sysv", "udev", "kmod", "linux-image-amd64",
+    "systemd", "systemd-sysv", "udev", "kmod", "procps", "linux-image-amd64",
     "lvm2", "qemu-utils", "qemu-system-x86", "seabios",
     "python3", "python3-systemd", "python3-pyinotify", "python3-pyasyncore",
 )

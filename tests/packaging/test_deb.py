@@ -102,7 +102,7 @@ def test_private_qemu_qmp_is_the_lgpl_library_only(deb: Path) -> None:
 
 def test_depends(deb: Path) -> None:
     depends = {d.strip().split()[0] for d in field(deb, "Depends").split(",")}
-    assert {"python3-systemd", "python3-pyinotify", "lvm2", "qemu-utils"} <= depends
+    assert {"python3-systemd", "python3-pyinotify", "lvm2", "qemu-utils", "procps"} <= depends
     assert not {d for d in depends if "qmp" in d}, "qemu.qmp is shipped, not depended on"
 
 
