@@ -101,10 +101,19 @@ class NodeBed:
     def entries(self) -> list[Entry]:
         return self.queue.list()
 
+    @property
+    def state_dir(self) -> Path:
+        """The daemon's node-local state (its copy of the storages' sections)."""
+        return self.root / "state"
+
     def write_storage_config(self) -> None:
         text = "dir: local\n\tpath /var/lib/vz\n\tcontent iso\n\n" + "\n".join(
             s.section() for s in self.storages)
         self.storage_cfg.write_text(text)
+        # The bed adds and removes storages on purpose, between tests as an
+        # admin would with `pvestord storage forget`: a storage it dropped is
+        # not one that vanished.
+        shutil.rmtree(self.state_dir, ignore_errors=True)
 
     def write_vm_config(self, vmid: int, volid: str, lock: str | None = None) -> None:
         """VM ``vmid``'s config as qemu-server keeps it on pmxcfs (``volid``
@@ -119,6 +128,7 @@ class NodeBed:
         return [str(VENV_BIN / "pvestord"), "--queue", str(self.queue_path),
                 *(["-v"] if self.verbose else []), "run",
                 "--storage-config", str(self.storage_cfg), "--run-dir", str(self.run_dir),
+                "--state-dir", str(self.state_dir),
                 "--node", self.node, "--no-journal", *extra]
 
     def qmeventd_argv(self, *extra: str) -> list[str]:

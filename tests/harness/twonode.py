@@ -184,6 +184,7 @@ class Node:
                   argv=[
             str(cluster.bin / "pvestord"), "--queue", str(pve / "extend-queue"), "-v", "run",
             "--storage-config", str(pve / "storage.cfg"), "--run-dir", self.run_dir,
+            "--state-dir", f"{self.run_dir}/state",
             "--lock-dir", str(cluster.lock_dir), "--node", self.name, "--no-journal",
             "--poll-interval", str(poll), "--report-interval", str(report_interval)])
         if wait:

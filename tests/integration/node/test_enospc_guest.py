@@ -448,8 +448,12 @@ def test_a_paused_vm_runs_once_proxmox_lets_go_of_the_storage_lock(
         # The extension waited for the lock, and nothing gave up meanwhile.
         assert int(extension["LOCK_WAIT_MS"]) >= PROXMOX_HOLD * 1000 / 2
         assert errors == [], [e.message for e in errors]
-        # Paused no longer than the hold and one extension after it.
-        assert timestamp(resume) - released <= int(extension["LVM_MS"]) / 1000 + 5
+        # The pause ended with the one extension made once the lock was free:
+        # no give-up and retry later (how long that took is the figure above).
+        assert timestamp(resume) >= released
+        writer_extensions = [line for line in lines if "NEW_SIZE" in line.fields
+                             and line.fields["BLOCK_NODE"] == extension["BLOCK_NODE"]]
+        assert len(writer_extensions) == 1, [line.message for line in writer_extensions]
         assert vg.lv_size(lv) == expected
     assert_image_holds(vg, lv, guest, prefilled=PREFILL)
 
