@@ -80,8 +80,12 @@ async def stuck_process() -> AsyncIterator[asyncio.subprocess.Process]:
             await proc.wait()
 
 
-async def test_the_lock_of_a_stuck_command_stays_held_across_a_daemon_restart(
-        tmp_path: Path) -> None:
+@contextlib.asynccontextmanager
+async def custody_left_behind(
+        tmp_path: Path) -> AsyncIterator[tuple[Path, VgHealth, asyncio.subprocess.Process]]:
+    """What a daemon stopping in custody of a stuck ``lvm`` on VG ``san``
+    leaves: the lock folder, the VG marks and the stuck process, alive for
+    the ``async with``."""
     locks = tmp_path / "locks"
     locks.mkdir()
     health = VgHealth(tmp_path / "vg-unhealthy")
@@ -92,8 +96,14 @@ async def test_the_lock_of_a_stuck_command_stays_held_across_a_daemon_restart(
         with pytest.raises(LvmError):
             async with lock.acquire_async(1.0):
                 raise LvmError("extending LV san/x") from unkillable
-        # The first daemon stops: its custodian goes with it.
+        # The daemon stops: its custodian goes with it.
         await stop_custodians()
+        yield locks, health, stuck
+
+
+async def test_the_lock_of_a_stuck_command_stays_held_across_a_daemon_restart(
+        tmp_path: Path) -> None:
+    async with custody_left_behind(tmp_path) as (locks, health, stuck):
         assert (locks / "storage-thin1").is_dir()
         # The next daemon starts and keeps the lock: another node waiting
         # four lifetimes does not get in while the stuck process lives.
@@ -112,17 +122,7 @@ async def test_the_lock_of_a_stuck_command_stays_held_across_a_daemon_restart(
 async def test_a_daemon_stopping_hands_its_custody_over(tmp_path: Path) -> None:
     """The custody taken over at start is handed over again at stop, renewed:
     the daemon after it keeps the lock too."""
-    locks = tmp_path / "locks"
-    locks.mkdir()
-    health = VgHealth(tmp_path / "vg-unhealthy")
-    lock = vg_lock("san", [("thin1", True)], lock_dir=locks, lifetime=LIFE, health=health)
-    async with stuck_process() as stuck:
-        unkillable = UnkillableCommandError(["lvm", "lvextend"], "", timeout=1.0,
-                                            stuck=stuck_processes(stuck.pid))
-        with pytest.raises(LvmError):
-            async with lock.acquire_async(1.0):
-                raise LvmError("extending LV san/x") from unkillable
-        await stop_custodians()
+    async with custody_left_behind(tmp_path) as (locks, _, _):
         async with daemon_running(tmp_path):
             record = tmp_path / "vg-custody" / "san"
             first = json.loads(record.read_text())
@@ -162,18 +162,8 @@ async def test_a_lock_taken_by_another_while_no_daemon_ran_is_not_adopted(
     """The lock expired and another holder took it between the daemons: the
     next daemon leaves that holder's directory alone, and takes the lock
     once it is free, keeping it while the stuck process lives."""
-    locks = tmp_path / "locks"
-    locks.mkdir()
-    health = VgHealth(tmp_path / "vg-unhealthy")
-    lock = vg_lock("san", [("thin1", True)], lock_dir=locks, lifetime=LIFE, health=health)
-    path = locks / "storage-thin1"
-    async with stuck_process() as stuck:
-        unkillable = UnkillableCommandError(["lvm", "lvextend"], "", timeout=1.0,
-                                            stuck=stuck_processes(stuck.pid))
-        with pytest.raises(LvmError):
-            async with lock.acquire_async(1.0):
-                raise LvmError("extending LV san/x") from unkillable
-        await stop_custodians()
+    async with custody_left_behind(tmp_path) as (locks, _, _):
+        path = locks / "storage-thin1"
         # Another node's: a new directory, which its holder renews (an mtime
         # ahead: the emulated expiry never breaks it while we look).
         path.rmdir()
