@@ -24,6 +24,7 @@ from pathlib import Path
 
 from pvestord.adapters import tally
 from pvestord.errors import CommandError
+from pvestord.policy.procstat import fields_after_name
 
 log = logging.getLogger(__name__)
 
@@ -118,8 +119,7 @@ def _stat(pid: int) -> tuple[str, int, int] | None:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = text.rsplit(")", 1)[1].split()
-    # After the command name: state, ppid, pgrp, ... field 22 (starttime) is fields[19].
+    fields = fields_after_name(text)
     try:
         return fields[0], int(fields[19]), int(fields[2])
     except (IndexError, ValueError):

@@ -32,6 +32,7 @@ import re
 from collections.abc import Collection, Iterable, Mapping
 
 from pvestord.policy.blockjobs import WRITING, BlockJob
+from pvestord.policy.procstat import fields_after_name
 
 #: qemu-server's lock values that rename the LVs under a running VM.
 RENAMING_LOCKS = frozenset({"snapshot", "snapshot-delete", "rollback"})
@@ -186,7 +187,7 @@ def task_alive(stat: str, pstart: int) -> bool:
     """Whether ``/proc/<pid>/stat``'s text ``stat`` is the task's worker:
     its start time (field 22, counted after the command's closing
     parenthesis, which may itself hold spaces) is the UPID's ``pstart``."""
-    fields = stat.rpartition(")")[2].split()
+    fields = fields_after_name(stat)
     return len(fields) > 19 and fields[19] == str(pstart)
 
 
