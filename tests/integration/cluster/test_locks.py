@@ -8,6 +8,7 @@ last test puts a real pvestord behind a lock held by the other node.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 from typing import Any
@@ -41,6 +42,7 @@ class Holder:
 
     def __init__(self, cluster: Cluster, node: Node, lock_id: str, *args: str) -> None:
         self.node = node
+        self.lock_dir = cluster.lock_dir
         self.name = f"lockholder-{secrets.token_hex(3)}"
         node.logs.mkdir(parents=True, exist_ok=True)
         self.log = node.logs / f"{self.name}.log"
@@ -52,7 +54,30 @@ class Holder:
         return [e["event"] for e in events(text)]
 
     def wait(self, event: str, timeout: float = 60.0) -> None:
-        wait_until(lambda: event in self.events(), timeout, f"{self.name}: {event}")
+        """Until the holder says ``event``; fails at once, with its log, when it
+        gives up on the lock first or exits without saying it."""
+        def said() -> bool:
+            seen = self.events()
+            return event in seen or "timeout" in seen or not self.node.call(
+                "alive", name=self.name)
+        try:
+            wait_until(said, timeout, f"{self.name}: {event}")
+        except TimeoutError as err:
+            raise AssertionError(f"{err}\n{self.diagnosis()}") from None
+        if event not in self.events():
+            raise AssertionError(f"{self.name} ended without {event!r}\n{self.diagnosis()}")
+
+    def diagnosis(self) -> str:
+        """The holder's whole log (stderr included) and the lock folder as the host sees it."""
+        text = self.log.read_text(errors="replace") if self.log.exists() else "(no log)"
+        lock_dir = self.lock_dir
+        entries = []
+        for entry in sorted(lock_dir.iterdir()) if lock_dir.exists() else []:
+            with contextlib.suppress(OSError):
+                st = entry.stat()
+                entries.append(f"  {entry.name} ino={st.st_ino} mtime_ns={st.st_mtime_ns}")
+        return (f"log of {self.name} on {self.node.name}:\n{text}\n"
+                f"{lock_dir} on the host:\n" + ("\n".join(entries) or "  (empty)"))
 
     def kill(self) -> None:
         self.node.call("stop", name=self.name, kill=True)
@@ -91,8 +116,10 @@ def test_a_lock_held_on_one_node_excludes_the_other_until_released(cluster: Clus
     assert rc == 3 and last["event"] == "timeout", last
     assert last["waited"] >= 10.0
     assert lid in last["message"] and "held for" in last["message"], last["message"]
-    # A waiter on B gets the lock once A releases it, not before.
-    waiter = Holder(cluster, cluster.b, lid, "--timeout", "60")
+    # A waiter on B gets the lock once A releases it, not before. Its own
+    # timeout is far beyond the waits below: how fast a guest under emulation
+    # starts Python is not what this test is about.
+    waiter = Holder(cluster, cluster.b, lid, "--timeout", "300")
     waiter.wait("refused")
     assert "acquired" not in waiter.events()
     release.touch()
