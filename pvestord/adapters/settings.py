@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from pvestord import paths
-from pvestord.adapters import keptsections, locks, vghealth
+from pvestord.adapters import keptsections, locks, preparedjobs, vghealth
 from pvestord.adapters.command import KILL_WAIT
 from pvestord.errors import ConfigError
 
@@ -120,6 +120,11 @@ class DaemonSettings:
         else:
             folder = self.vg_health_dir.parent / "state"
         return folder / keptsections.FILE_NAME
+
+    @property
+    def prepared_jobs(self) -> Path:
+        """Where the storage plugin records the snapshot deletes it prepared."""
+        return preparedjobs.folder_beside(self.vg_health_dir)
 
     @property
     def reports_dir(self) -> Path:

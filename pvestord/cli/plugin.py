@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pvestord.adapters import vghealth
+from pvestord.adapters import preparedjobs, vghealth
 from pvestord.cli.options import SubCommands, add_command
 from pvestord.features import plugin, pluginlocks
 
@@ -50,7 +50,9 @@ def _answer(args: argparse.Namespace) -> int:
         request = pluginlocks.parse_locks_request(json.loads(text))
         answer = pluginlocks.answer_locks(request, vghealth.VgHealth(args.vg_health_dir))
     else:
-        answer = asyncio.run(plugin.answer(plugin.parse_request(text)))
+        answer = asyncio.run(plugin.answer(
+            plugin.parse_request(text),
+            prepared_jobs=preparedjobs.folder_beside(args.vg_health_dir)))
     print(json.dumps(answer, sort_keys=True))
     return 0
 

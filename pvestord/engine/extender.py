@@ -66,7 +66,7 @@ from pvestord.engine.drive import (
 )
 from pvestord.engine.gates import VgGates
 from pvestord.engine.incoming import catch_up_incoming
-from pvestord.engine.jobroom import room_for_chain_copies
+from pvestord.engine.jobroom import room_for_chain_copies, say_unprepared_deletes
 from pvestord.engine.lvfigures import LvFigures
 from pvestord.engine.lvgrowth import Grown, LvGrowth
 from pvestord.engine.lvmchanges import LvmChanges
@@ -279,6 +279,8 @@ class Extender:
         job_room = await room_for_chain_copies(vm, look.copies, look.job_room,
                                                map_timeout=self.settings.qemu_img_timeout,
                                                said=self._said)
+        if renaming and job_writing:
+            say_unprepared_deletes(self.settings, vm, drives, job_room, self._said)
         thin_nodes = thin_block_nodes(drives)
         if requests:
             _note_requests_for_no_thin_drive(vm, requests, thin_nodes, outcome)

@@ -65,18 +65,22 @@ import asyncio
 import dataclasses
 import enum
 import json
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pvestord import policy
-from pvestord.adapters import lvm, qemu_img
+from pvestord.adapters import lvm, preparedjobs, qemu_img
 from pvestord.adapters.config import ThinStorage, thin_from_options
 from pvestord.errors import PvestordError
 from pvestord.features import capacity
 from pvestord.policy.capacity import maximum_tag, retag_maximum
 from pvestord.policy.sizes import KiB, align_up
 from pvestord.policy.volumes import NewVolume, VolumeRole, initial_lv_size, new_volume
+
+log = logging.getLogger(__name__)
 
 #: ``PVE::Storage::Common::qemu_img_create_qcow2_backed``'s fixed overlay layout.
 OVERLAY_CLUSTER_SIZE = 128 * KiB
@@ -237,8 +241,12 @@ def parse_request(text: str) -> Request:
     return Request(op, thin, data)
 
 
-async def answer(request: Request) -> dict[str, Any]:
+async def answer(request: Request, *, prepared_jobs: Path | None = None) -> dict[str, Any]:
     """Gather what the decision needs (LVM, qemu-img), decide, say what to do.
+
+    ``prepared_jobs``: where to record the target of a running VM's ``commit``
+    (:mod:`pvestord.adapters.preparedjobs`), so that the daemon can tell the
+    snapshot deletes prepared here from those qemu-server started without.
 
     :raises PluginTimeoutError: not done within :func:`answer_budget` (the
         commands it ran are killed with it).
@@ -247,13 +255,25 @@ async def answer(request: Request) -> dict[str, Any]:
     budget = answer_budget(left)
     try:
         async with asyncio.timeout(budget):
-            return await _decide(request)
+            decided = await _decide(request)
     except TimeoutError:
         held = ("its storage lock has no alarm" if left is None
                 else f"{left:g} s were left of its storage lock's alarm")
         raise PluginTimeoutError(
             f"{request.op}: no answer within {budget:g} s ({held}); nothing was changed"
         ) from None
+    if request.op == "commit" and request.body.get("running") and prepared_jobs is not None:
+        _note_prepared(prepared_jobs, request.storage.vgname, request.name("target_lv"))
+    return decided
+
+
+def _note_prepared(folder: Path, vg: str, lv: str) -> None:
+    """The record is for the daemon's warning only: never fail the delete for it."""
+    try:
+        preparedjobs.note(folder, vg, lv)
+    except OSError as err:
+        log.warning("cannot record the prepared snapshot delete into %s/%s under %s: %s",
+                    vg, lv, folder, err.strerror)
 
 
 async def _decide(request: Request) -> dict[str, Any]:

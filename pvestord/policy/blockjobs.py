@@ -83,6 +83,25 @@ def job_target_size(target_lv_size: int, source_end: int, target_maximum: int,
     return max(target_lv_size, min(wanted, align_up(target_maximum, extent_size)))
 
 
+#: pmxcfs keeps whole-second mtimes: a config written in the same second as
+#: the plugin's record may look up to a second younger than it.
+PREPARED_SLACK = 2.0
+
+
+def prepared_for_delete(prepared_age: float | None, lock_age: float,
+                        slack: float = PREPARED_SLACK) -> bool:
+    """Whether the storage plugin prepared a running snapshot delete's job.
+
+    qemu-server writes ``lock: snapshot-delete`` into the VM config, then,
+    disk by disk, reads the chain through the storage (where the plugin grows
+    the job's target and records it, :mod:`pvestord.adapters.preparedjobs`)
+    and starts the job; it writes the config again only once a disk is done.
+    So a prepared job's target was recorded after the config's last write:
+    ``prepared_age`` (None: never recorded) is not older than ``lock_age``.
+    """
+    return prepared_age is not None and prepared_age <= lock_age + slack
+
+
 def jobs_to_resume(jobs: Iterable[BlockJob], *, need_more: bool, failed: bool,
                    resumed_at: Mapping[str, int], room: int) -> list[str]:
     """The ids of the jobs paused on ENOSPC that may run again now.

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pvestord.adapters import lvm, qemu_img
+from pvestord.adapters import lvm, preparedjobs, qemu_img
 from pvestord.adapters.config import PLUGIN_TYPE, StorageOptionError, parse_storage_config
 from pvestord.errors import PvestordError
 from pvestord.features import plugin
@@ -386,3 +387,21 @@ def test_a_plain_lv_holds_the_size_asked_in_whole_extents(size: int, extent: int
     lv = plugin.alloc_lv_size(Kind.PLAIN, 1 * GiB, size, extent)
     assert lv % extent == 0
     assert size <= lv < size + extent
+
+
+@pytest.mark.parametrize("running", [False, True])
+def test_a_running_vms_commit_is_recorded_as_prepared_for_the_daemon(
+        world: FakeWorld, running: bool, tmp_path: Path) -> None:
+    folder = tmp_path / "prepared-jobs"
+
+    async def bounded() -> dict[str, object]:
+        request = plugin.parse_request(_request(
+            op="commit", target_lv=TARGET, source_lv=SOURCE, virtual_size=4 * GiB,
+            running=running, lock_seconds_left=60))
+        return await asyncio.wait_for(plugin.answer(request, prepared_jobs=folder), HANG_GUARD)
+
+    asyncio.run(bounded())
+    # Only a running VM's delete is qemu-server's block job, which the daemon watches.
+    recorded = preparedjobs.age(folder, "vg_san1", TARGET)
+    assert (recorded is not None) is running
+    assert recorded is None or 0 <= recorded < 3600
