@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from pvestord.adapters import preparedjobs, vghealth
 from pvestord.features import plugin
 from pvestord.policy.capacity import maximum_tag
 from tests.harness.lvmbed import VG, GiB, MiB, measured_maximum, qcow2_check, sh
@@ -131,6 +132,34 @@ def test_intermediate_snapshot_delete_grows_the_child_first(
     assert lv_sizes(vg) == {SNAP1: INITIAL, VOLNAME: expected}
     assert image(vg, VOLNAME)["backing-filename"] == SNAP1
     qemu_io(vg, VOLNAME, f"read -P 0x44 0 {WRITE}")
+
+
+def test_a_live_delete_reading_the_chain_in_an_eval_is_prepared_and_recorded(
+        proxmox: tuple[upstream.PerlSession, VG]) -> None:
+    """qemu-server's ``qemu_volume_snapshot_delete`` with its chain read wrapped in
+    an ``eval`` block (a frame of its own on Perl's call stack): the plugin
+    still grows the commit's target before the job, and leaves the record by
+    which the daemon tells a prepared job from one it must warn of."""
+    pve, vg = proxmox
+    pve.call(f'return [PVE::Storage::vdisk_alloc($cfg, "{STORE}", {VMID}, "qcow2", undef,'
+             f' {DISK // 1024})];')
+    qemu_io(vg, VOLNAME, f"write -P 0x11 0 {WRITE}")
+    pve.call(f'PVE::Storage::volume_snapshot($cfg, "{VOLID}", "snap1");')
+    # The guest wrote more than snap1's LV could take (the daemon grew the top).
+    sh("lvextend", "-q", "--size", f"{3 * INITIAL}b", vg.lv_path(VOLNAME))
+    before = lv_sizes(vg)
+    pve.call('sub PVE::QemuServer::qemu_volume_snapshot_delete {'
+             ' my ($vmid, $storecfg, $drive, $snap) = @_;'
+             ' eval { PVE::Storage::volume_snapshot_info($storecfg, $drive->{file}) };'
+             ' die $@ if $@; 1 }'
+             f' return PVE::QemuServer::qemu_volume_snapshot_delete({VMID}, $cfg,'
+             f' {{ file => "{VOLID}" }}, "snap1");')
+    expected = plugin.commit_lv_size(INITIAL, before[VOLNAME], measured_maximum(DISK, EXTENT),
+                                     CHUNK, EXTENT)
+    assert expected > before[SNAP1]
+    assert lv_sizes(vg) == {SNAP1: expected, VOLNAME: before[VOLNAME]}
+    recorded = preparedjobs.age(preparedjobs.folder_beside(vghealth.DEFAULT_DIR), vg.name, SNAP1)
+    assert recorded is not None and recorded < 600
 
 
 def test_copy_flows_get_a_thick_volume(proxmox: tuple[upstream.PerlSession, VG]) -> None:

@@ -605,21 +605,32 @@ my sub make_room_for_delete {
 # on the first ENOSPC instead of pausing for the daemon: this is the one place
 # to make room ahead of the job. qemu-server calls it without the storage lock.
 # An offline delete goes through volume_snapshot_delete below instead.
+#
+# The call is found on the Perl call stack: frame 2 is PVE::Storage's
+# volume_snapshot_info, and the first frame above it that is not an eval block
+# must be qemu-server's sub, whose arguments name the drive and the snapshot.
+# The qemu-server versions this was read against are pinned by
+# tests/proxmox/test_qemu_server_calls.py; where qemu-server moves the call
+# elsewhere, nothing matches here and pvestord's daemon, which grows a
+# snapshot delete's job target as the job runs, warns that the job started
+# unprepared.
 my sub snapshot_deleted_online {
     my ($volid) = @_;
 
     # caller() fills @DB::args with a frame's arguments only when called from package DB.
     package DB;
-    # Frames: 0 this sub, 1 volume_snapshot_info below, 2 PVE::Storage's, 3 its caller.
-    my $storage_api = (caller(2))[3] // '';
-    my $qemu_server = (caller(3))[3] // '';
-    return undef
-        if $storage_api ne 'PVE::Storage::volume_snapshot_info'
-        || $qemu_server ne 'PVE::QemuServer::qemu_volume_snapshot_delete';
-    # qemu_volume_snapshot_delete($vmid, $storecfg, $drive, $snap)
-    my ($drive, $snap) = @DB::args[2, 3];
-    return undef if ref($drive) ne 'HASH' || ($drive->{file} // '') ne $volid;
-    return $snap;
+    # Frames: 0 this sub, 1 volume_snapshot_info below, 2 PVE::Storage's, 3.. its callers.
+    return undef if ((caller(2))[3] // '') ne 'PVE::Storage::volume_snapshot_info';
+    for (my $level = 3; my @frame = caller($level); $level++) {
+        # An eval block is a frame of its own, with no arguments; look past it.
+        next if $frame[3] eq '(eval)';
+        return undef if $frame[3] ne 'PVE::QemuServer::qemu_volume_snapshot_delete';
+        # qemu_volume_snapshot_delete($vmid, $storecfg, $drive, $snap)
+        my ($drive, $snap) = @DB::args[2, 3];
+        return undef if ref($drive) ne 'HASH' || ($drive->{file} // '') ne $volid;
+        return $snap;
+    }
+    return undef;
 }
 
 sub volume_snapshot_info {
