@@ -128,10 +128,9 @@ class RunState:
         Only while it is paused: QEMU 7.2 keeps a ``-blockdev`` device's
         io-status at ``nospace`` after ``cont``, so a running VM would look
         paused forever (and be extended on every pass). A pause no device
-        owns (:attr:`paused_on_unowned_error`) applies to every path.
+        owns (:attr:`paused_on_unowned_error`) is on no path here: which
+        drive it counts for is :func:`pvestord.policy.paused_out_of_room`'s rule.
         """
-        if self.paused_on_unowned_error:
-            return True
         drive = DriveIdentity(path, frozenset(block_nodes))
         return self.paused_on_nospace and any(device_on(d, drive) for d in self.nospace_devices)
 
@@ -147,9 +146,10 @@ class RunState:
         The state a live migration brings: QEMU migrates the run state
         (``io-error``) and the guest's failed requests, but not the devices'
         io-status. A guest that filled its LV while its source deferred the
-        extension arrives like this on the destination. Every thin drive is
-        treated as paused on ENOSPC; a real I/O error fails again after
-        ``cont`` and then shows as ``failed``, which we never resume.
+        extension arrives like this on the destination. Which thin drives
+        count as paused on ENOSPC then is :func:`pvestord.policy.paused_out_of_room`'s
+        rule; a real I/O error fails again after ``cont`` and then shows as
+        ``failed``, which we never resume.
         """
         return (not self.running and self.status == "io-error" and not self.nospace_devices
                 and not self.failed_devices)

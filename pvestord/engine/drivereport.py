@@ -25,8 +25,12 @@ async def drive_reports(extender: Extender, vm: LocalVm) -> list[DriveReport]:
         info = await lvm.lv_info(drive.vg, drive.lv, timeout=extender.settings.lvm_timeout)
         table = lvm.device_size(drive.vg, drive.lv)
         verdict = policy.table_state(info.size, table)
-        state = drive.state(lv_size=info.size, paused_nospace=run.nospace_on(
-            drive.view.path, drive.identity.block_nodes))
+        paused = policy.paused_out_of_room(
+            device_says_nospace=run.nospace_on(drive.view.path, drive.identity.block_nodes),
+            unowned_pause=run.paused_on_unowned_error, lv_size=info.size,
+            allocation=drive.view.allocation,
+            chunksize=drive.storage.chunksize if drive.storage else 1)
+        state = drive.state(lv_size=info.size, paused_nospace=paused)
         reports.append(DriveReport(
             vm.vmid, drive.view.file_node, drive.view.format_node, drive.view.path,
             drive.storage.storeid if drive.storage else None, info.size,

@@ -304,7 +304,11 @@ class Extender:
             reason = policy.reason_for(drive.identity.block_nodes, requests, thin_nodes)
             if reason is None:
                 continue
-            paused = run.nospace_on(drive.view.path, drive.identity.block_nodes)
+            paused = policy.paused_out_of_room(
+                device_says_nospace=run.nospace_on(drive.view.path, drive.identity.block_nodes),
+                unowned_pause=run.paused_on_unowned_error, lv_size=drive.lv_size,
+                allocation=drive.view.allocation,
+                chunksize=drive.storage.chunksize if drive.storage else 1)
             if renaming and not grows_while_renaming(paused_nospace=paused,
                                                      job_writing=job_writing):
                 may_not_grow.add(drive.view.file_node)

@@ -209,6 +209,34 @@ def may_pass_maximum(state: DriveState) -> bool:
     return state.allocation + state.extent_size > state.lv_size
 
 
+def near_its_end(lv_size: int, allocation: int, chunksize: int) -> bool:
+    """Whether the allocation has come within a chunk of the LV's end."""
+    return allocation + chunksize > lv_size
+
+
+def paused_out_of_room(*, device_says_nospace: bool, unowned_pause: bool, lv_size: int,
+                       allocation: int, chunksize: int) -> bool:
+    """Whether a thin drive counts as the one its VM is paused on for lack of room.
+
+    ``device_says_nospace``: a device on the drive has io-status ``nospace``
+    while the VM is paused: that device owns the pause. ``unowned_pause``: the
+    VM is paused on an I/O error no device owns up to.
+
+    Such a pause comes from another QEMU process (a live migration's source
+    that deferred its extension): this process saw neither the failed write
+    nor the guest's writes before it, so its figures cannot say which drive
+    ran out. Growing every drive by a chunk would spend a chunk per disk on
+    disks that had room. Only a drive whose own allocation is within a chunk
+    of its LV's end counts; for the others the VM is resumed, and the failed
+    write, retried, either lands or fails again on a device that then says
+    ``nospace`` and is answered as any ENOSPC. A real I/O error fails again
+    as ``failed`` and is never resumed.
+    """
+    if device_says_nospace:
+        return True
+    return unowned_pause and near_its_end(lv_size, allocation, chunksize)
+
+
 def enospc_is_new(answered: int | None, lv_size: int, allocation: int, chunksize: int) -> bool:
     """Whether a drive's ``nospace`` is an ENOSPC still to answer with an extension.
 
@@ -222,7 +250,7 @@ def enospc_is_new(answered: int | None, lv_size: int, allocation: int, chunksize
     the LV's end again (an extension leaves at least a chunk past it, so the
     guest must have written since: a fresh ENOSPC at the new end).
     """
-    return answered is None or allocation + chunksize > lv_size
+    return answered is None or near_its_end(lv_size, allocation, chunksize)
 
 
 def decide(state: DriveState) -> Decision:

@@ -33,6 +33,7 @@ from pvestord.policy import (
     extend_target,
     maximum_size,
     may_pass_maximum,
+    paused_out_of_room,
     resume_blocker,
     table_state,
     threshold,
@@ -169,6 +170,49 @@ def test_an_enospc_is_new_until_answered_or_when_the_end_is_near_again() -> None
     # ...until the guest wrote to within a chunk of the end again.
     assert enospc_is_new(768 * MiB, 768 * MiB, 512 * MiB + 1, chunk)
     assert enospc_is_new(768 * MiB, 768 * MiB, 769 * MiB, chunk)
+
+
+def test_a_pause_no_device_owns_grows_only_drives_near_their_end() -> None:
+    """A VM that arrives paused after a live migration: this QEMU never saw
+    the failed write, so a drive with a chunk of room left is not grown."""
+    chunk = 256 * MiB
+
+    def unowned(lv_size: int, allocation: int) -> bool:
+        return paused_out_of_room(device_says_nospace=False, unowned_pause=True,
+                                  lv_size=lv_size, allocation=allocation, chunksize=chunk)
+
+    # A second disk the guest barely wrote: no chunk; the VM is resumed and
+    # the retried write, if it fails again, names its device.
+    assert not unowned(GiB, 0)
+    assert not unowned(GiB, GiB - chunk)
+    # Within a chunk of the end: it may be the one that ran out.
+    assert unowned(GiB, GiB - chunk + 1)
+    assert unowned(GiB, GiB + MiB)
+    # A device that says nospace owns the pause: its drive, wherever the allocation.
+    assert paused_out_of_room(device_says_nospace=True, unowned_pause=False, lv_size=GiB,
+                              allocation=0, chunksize=chunk)
+    # Running, or paused for another reason: no drive.
+    assert not paused_out_of_room(device_says_nospace=False, unowned_pause=False,
+                                  lv_size=GiB, allocation=GiB + MiB, chunksize=chunk)
+    # Such a drive is then decided as any other: its threshold armed, no extension.
+    far = drive(lv_size=GiB, allocation=0, paused_nospace=unowned(GiB, 0))
+    assert decide(far) == Arm(threshold(GiB, chunk, 0.5))
+
+
+@given(lv_size=st.integers(1, 1 << 44), allocation=st.integers(0, 1 << 44),
+       chunksize=st.integers(1, 1 << 34), owned=st.booleans(), unowned=st.booleans())
+def test_only_the_owner_or_a_drive_near_its_end_counts_as_out_of_room(
+        lv_size: int, allocation: int, chunksize: int, owned: bool, unowned: bool) -> None:
+    counts = paused_out_of_room(device_says_nospace=owned, unowned_pause=unowned,
+                                lv_size=lv_size, allocation=allocation, chunksize=chunksize)
+    room_left = lv_size - allocation
+    assert counts == (owned or (unowned and room_left < chunksize))
+    if counts and not owned:
+        # Answered once, as any ENOSPC: the chunk it gets takes it out of the rule.
+        grown = extend_target(lv_size, allocation, chunksize, 1 << 46, 1)
+        assert not paused_out_of_room(device_says_nospace=False, unowned_pause=True,
+                                      lv_size=grown, allocation=allocation,
+                                      chunksize=chunksize)
 
 
 def test_table_against_metadata() -> None:
