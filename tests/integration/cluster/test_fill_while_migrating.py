@@ -99,13 +99,16 @@ def test_guest_filling_its_lv_while_migrating_ends_running_on_b(
                      min(16 * MiB, end - 2 * MiB - offset), FILL_PATTERN, check=False,
                      timeout=IO_TIMEOUT)
             assert r["ok"], r
-        assert migration_status(a, vmid) == "active", "the migration outran the fill"
+        migrating = a.vm(vmid, "qmp", "query-migrate")
+        assert migrating.get("status") == "active", f"the migration outran the fill: {migrating}"
         a.vm(vmid, "qmp", "cont")
         error = a.vm(vmid, "wait_event", "BLOCK_IO_ERROR", timeout=IO_TIMEOUT)
         assert error["data"]["nospace"] is True and error["data"]["action"] == "stop", error
         seen = len(a.log_text("pvestord"))
         a.vm(vmid, "wait_event", "STOP", timeout=60)
-        assert migration_status(a, vmid) == "active", "the migration ended before the pause"
+        migrating = a.vm(vmid, "qmp", "query-migrate")
+        assert migrating.get("status") == "active", (
+            f"the migration ended before the pause: {migrating}")
         deferred_twice(a, vmid, seen)  # A's daemon saw the pause, and still defers
         assert lv_size(a, cluster.vg, lv) == end
 
