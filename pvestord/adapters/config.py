@@ -138,7 +138,10 @@ class StorageConfig:
         name on every node, each restricted with ``nodes``); with ``node``
         given, storages not available there are left out. A VG shared by a
         thin and a thick storage counts as thin: LVs the thick one created are
-        already at their maximum, and the policy leaves those alone.
+        already at their maximum, and the policy leaves those alone. A storage
+        with ``disable 1`` still counts: Proxmox stops new users of it, but a
+        VM started before keeps writing its disks, and must not pause for
+        lack of room because an admin disabled the storage meanwhile.
 
         :raises ConfigError: several thin storages on this VG (for this node)
             disagree on chunk settings, so we cannot know which ones apply.

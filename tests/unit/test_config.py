@@ -220,6 +220,15 @@ def test_by_vg_same_settings_is_fine() -> None:
     assert cfg.lvm_storages["b0"].disabled
 
 
+def test_a_disabled_thin_storage_still_grows_the_disks_of_running_vms() -> None:
+    # Proxmox stops new users of a disabled storage; a VM started before keeps
+    # writing, and must not stay paused for want of room.
+    cfg = parse_storage_config(
+        "lvm: san1\n\tvgname vg\n\tpvestord-chunksize 1G\n\tdisable\n", "t")
+    found = cfg.by_vg("vg", node="node1")
+    assert found is not None and found.storeid == "san1"
+
+
 def test_load_from_file(tmp_path: Path) -> None:
     path = tmp_path / "storage.cfg"
     path.write_text(REAL)
