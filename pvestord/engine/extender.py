@@ -85,6 +85,7 @@ from pvestord.engine.tables import Tables
 from pvestord.engine.werror import WerrorWatch
 from pvestord.errors import PvestordError
 from pvestord.policy import Decision, DriveState, Reason
+from pvestord.policy.lvnames import chain_vmid
 from pvestord.policy.notices import VmPaused, paused_key
 from pvestord.policy.resume import BlockedBecause
 from pvestord.policy.vmconfig import grows_while_renaming
@@ -299,6 +300,7 @@ class Extender:
         may_not_grow: set[str] = set()
         for drive in drives:
             outcome.drives.add(drive.view.file_node)
+            self._note_foreign_disk(vm, drive)
             if drive.view.file_node in stale or drive.view.file_node in outcome.errors:
                 continue
             reason = policy.reason_for(drive.identity.block_nodes, requests, thin_nodes)
@@ -381,6 +383,22 @@ class Extender:
                                                   extended=extended, said=self._said,
                                                   jobs=self.jobs, may_not_grow=may_not_grow)
             filled = await self.figures.drives(look.found)
+
+    def _note_foreign_disk(self, vm: LocalVm, drive: Drive) -> None:
+        """Say once that ``vm`` writes a disk named for another VM.
+
+        Proxmox lets a user with ``Datastore.Allocate`` attach another VM's
+        disk; it is grown as any drive of the VM that writes it (it would
+        pause otherwise), and the journal says whose disk that was.
+        """
+        owner = chain_vmid(drive.lv)
+        key = (vm.vmid, drive.lv, "foreign-disk")
+        if owner is None or owner == vm.vmid:
+            return
+        self._said.say(key, logging.INFO,
+                       "VM %d writes %s/%s, a disk named for VM %d: grown as any of its"
+                       " drives", vm.vmid, drive.vg, drive.lv, owner,
+                       extra=fields(VMID=vm.vmid, VG=drive.vg, LV=drive.lv, OWNER=owner))
 
     def _enospc_is_new(self, vm: LocalVm, drive: Drive) -> bool:
         answered = self._answered.get((vm.vmid, vm.pid, drive.view.file_node))

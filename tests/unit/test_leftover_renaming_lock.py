@@ -306,3 +306,28 @@ async def test_a_snapshot_delete_job_the_plugin_did_not_prepare_is_said_once(
         assert (record.__dict__["VG"], record.__dict__["LV"]) == ("san", LV)
     # Prepared or not, the job's target is grown ahead of it.
     assert extensions(bed)
+
+
+async def test_another_vms_disk_attached_to_a_vm_is_grown_and_said_once(
+        bed: Path, caplog: pytest.LogCaptureFixture) -> None:
+    (bed / "locks").mkdir()
+    settings = DaemonSettings(node="pve1", queue=bed / "extend-queue", nodes_dir=bed / "nodes",
+                              run_dir=bed, lock_dir=bed / "locks",
+                              vg_health_dir=bed / "marks", lvm_shell=False)
+    storage = parse_storage_config(STORAGE_CFG, "storage.cfg")
+    extender = Extender(settings, lambda: storage)
+    qemu = FakeQemu(bed)
+    # VM 202 has VM 101's disk attached (qm set 202 --scsi1 san1:vm-101-disk-0.qcow2).
+    vm = LocalVm(202, os.getpid(), bed / "202.qmp")
+    caplog.set_level(logging.DEBUG, logger="pvestord")
+    try:
+        async with running(qemu, vm.qmp_socket):
+            for _ in range(2):
+                qemu.fill()
+                await extender.handle(vm, {"e0": Reason.THRESHOLD})
+    finally:
+        await extender.close()
+    said = [r for r in caplog.records if hasattr(r, "OWNER")]
+    assert [(r.levelno, r.__dict__["OWNER"], r.__dict__["LV"]) for r in said] == [
+        (logging.INFO, str(VMID), LV), (logging.DEBUG, str(VMID), LV)]
+    assert len(extensions(bed)) == 2
