@@ -181,7 +181,8 @@ def vng_argv(command: str, out: Path, *, memory: str, cpus: int, name: str = "no
         # inguest binds at out's path.
         writable = f"{GUEST_OUT_MOUNT}={out}"
         command = (f"export {GUEST_ROOT_ENV}={shlex.quote(str(bed.root))} "
-                   f"{GUEST_OUT_ENV}={shlex.quote(str(out))} && {command}")
+                   f"{GUEST_OUT_ENV}={shlex.quote(str(out))} "
+                   f"{noderoot.CHECKOUT_ENV}={shlex.quote(str(REPO))} && {command}")
     argv = [
         vng, "--run", str(bed.kernel), "--force-9p", "--name", name, *root_args,
         "-m", memory, "--cpus", str(cpus), "--rwdir", writable,

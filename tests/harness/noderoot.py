@@ -14,7 +14,11 @@ shared read-only with the guest, which sees the repository at the same path
 as the host. The repository itself is not installed into the venv: a
 ``.pth`` file and the two console scripts name the checkout that boots the
 root, written before each boot (:func:`point_at`), so one cached root
-serves any checkout.
+serves any checkout. The ``.pth`` file reads the checkout from the guest's
+environment (:data:`CHECKOUT_ENV`, set at boot) before the path it was
+written with: guests of several checkouts (git worktrees) may run on the one
+root at once, and the last boot's file must not send the others' Python to
+a checkout their guest does not mount.
 """
 
 from __future__ import annotations
@@ -62,6 +66,8 @@ PIP_TIMEOUT = 900.0
 CONSOLE_SCRIPTS = {"pvestord": "pvestord.cli", "qmeventd-py": "qmeventd_py.server"}
 #: The .pth file that puts the booting checkout on the venv's path.
 CHECKOUT_PTH = "pvestord-checkout.pth"
+#: The guest's environment variable naming the checkout it booted from.
+CHECKOUT_ENV = "PVESTORD_CHECKOUT"
 
 
 def _make_venv(root: Path) -> None:
@@ -107,7 +113,10 @@ def point_at(root: Path, checkout: Path) -> None:
     scripts, and the folders the guest mounts the checkout (and what the
     tests read beside it) on. Written before each boot, and only when they
     differ, so the cached root stays as it was for the same checkout."""
-    _write_if_changed(site_packages(root) / CHECKOUT_PTH, f"{checkout}\n")
+    # A .pth line that starts with "import" is run: the guest's own checkout first.
+    _write_if_changed(site_packages(root) / CHECKOUT_PTH,
+                      f"import os, sys; sys.path.append(os.environ.get({CHECKOUT_ENV!r})"
+                      f" or {str(checkout)!r})\n")
     for name, module in CONSOLE_SCRIPTS.items():
         script = root / VENV.relative_to("/") / "bin" / name
         _write_if_changed(script, f"#!{VENV}/bin/python\nimport sys\n"
