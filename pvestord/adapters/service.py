@@ -34,8 +34,11 @@ FIELDS = ("VMID", "BLOCK_NODE", "LV", "VG", "OLD_SIZE", "NEW_SIZE", "DURATION_MS
           "MDA_FREE", "MDA_SIZE",
           # a thin VG crossing its capacity guards (publisher.py)
           "CAPACITY_LEVEL", "VG_FREE",
-          # a block job whose write failed (qmeventd_py/session.py)
-          "JOB", "JOB_ACTION",
+          # a block job whose write failed (qmeventd_py/session.py); a snapshot
+          # delete's job the storage plugin did not prepare (jobroom.py)
+          "JOB", "JOB_ACTION", "UNPREPARED_JOB",
+          # a VM writing another VM's disk, and that disk's VM (extender.py)
+          "OWNER",
           # what was unpaused (settle.py); a failure cleared, or failing again (failures.py)
           "RESUMED", "RECOVERED", "STILL_FAILING",
           # a QEMU's event connection and the queue entries it brought (qmeventd_py)
