@@ -34,13 +34,7 @@ import pytest
 from pvestord.engine import migration
 from tests.harness.daemonlog import records
 from tests.harness.daemons import Daemon, NodeBed, ThinStorageSpec, daemons
-from tests.harness.faults import LvmFaults
-from tests.harness.lvmbed import VG, GiB, MiB, loop_vg, qcow2_create, sh
-from tests.harness.polling import wait_until
-from tests.harness.qemu import Pve9Disk, QemuVM
-from tests.harness.qmpproxy import CountingQmpProxy, NeverAnsweringQmp
-from tests.harness.writerguest import build_writer
-from tests.integration.node.test_enospc_guest import (
+from tests.harness.enospcguest import (
     GUEST_PATTERN,
     GUEST_WRITE,
     PREFILL,
@@ -51,7 +45,13 @@ from tests.integration.node.test_enospc_guest import (
     timestamp,
     writer_vm,
 )
-from tests.integration.node.test_enospc_guest import allocation as guest_allocation
+from tests.harness.enospcguest import allocation as guest_allocation
+from tests.harness.faults import LvmFaults
+from tests.harness.lvmbed import VG, GiB, MiB, loop_vg, qcow2_create, sh
+from tests.harness.polling import wait_until
+from tests.harness.qemu import Pve9Disk, QemuVM
+from tests.harness.qmpproxy import CountingQmpProxy, NeverAnsweringQmp
+from tests.harness.writerguest import build_writer
 from tests.integration.node.test_faults import CHUNK, HEADROOM, LV0, Workload, threshold
 
 #: The measurement window of the busy-loop tests.

@@ -42,11 +42,7 @@ from tests.harness.daemons import (
     daemons,
     start_pvestord,
 )
-from tests.harness.lvmbed import VG, GiB, MiB, loop_vg, qcow2_check, qcow2_create, sh
-from tests.harness.polling import wait_until
-from tests.harness.qemu import Pve9Disk, QemuIoError, QemuVM, pve9_disk
-from tests.harness.writerguest import build_writer
-from tests.integration.node.test_enospc_guest import (
+from tests.harness.enospcguest import (
     CHUNKSIZE,
     EXTENT,
     FINISH_TIMEOUT,
@@ -64,6 +60,10 @@ from tests.integration.node.test_enospc_guest import (
     prefill,
     run_guest_until_paused,
 )
+from tests.harness.lvmbed import VG, GiB, MiB, loop_vg, qcow2_check, qcow2_create, sh
+from tests.harness.polling import wait_until
+from tests.harness.qemu import Pve9Disk, QemuIoError, QemuVM, pve9_disk
+from tests.harness.writerguest import build_writer
 
 #: The stale-table tests: small chunks, so that little has to be written.
 SMALL_CHUNK = 64 * MiB

@@ -41,11 +41,7 @@ from pvestord.engine.failures import BACKOFF_MAX
 from pvestord.policy.sizes import align_up
 from tests.harness.daemonlog import extensions, records
 from tests.harness.daemons import VENV_BIN, Daemon, NodeBed, ThinStorageSpec, daemons
-from tests.harness.lvmbed import VG, MiB, loop_vg, sh
-from tests.harness.polling import wait_until
-from tests.harness.qemu import QemuVM, pve9_disk
-from tests.harness.writerguest import build_writer
-from tests.integration.node.test_enospc_guest import (
+from tests.harness.enospcguest import (
     DAEMON_START_TIMEOUT,
     EXTENT,
     FINISH_TIMEOUT,
@@ -60,6 +56,10 @@ from tests.integration.node.test_enospc_guest import (
     run_guest_until_paused,
     writer_vm,
 )
+from tests.harness.lvmbed import VG, MiB, loop_vg, sh
+from tests.harness.polling import wait_until
+from tests.harness.qemu import QemuVM, pve9_disk
+from tests.harness.writerguest import build_writer
 
 CHUNK = 32 * MiB
 #: Two 64 MiB LVs and the "other users'" thick LV fit with room to spare; the
