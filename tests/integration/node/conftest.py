@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.faults import LvmFaults
+from tests.harness.faults import FaultLog, LvmFaults
 from tests.harness.lvmbed import VG, loop_vg
 from tests.proxmox import upstream
 
@@ -68,6 +68,13 @@ def faults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> LvmFaults:
     for name, value in lvm_faults.environment().items():
         monkeypatch.setenv(name, value)
     return lvm_faults
+
+
+@pytest.fixture
+def fault_log(tmp_path: Path) -> FaultLog:
+    """Where a fault test records each fault it tried (``faults.jsonl``, which
+    docs/reliability.md is generated from)."""
+    return FaultLog(Path(os.environ.get("PVESTORD_TEST_OUT", str(tmp_path))))
 
 
 @pytest.fixture

@@ -37,16 +37,28 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from pvestord.adapters.locks import storage_lock
-from pvestord.adapters.queue import Entry
 from tests.harness.daemonlog import extensions, records
-from tests.harness.daemons import Daemon, NodeBed, ThinStorageSpec, start_daemon, start_qmeventd
+from tests.harness.daemons import Daemon, NodeBed
+from tests.harness.faultbed import (
+    CHUNK,
+    HEADROOM,
+    LV0,
+    SETTLE_TIMEOUT,
+    Workload,
+    entries_of,
+    fault_bed,
+    final_checks,
+    node,
+    settled,
+    thin_vm,
+    threshold,
+)
 from tests.harness.faults import (
     FaultLog,
     FaultRecord,
@@ -55,174 +67,14 @@ from tests.harness.faults import (
     alive,
     kill_unit,
 )
-from tests.harness.lvmbed import VG, GiB, MiB, measured_maximum, qcow2_check, qcow2_create
+from tests.harness.lvmbed import VG, MiB
 from tests.harness.polling import wait_until
-from tests.harness.qemu import PatternIo, Pve9Disk, QemuVM, pve9_disk
-
-CHUNK = 32 * MiB
-#: chunk-percentage 0.5: the threshold sits this far below the LV's end.
-HEADROOM = 16 * MiB
-LV0 = 64 * MiB
-WRITE = 4 * MiB
-#: Reconcile often, so a fault that loses an event recovers within a test.
-RECONCILE = 5.0
-#: Everything that waits for recovery: a restarted daemon's Python start-up
-#: over 9p plus an extension, under TCG.
-SETTLE_TIMEOUT = 180.0
-
-
-# -- the bed ---------------------------------------------------------------------
-
-class Node:
-    """qmeventd-py and pvestord on one bed, restartable, with LVM going through
-    ``lvm_faulty``; every pvestord incarnation logs to its own file."""
-
-    def __init__(self, bed: NodeBed, faults: LvmFaults, *pvestord_args: str) -> None:
-        self.bed = bed
-        self.faults = faults
-        # --no-lvm-shell: lvm_faulty sees each command only when it is a process of its own.
-        self.pvestord_args = ["--reconcile-interval", str(RECONCILE), "--no-lvm-shell",
-                              *pvestord_args]
-        self.incarnations = 0
-        self.qmeventd_incarnations = 1
-        self.qmeventd = start_qmeventd(bed)
-        self.pvestord = self.start_pvestord()
-
-    def start_pvestord(self) -> Daemon:
-        self.incarnations += 1
-        daemon = start_daemon("pvestord", self.bed.pvestord_argv(*self.pvestord_args),
-                              self.bed.logs / f"pvestord-{self.incarnations}.log")
-        self.pvestord = daemon
-        return daemon
-
-    def restart_qmeventd(self) -> Daemon:
-        """A new qmeventd-py with its own log file: the first one's lines (its
-        "connected", its "queued") must not answer a wait meant for this one."""
-        self.qmeventd_incarnations += 1
-        daemon = start_daemon("qmeventd-py", self.bed.qmeventd_argv(),
-                              self.bed.logs / f"qmeventd-{self.qmeventd_incarnations}.log")
-        self.qmeventd = daemon
-        return daemon
-
-    def stop(self) -> list[str]:
-        failures = []
-        for daemon in (self.pvestord, self.qmeventd):
-            status = daemon.stop()
-            if status != 0:
-                failures.append(f"{daemon.name} exited {status}:\n{daemon.log_text()[-3000:]}")
-        return failures
-
-
-@pytest.fixture
-def fault_log(tmp_path: Path) -> FaultLog:
-    return FaultLog(Path(os.environ.get("PVESTORD_TEST_OUT", str(tmp_path))))
+from tests.harness.qemu import pve9_disk
 
 
 @pytest.fixture
 def bed(vg: VG, tmp_path: Path, out_dir: Path) -> NodeBed:
-    spec = ThinStorageSpec("thin1", vg.name, chunksize="32M", chunk_percentage=0.5,
-                           initial_size="64M")
-    return NodeBed(tmp_path, [spec], logs_dir=out_dir)
-
-
-
-@contextlib.contextmanager
-def node(bed: NodeBed, faults: LvmFaults, *pvestord_args: str) -> Iterator[Node]:
-    """Both daemons; at the end both must stop cleanly (exit 0)."""
-    running = Node(bed, faults, *pvestord_args)
-    try:
-        yield running
-    finally:
-        failures = running.stop()
-    if failures:
-        raise RuntimeError("\n".join(failures))
-
-
-def thin_vm(bed: NodeBed, vg: VG, vmid: int) -> tuple[QemuVM, str]:
-    lv = f"vm-{vmid}-disk-0.qcow2"
-    qcow2_create(vg.create_lv(lv, LV0), 8 * GiB)
-    disk = Pve9Disk.for_volume(vg.lv_path(lv), f"thin1:{lv}")
-    vm = QemuVM(vmid, bed.run_dir, disks=[disk],
-                event_socket=bed.event_socket, log_path=bed.logs / f"qemu-{vmid}.log")
-    return vm, lv
-
-
-# -- the workload and the invariants ----------------------------------------------
-
-def allocation(vm: QemuVM) -> int:
-    for entry in vm.qmp("query-blockstats", query_nodes=True):
-        if entry.get("node-name") == pve9_disk(vm).file_block_node:
-            return int(entry["stats"]["wr_highest_offset"])
-    raise AssertionError("no blockstats for the disk's file node")
-
-
-def threshold(vm: QemuVM) -> int:
-    return int(vm.named_node(pve9_disk(vm).file_block_node)["write_threshold"])
-
-
-class Workload:
-    """Sequential 4 MiB writes, each with its own pattern; every one must succeed."""
-
-    def __init__(self, vm: QemuVM) -> None:
-        self.vm = vm
-        self.cursor = 0
-        self.written: list[tuple[int, int]] = []  # (offset, pattern)
-
-    def _pattern(self) -> int:
-        return len(self.written) % 251 + 1
-
-    def write_one(self, io: PatternIo | None = None) -> None:
-        pattern = self._pattern()
-        result = (io or self.vm).write_pattern(pve9_disk(self.vm).block_node, self.cursor,
-                                               WRITE, pattern, check=False)
-        assert result.ok, f"write at {self.cursor} failed: {result.error}"
-        self.written.append((self.cursor, pattern))
-        self.cursor += WRITE
-
-    def cross_threshold(self) -> tuple[int, int]:
-        """Write until the image crosses the armed threshold (inside the headroom:
-        no write can fail). Returns (threshold crossed, allocation after)."""
-        armed = threshold(self.vm)
-        assert armed > 0, "no threshold armed"
-        with self.vm.io_session() as io:
-            while allocation(self.vm) <= armed:
-                self.write_one(io)
-        return armed, allocation(self.vm)
-
-    def verify(self) -> None:
-        with self.vm.io_session() as io:
-            bad = [offset for offset, pattern in self.written
-                   if not io.read_verify(pve9_disk(self.vm).block_node, offset, WRITE,
-                                         pattern, timeout=120)]
-        assert not bad, f"regions that do not read back: {bad}"
-
-
-def entries_of(bed: NodeBed, vmid: int) -> list[Entry]:
-    return [e for e in bed.entries() if e.vmid == vmid]
-
-
-def is_settled(bed: NodeBed, vm: QemuVM, vg: VG, lv: str, lv_size: int) -> bool:
-    return (vg.lv_size(lv) == lv_size and threshold(vm) == lv_size - HEADROOM
-            and not entries_of(bed, vm.vmid))
-
-
-def settled(bed: NodeBed, vm: QemuVM, vg: VG, lv: str, lv_size: int, *,
-            timeout: float = SETTLE_TIMEOUT) -> None:
-    """Wait until the drive is as it must be after a recovery, then check it."""
-    wait_until(lambda: is_settled(bed, vm, vg, lv, lv_size), timeout,
-               f"LV {lv} at {lv_size // MiB} MiB, threshold re-armed, queue clear "
-               f"(LV now {vg.lv_size(lv) // MiB} MiB, threshold {threshold(vm)})")
-    assert vg.device_size(lv) == lv_size
-    assert lv_size <= measured_maximum(8 * GiB, vg.extent_size())
-    status = vm.qmp("query-status")
-    assert (status["status"], status["running"]) == ("running", True), status
-    bed.queue.list()  # parses
-
-
-def final_checks(vm: QemuVM, vg: VG, lv: str, workload: Workload) -> None:
-    workload.verify()
-    vm.shutdown()
-    assert qcow2_check(vg.lv_path(lv))["exit"] == 0
+    return fault_bed(vg, tmp_path, out_dir)
 
 
 # -- kill -9 of pvestord at many moments -------------------------------------------

@@ -46,13 +46,21 @@ from tests.harness.enospcguest import (
     writer_vm,
 )
 from tests.harness.enospcguest import allocation as guest_allocation
+from tests.harness.faultbed import (
+    CHUNK,
+    HEADROOM,
+    LV0,
+    Workload,
+    fault_bed,
+    grow_elsewhere,
+    threshold,
+)
 from tests.harness.faults import LvmFaults
-from tests.harness.lvmbed import VG, GiB, MiB, loop_vg, qcow2_create, sh
+from tests.harness.lvmbed import VG, GiB, MiB, loop_vg, qcow2_create
 from tests.harness.polling import wait_until
 from tests.harness.qemu import Pve9Disk, QemuVM
 from tests.harness.qmpproxy import CountingQmpProxy, NeverAnsweringQmp
 from tests.harness.writerguest import build_writer
-from tests.integration.node.test_faults import CHUNK, HEADROOM, LV0, Workload, threshold
 
 #: The measurement window of the busy-loop tests.
 WINDOW = 10.0
@@ -74,9 +82,7 @@ WEDGE_TIMEOUT = 300.0
 
 @pytest.fixture
 def bed(vg: VG, tmp_path: Path, out_dir: Path) -> NodeBed:
-    spec = ThinStorageSpec("thin1", vg.name, chunksize="32M", chunk_percentage=0.5,
-                           initial_size="64M")
-    return NodeBed(tmp_path, [spec], logs_dir=out_dir)
+    return fault_bed(vg, tmp_path, out_dir)
 
 
 def node(bed: NodeBed, *pvestord_args: str) -> contextlib.AbstractContextManager[
@@ -155,21 +161,6 @@ def thin_vm(bed: NodeBed, vg: VG, vmid: int, *extra_args: str,
                 log_path=bed.logs / f"qemu-{vmid}{'-' + run_dir.name if run_dir else ''}.log",
                 extra_args=list(extra_args), launch_timeout=120)
     return vm, lv
-
-
-def dm_name(vg: VG, lv: str) -> str:
-    return f"{vg.name.replace('-', '--')}-{lv.replace('-', '--')}"
-
-
-def grow_elsewhere(vg: VG, lv: str, size: int) -> None:
-    """As if another node grew the LV: the metadata grows, and this node's
-    device-mapper table is put back to the old size (no refresh here yet)."""
-    name = dm_name(vg, lv)
-    table = sh("dmsetup", "table", name).strip()
-    sh("lvextend", "-q", "-L", f"{size}b", f"{vg.name}/{lv}")
-    sh("dmsetup", "load", name, "--table", table)
-    sh("dmsetup", "resume", name)
-    assert vg.lv_size(lv) == size and vg.device_size(lv) < size
 
 
 # -- 2.2: a leftover migration mark ------------------------------------------------

@@ -30,21 +30,20 @@ import pytest
 
 from tests.harness import daemonlog
 from tests.harness.daemons import NodeBed, ThinStorageSpec
-from tests.harness.faults import FaultLog, FaultRecord, LvmFaults, Stopwatch, alive
-from tests.harness.lvmbed import VG, loop_vg
-from tests.harness.polling import wait_until
-from tests.integration.node.test_faults import (
+from tests.harness.faultbed import (
     CHUNK,
     LV0,
     SETTLE_TIMEOUT,
     Workload,
     entries_of,
-    fault_log,  # noqa: F401 - a fixture
     final_checks,
     node,
     settled,
     thin_vm,
 )
+from tests.harness.faults import FaultLog, FaultRecord, LvmFaults, Stopwatch, alive
+from tests.harness.lvmbed import VG, loop_vg
+from tests.harness.polling import wait_until
 
 ROOT = Path(__file__).resolve().parents[3]
 #: The lock directories' lifetime: pmxcfs's 120 s, shortened so that the
@@ -98,7 +97,7 @@ def errors_for(text: str, vmid: int) -> int:
 @pytest.mark.faults_full
 def test_an_lvm_sigkill_does_not_end_keeps_the_lock_and_marks_the_vg(
         bed: NodeBed, vg: VG, vg2: VG, tmp_path: Path, faults: LvmFaults,
-        fault_log: FaultLog) -> None:  # noqa: F811
+        fault_log: FaultLog) -> None:
     lock_dir = tmp_path / "pve-locks"
     lock_dir.mkdir()
     marks = tmp_path / "vg-unhealthy"
@@ -216,7 +215,7 @@ with lock.acquire(600):
 
 def test_an_lvm_slower_than_the_lock_is_killed_before_the_lock_could_expire(
         bed: NodeBed, vg: VG, tmp_path: Path, faults: LvmFaults,
-        fault_log: FaultLog) -> None:  # noqa: F811
+        fault_log: FaultLog) -> None:
     lock_dir = tmp_path / "pve-locks"
     lock_dir.mkdir()
     marks = tmp_path / "vg-unhealthy"
@@ -258,7 +257,7 @@ def test_an_lvm_slower_than_the_lock_is_killed_before_the_lock_could_expire(
 @pytest.mark.faults_full
 def test_custody_of_a_stuck_lvm_survives_a_pvestord_restart(
         bed: NodeBed, vg: VG, tmp_path: Path, faults: LvmFaults,
-        fault_log: FaultLog) -> None:  # noqa: F811
+        fault_log: FaultLog) -> None:
     """REVIEW-3 M1: pvestord is restarted (SIGTERM, then a new one) while the
     ``lvextend`` SIGKILL did not end still lives. The storage lock must stay
     held, renewed by the new daemon, until the stuck process has gone: a

@@ -21,24 +21,32 @@ kept, every retry suspended the device again and was killed, and no
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from tests.harness.daemons import NodeBed
-from tests.harness.faults import FaultLog, FaultRecord, LvmFaults, Stopwatch
-from tests.harness.lvmbed import VG, sh
-from tests.harness.polling import wait_until
-from tests.integration.node.test_faults import (
+from tests.harness.faultbed import (
     CHUNK,
     LV0,
     Workload,
-    bed,  # noqa: F401 - a fixture
-    fault_log,  # noqa: F401 - a fixture
+    fault_bed,
     final_checks,
     node,
     settled,
     thin_vm,
 )
+from tests.harness.faults import FaultLog, FaultRecord, LvmFaults, Stopwatch
+from tests.harness.lvmbed import VG, sh
+from tests.harness.polling import wait_until
 
 #: Short, so that the kill comes soon; an lvs on a loaded guest fits in it.
 LVM_TIMEOUT = 10.0
+
+
+@pytest.fixture
+def bed(vg: VG, tmp_path: Path, out_dir: Path) -> NodeBed:
+    return fault_bed(vg, tmp_path, out_dir)
 
 
 def dm_name(vg: str, lv: str) -> str:
@@ -51,7 +59,7 @@ def suspended(name: str) -> bool:
 
 
 def test_an_lv_left_suspended_by_a_killed_lvextend_is_resumed(
-        bed: NodeBed, vg: VG, faults: LvmFaults, fault_log: FaultLog) -> None:  # noqa: F811
+        bed: NodeBed, vg: VG, faults: LvmFaults, fault_log: FaultLog) -> None:
     vm, lv = thin_vm(bed, vg, 941)
     name = dm_name(vg.name, lv)
     test = "test_an_lv_left_suspended_by_a_killed_lvextend_is_resumed"

@@ -35,14 +35,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.daemons import NodeBed, ThinStorageSpec, daemons
+from tests.harness.daemons import NodeBed, daemons
+from tests.harness.faultbed import CHUNK, HEADROOM, LV0, fault_bed, grow_elsewhere
 from tests.harness.faults import LvmFaults
 from tests.harness.lvmbed import VG, GiB, MiB, qcow2_check, qcow2_create
 from tests.harness.polling import wait_until
 from tests.harness.qemu import Pve9Disk, QemuVM
 from tests.harness.qmpproxy import CountingQmpProxy, LvmCallsInSessions, QemuServerStandIn
-from tests.integration.node.test_faults import CHUNK, HEADROOM, LV0
-from tests.integration.node.test_faults_daemon import grow_elsewhere
 
 WRITE = 1 * MiB
 #: Extensions of the writer in the full node set, and in the quick set (where
@@ -57,10 +56,8 @@ SETTLE_TIMEOUT = 180.0
 
 @pytest.fixture
 def bed(vg: VG, tmp_path: Path, out_dir: Path) -> NodeBed:
-    """test_faults' storage: 32 MiB chunks, the threshold 16 MiB below the end."""
-    spec = ThinStorageSpec("thin1", vg.name, chunksize="32M", chunk_percentage=0.5,
-                           initial_size="64M")
-    return NodeBed(tmp_path, [spec], logs_dir=out_dir)
+    """The fault suite's storage: 32 MiB chunks, the threshold 16 MiB below the end."""
+    return fault_bed(vg, tmp_path, out_dir)
 
 
 def pve9_vm(bed: NodeBed, vg: VG, vmid: int, *extra_args: str) -> tuple[QemuVM, Pve9Disk, str]:
