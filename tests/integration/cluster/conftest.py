@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.migrationguest import CHUNK, INITIAL, Guest, threshold
+from tests.harness.polling import wait_until
 from tests.harness.twonode import REPO, Cluster, attach, cluster_pair, storage_section
 
 
@@ -66,3 +68,24 @@ def daemons(cluster: Cluster) -> Iterator[Cluster]:
     yield cluster
     codes = {node.name: node.stop_daemons() for node in cluster.nodes}
     assert all(rc == 0 for c in codes.values() for rc in c.values()), codes
+
+
+@pytest.fixture
+def guest(daemons: Cluster) -> Iterator[Guest]:
+    """A VM with a thin drive on the shared VG, running on A with its threshold
+    armed; afterwards stopped, its image checked and its LV removed."""
+    g = Guest(daemons)
+    try:
+        wait_until(lambda: threshold(daemons.a, g.vmid) == INITIAL - CHUNK // 2, 60,
+                   "threshold armed on A")
+        yield g
+    finally:
+        g.stop()
+    # Remake the /dev links in case a node's udev dropped them (the check is
+    # about the image, not the links).
+    g.on.run(["vgmknodes", daemons.vg], check=False)
+    check = g.on.run(["qemu-img", "check", g.path], check=False)
+    for node in daemons.nodes:
+        node.run(["lvchange", "-an", f"{daemons.vg}/{g.lv}"], check=False)
+    g.on.run(["lvremove", "-q", "-f", f"{daemons.vg}/{g.lv}"], check=False)
+    assert check.rc == 0, check.stdout + check.stderr

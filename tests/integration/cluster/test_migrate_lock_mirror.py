@@ -28,6 +28,15 @@ import os
 import time
 
 from tests.harness.daemonlog import extensions
+from tests.harness.migrationguest import (
+    CHUNK,
+    EXTEND_TIMEOUT,
+    INITIAL,
+    MIGRATE_TIMEOUT,
+    Guest,
+    threshold,
+    write,
+)
 from tests.harness.polling import wait_until
 from tests.harness.twonode import (
     MiB,
@@ -41,18 +50,6 @@ from tests.harness.twonode import (
     migration_status,
     run_status,
 )
-from tests.integration.cluster.test_migration import (
-    CHUNK,
-    EXTEND_TIMEOUT,
-    INITIAL,
-    MIGRATE_TIMEOUT,
-    Guest,
-    guest,
-    threshold,
-    write,
-)
-
-__all__ = ["guest"]  # the fixture, imported for its name
 
 MIGRATE_PORT = 4446
 NBD_PORT = 4447
