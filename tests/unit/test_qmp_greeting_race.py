@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from pvestord.adapters.qmp import QmpError, VmMonitor
-from tests.unit.test_qmp_timeouts import GREETING, fake_qemu, read_message
+from tests.harness.fakeqmp import GREETING, fake_qemu, read_message
 
 RESUME = {"timestamp": {"seconds": 1, "microseconds": 2}, "event": "RESUME"}
 

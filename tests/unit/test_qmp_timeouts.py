@@ -9,50 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 
 from pvestord.adapters.qmp import QmpTimeout, VmMonitor
-
-GREETING = {"QMP": {"version": {"qemu": {"major": 7, "minor": 2, "micro": 0},
-                                "package": ""}, "capabilities": []}}
-
-Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
-
-
-@asynccontextmanager
-async def fake_qemu(path: Path, handler: Handler) -> AsyncIterator[None]:
-    server = await asyncio.start_unix_server(handler, path=str(path))
-    try:
-        yield
-    finally:
-        server.close()
-        # Python 3.12.1+ wait_closed() waits for the handlers too; ours sleep.
-        for task in [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]:
-            task.cancel()
+from tests.harness.fakeqmp import GREETING, fake_qemu, read_message
 
 
 async def never_greets(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     await asyncio.sleep(3600)
 
 
-async def read_message(reader: asyncio.StreamReader) -> dict[str, object]:
-    """One JSON object; qemu.qmp, like QEMU, sends no newline after it."""
-    buffer = b""
-    while True:
-        chunk = await reader.read(4096)
-        if not chunk:
-            raise EOFError("client hung up")
-        buffer += chunk
-        try:
-            message, _ = json.JSONDecoder().raw_decode(buffer.decode())
-        except ValueError:
-            continue
-        assert isinstance(message, dict)
-        return message
 
 
 async def silent_after_capabilities(reader: asyncio.StreamReader,
