@@ -31,6 +31,7 @@ from pvestord.engine.gates import VgGates
 from pvestord.engine.incoming import catch_up_incoming
 from pvestord.engine.lvfigures import LvFigures
 from pvestord.engine.lvmchanges import LvmChanges
+from tests.harness.extenderbed import FAKE_LVM, LV, FakeQemu, running
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -172,11 +173,9 @@ async def test_the_pass_over_an_inmigrate_vm_refreshes_under_the_lock(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The wiring: a whole :class:`~pvestord.engine.extender.Extender` pass
     over an ``inmigrate`` VM (the fake QEMU and ``lvm`` of
-    test_leftover_renaming_lock.py, a real lock directory) refreshes the
+    tests/harness/extenderbed.py, a real lock directory) refreshes the
     table another node left behind, holding the storage lock, and leaves
     the VM for later."""
-    from tests.unit.test_leftover_renaming_lock import FAKE_LVM, LV, FakeQemu, running
-
     class IncomingQemu(FakeQemu):
         def reply(self, command: str, arguments: dict[str, object]) -> object:
             if command == "query-status":

@@ -27,19 +27,23 @@ from pvestord.adapters.vms import LocalVm
 from pvestord.engine.extender import Extender
 from pvestord.policy import Reason
 from pvestord.policy.vmconfig import MIGRATE_LOCK_GRACE
-from tests.unit.test_leftover_renaming_lock import (
+from tests.harness.extenderbed import (
     STORAGE_CFG,
     VMID,
     FakeQemu,
     GiB,
     MiB,
-    bed,
     extensions,
+    fake_lvm_bed,
     grown_to,
     running,
 )
 
-__all__ = ["bed"]  # the fixture, imported for its name
+
+@pytest.fixture
+def bed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    return fake_lvm_bed(tmp_path, monkeypatch)
+
 
 NBD_URI = "nbd+unix:///drive-scsi1?socket=/run/qemu-server/101_nbd.migrate"
 
