@@ -29,7 +29,7 @@ from pvestord.adapters.lvm import LvmError
 from pvestord.adapters.settings import DaemonSettings
 from pvestord.adapters.vghealth import VgHealth
 from pvestord.engine.daemon import Daemon
-from tests.unit.test_lock_renewal import LIFE, PATIENCE, events_of, wait_until, waiter
+from tests.harness.lockwaiter import LIFE, PATIENCE, events_of, wait_until, waiter
 
 
 def settings_in(tmp_path: Path) -> DaemonSettings:

@@ -14,7 +14,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -33,13 +32,9 @@ from pvestord.adapters.settings import DaemonSettings
 from pvestord.adapters.vghealth import VgHealth, VgUnhealthyError
 from pvestord.engine.extender import Extender
 from pvestord.errors import ConfigError
-from tests.harness.polling import wait_until_async
+from tests.harness.lockwaiter import LIFE, PATIENCE, events_of, wait_until, waiter
 
 ROOT = Path(__file__).resolve().parents[2]
-#: A lock lifetime short enough for tests, long enough for a loaded machine.
-LIFE = 1.5
-#: Bound of every wait for a real condition.
-PATIENCE = 30.0
 
 STORAGE_CFG = """\
 lvm: thin1
@@ -67,27 +62,6 @@ pvestord: plugin1
 \tvgname san
 \tshared 1
 """
-
-
-async def waiter(lock_dir: Path, lock_id: str, *, wait: float,
-                 hold_until: Path | None = None) -> asyncio.subprocess.Process:
-    """Another process (another node) waiting for ``lock_id`` with the same
-    emulated expiry: it breaks a lock left unrenewed for :data:`LIFE`."""
-    args = ["-m", "tests.harness.lockholder", "--lock-dir", str(lock_dir), "--id", lock_id,
-            "--timeout", str(wait), "--expire-after", str(LIFE)]
-    if hold_until is not None:
-        args += ["--hold-until", str(hold_until)]
-    return await asyncio.create_subprocess_exec(sys.executable, *args, cwd=ROOT,
-                                                stdout=subprocess.PIPE)
-
-
-async def events_of(proc: asyncio.subprocess.Process) -> list[str]:
-    out, _ = await asyncio.wait_for(proc.communicate(), PATIENCE)
-    return [json.loads(line)["event"] for line in out.decode().splitlines()]
-
-
-async def wait_until(condition: Callable[[], object], what: str) -> None:
-    await wait_until_async(condition, PATIENCE, what)
 
 
 async def test_a_held_lock_directory_is_renewed(tmp_path: Path) -> None:
