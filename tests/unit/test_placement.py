@@ -34,8 +34,8 @@ from ha_placement.model import (
 from ha_placement.rules import RuleData
 from pvestord.cli import main
 from pvestord.engine.nodereport import NodeReport, StorageView, publish
+from tests.harness.placementbed import FIXTURES, write_pve_dir
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "placement"
 SCENARIOS = sorted(FIXTURES.glob("*.json"))
 
 
@@ -233,43 +233,6 @@ def test_resources_are_walked_in_string_order(numbers: list[int]) -> None:
 
 
 # -- the cluster folder and the command
-
-def write_pve_dir(root: Path, facts: dict[str, Any], *, thin: bool = False) -> Path:
-    ha = root / "ha"
-    ha.mkdir(parents=True)
-    resources = "".join(f"vm: {sid.split(':')[1]}\n\tstate started\n\n"
-                        for sid in facts["services"])
-    (ha / "resources.cfg").write_text(resources)
-    rules = ""
-    for rule in facts["rules"]:
-        rules += f"{rule['type']}: {rule['id']}\n\tresources {','.join(rule['resources'])}\n"
-        if rule["type"] == "node-affinity":
-            rules += "\tnodes " + ",".join(f"{n}:{p}" for n, p in rule["nodes"].items()) + "\n"
-        else:
-            rules += f"\taffinity {rule['affinity']}\n"
-        rules += "\n"
-    (ha / "rules.cfg").write_text(rules)
-    (ha / "manager_status").write_text(json.dumps({
-        "master_node": facts["nodes"][0],
-        "node_status": {n: "online" for n in facts["nodes"]},
-        "service_status": {sid: {"state": "started", "node": s["node"], "uid": "x"}
-                           for sid, s in facts["services"].items()}}))
-    (root / ".members").write_text(json.dumps({
-        "nodename": facts["nodes"][0], "cluster": {"name": "c", "nodes": 3, "quorate": 1},
-        "nodelist": {n: {"id": i, "online": 1} for i, n in enumerate(facts["nodes"], 1)}}))
-    (root / ".vmlist").write_text(json.dumps({"ids": {
-        sid.split(":")[1]: {"node": s["node"], "type": "qemu", "version": 1}
-        for sid, s in facts["services"].items()}}))
-    for node in facts["nodes"]:
-        (root / "nodes" / node / "qemu-server").mkdir(parents=True)
-        (root / "nodes" / node / "lrm_status").write_text('{"mode": "active"}')
-    for sid, s in facts["services"].items():
-        disk = "scsi0: san:vm-{0}-disk-0.qcow2,size=4G\n" if thin else ""
-        (root / "nodes" / s["node"] / "qemu-server" / f"{sid.split(':')[1]}.conf").write_text(
-            "memory: 2048\ncores: 2\n" + disk.format(sid.split(":")[1]))
-    (root / "datacenter.cfg").write_text("keyboard: en-us\n")
-    return root
-
 
 def test_command_on_a_cluster_folder_exits_3_when_a_vm_is_stuck(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -17,7 +17,7 @@ import pytest
 
 from ha_placement.events import parse_event
 from ha_placement.inputs import InputError, read_sim_scenario
-from tests.unit.test_placement import FIXTURES, write_pve_dir
+from tests.harness.placementbed import FIXTURES, write_pve_dir
 
 #: The forum scenario's cluster folder; vm:101 runs on node3.
 FACTS = FIXTURES / "forum-s2-keep-apart.json"
