@@ -21,22 +21,30 @@ import fcntl
 from collections.abc import Iterator
 from pathlib import Path
 
-from pvestord.policy.sizes import GiB
-from tests.proxmox import test_state_and_fleece_volumes as beds
-from tests.proxmox import upstream
-from tests.proxmox.recorded import Bed
-from tests.proxmox.test_state_and_fleece_volumes import VG
+import pytest
 
-# That module's bed: thin1 and thick1 on one VG (pytest finds fixtures in the
-# test's own module).
-proxmox = beds.proxmox
-bed = beds.bed
+from pvestord.policy.sizes import GiB
+from tests.proxmox import upstream
+from tests.proxmox.recorded import SHARED_VG as VG
+from tests.proxmox.recorded import THIN_AND_THICK_CFG, Bed, thin_and_thick_bed
 
 DISK = "vm-100-disk-0.qcow2"
 DISK_KIB = 4 * GiB // 1024
 #: Every storage on the VG, in the order every holder takes them.
 BOTH = ["storage-thick1", "storage-thin1"]
 CHANGES = ("/sbin/lvcreate", "/sbin/lvremove", "/sbin/lvrename", "/sbin/lvextend")
+
+
+@pytest.fixture(scope="module")
+def proxmox(proxmox: upstream.Upstream) -> upstream.Upstream:
+    """The sources, with thin1 and thick1 on one VG."""
+    proxmox.write_storage_cfg(THIN_AND_THICK_CFG)
+    return proxmox
+
+
+@pytest.fixture
+def bed(proxmox: upstream.Upstream, tmp_path: Path) -> Bed:
+    return thin_and_thick_bed(proxmox, tmp_path)
 
 
 def changes_and_locks(bed: Bed) -> list[tuple[str, list[str]]]:
