@@ -8,6 +8,10 @@ program of its own beside ``pvestord``: it uses the policy and the adapters
 model of Proxmox HA placement, stands alone: it imports the standard library
 only, and only ``pvestord placement`` imports it, so that it can be read,
 tested and one day shipped without pvestord.
+
+The tests have one rule of their own: no module imports a test module
+(``test_*.py``). What test modules share lives in ``tests/harness``, and a
+fixture they share in a ``conftest.py``.
 """
 
 from __future__ import annotations
@@ -112,6 +116,32 @@ def allowed(importer: str, imported: str) -> bool:
 def test_imports_only_its_layer_or_below(module: str, path: Path) -> None:
     wrong = sorted(name for name in imports_of(path, module) if not allowed(module, name))
     assert not wrong, f"{module} ({layer_of(module)}) imports what it may not: {wrong}"
+
+
+def imported_test_modules(path: Path) -> set[str]:
+    """The test modules (``tests.….test_*``) that ``path`` imports, by name or
+    by ``from tests.x import test_y``, at any depth of its code."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return {name for name in found
+            if name.split(".")[0] == "tests" and name.split(".")[-1].startswith("test_")
+            and _is_module(name)}
+
+
+def test_no_module_imports_a_test_module() -> None:
+    """A test module imported by another runs its fixtures and constants
+    twice under two names, and hides shared code where nobody looks for it."""
+    wrong = {}
+    for folder in ("tests", "bench", "scripts"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if imported := imported_test_modules(path):
+                wrong[str(path.relative_to(ROOT))] = sorted(imported)
+    assert not wrong, f"put what these share in tests/harness (or a conftest.py): {wrong}"
 
 
 def test_libraries_import_only_the_standard_library() -> None:
