@@ -1,5 +1,5 @@
 """Custody of the storage locks while an ``lvm`` that SIGKILL did not end
-lives, across a restart of the daemon (REVIEW-3 M1).
+lives, across a restart of the daemon.
 
 An ``lvm`` in D state (its SAN path queues I/O) may write the VG's metadata
 whenever its I/O completes, computed from the sequence number it read before:

@@ -1,5 +1,5 @@
 """Device-mapper state of this node's LVs: which are suspended, and putting
-one left suspended back to work (REVIEW-3 M2, :mod:`pvestord.policy.suspended`).
+one left suspended back to work (:mod:`pvestord.policy.suspended`).
 
 The state is read from sysfs (``/sys/block/dm-*/dm``: no process per look);
 ``dmsetup`` is run as any other command (:mod:`pvestord.adapters.command`:

@@ -190,8 +190,8 @@ class Extender:
         graph = (await monitor.job_graph()
                  if any(policy.needs_job_graph(job) for job in run.jobs) else {})
         # A mirror into an NBD export is a live migration's local disks
-        # going to the target, hours before query-migrate shows anything
-        # (REVIEW-3 H4): from what this look read, no command more.
+        # going to the target, hours before query-migrate shows anything:
+        # from what this look read, no command more.
         in_flight = in_flight or (check and migration.mirroring_to_nbd(run.jobs, nodes, graph))
         # Their progress read again, after the allocations: what a job copies
         # between the two replies then counts in neither, where read the

@@ -23,7 +23,7 @@ BACKOFF_MAX = 60.0
 #: last, reset once a pass finds it not busy. Short, because the VM may be
 #: paused and waiting for the end of the migration; a backoff at all, because
 #: a retry at once opened thousands of QMP connections a second to a
-#: migrating QEMU (REVIEW 4.1).
+#: migrating QEMU.
 BUSY_FIRST = 0.5
 BUSY_MAX = 4.0
 

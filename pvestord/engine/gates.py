@@ -36,8 +36,10 @@ class VgGates:
             yield
 
     def storage_lock(self, storage: ThinStorage) -> VgLock:
-        """The locks of every storage on ``storage``'s VG (config R1), refused
-        while the VG is marked unhealthy on this node."""
+        """The locks of every storage on ``storage``'s VG (Proxmox locks a
+        storage by its id, not its VG: two storages on one VG exclude each
+        other only if both locks are held), refused while the VG is marked
+        unhealthy on this node."""
         return vg_lock(storage.vgname, self._storage_config().vg_users(storage.vgname),
                        lock_dir=self.settings.lock_dir, lifetime=self.settings.lock_lifetime,
                        health=VgHealth(self.settings.vg_health_dir))

@@ -113,7 +113,7 @@ class LvGrowth:
         assert storage is not None
         node = drive.view.file_node
         # QMP before the lock, never under it: a slow QEMU must not hold the
-        # cluster-wide lock (REVIEW 1.1).
+        # cluster-wide lock, which every node's change of the VG waits for.
         if await self._migrating_away(vm):
             raise VmBusyError(f"VM {vm.vmid} started migrating away: extension of "
                               f"{node} deferred")

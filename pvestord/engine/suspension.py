@@ -1,4 +1,4 @@
-"""The check for LVs left suspended (REVIEW-3 M2).
+"""The check for LVs left suspended (docs/operations.md, "An LV left suspended").
 
 A loop of the daemon: at start, every ``interval`` (the reconcile interval),
 and at once after a change of ours was killed (:class:`LvmChanges` wakes it),

@@ -7,7 +7,8 @@ volumes are the ones recorded in their LV tags (:mod:`pvestord.adapters.vgspace`
 one ``vgs`` and one ``lvs``, the same figures on every node, so
 ``max-overcommit`` holds across the cluster. Nothing is measured: this runs
 under the storage lock (the plugin's alloc), and a ``qemu-img`` per LV there
-would keep the lock for minutes on a large VG (REVIEW-3 H1, M5). An LV without
+would keep the lock for minutes on a large VG, while every node's change of
+the VG waits for it. An LV without
 the tag counts at its LV size, as the status reports (``unmeasured``).
 """
 

@@ -1,4 +1,4 @@
-"""Which LVs left suspended to resume (REVIEW-3 M2).
+"""Which LVs left suspended to resume (docs/operations.md, "An LV left suspended").
 
 An ``lvextend`` or ``lvchange --refresh`` reloads an LV's device-mapper table
 in three steps: load the new table (inactive), suspend the device, resume it

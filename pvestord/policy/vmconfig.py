@@ -13,7 +13,8 @@ those operations concern the extension of the VM's LVs:
   (:func:`source_migrating`): with ``--with-local-disks`` qemu-server mirrors
   the local disks into the target over NBD, for hours if they are large,
   before ``migrate`` starts, and meanwhile neither ``query-migrate`` nor the
-  config changes (REVIEW-3 H4).
+  config changes: judged by the config's age alone, the lock would stop
+  deferring while the target QEMU already has the LVs open.
 - ``snapshot``, ``snapshot-delete``, ``rollback``: the VM's LVs are being
   renamed (the current LV to ``snap_...``, a snapshot LV back to the disk's
   name) while QEMU keeps its devices open. A name read now may not be the

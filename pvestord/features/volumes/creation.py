@@ -81,7 +81,8 @@ async def create(settings: VolumeSettings, storeid: str, vmid: int, size: int,
     maximum = policy.maximum_size(measured.fully_allocated, extent)
     lv_size = initial_lv_size(storage.initial_size, maximum, extent)
     await capacity.check_new_volume(storage, lv_size=lv_size, maximum=maximum)
-    # Only what must be atomic with lvcreate runs under the lock (REVIEW R7):
+    # Only what must be atomic with lvcreate runs under the lock, which every
+    # other change of the VG, on any node, waits for:
     # the name is chosen and checked again there (one lvs), the qcow2 header
     # is written after the lock is released (it changes no LVM metadata).
     async with locked(settings, storage, config) as held:
