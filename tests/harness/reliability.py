@@ -31,7 +31,7 @@ SUITE = "tests/integration/node/test_faults.py"
 
 @dataclass(frozen=True)
 class Fault:
-    """A row of the page: a fault issue 9 lists, and the test that tries it."""
+    """A row of the page: a fault to try, and the test that tries it."""
 
     name: str
     test: str            # "path::function"
@@ -210,7 +210,8 @@ FAULTS = [
           "(8 QMP connections over the retries); once the mark was past its 60 s grace, "
           "the first pass removed it (warning, VMID), extended 64 -> 324 MiB and resumed "
           "the VM: 33 s from aging the mark to RESUME under nested TCG, 21 s of it the "
-          "extension's own lock and LVM time. Before (REVIEW 2.2, not re-run): deferred 3600 s, "
+          "extension's own lock and LVM time. Before the mark had a grace (not re-run): "
+          "deferred 3600 s, "
           "logged at DEBUG only"),
     Fault("busy loop while a VM migrates",
           "tests/integration/host/test_busy_vm.py::test_incoming_vm_is_retried_with_backoff, "

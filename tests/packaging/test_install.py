@@ -133,7 +133,9 @@ def _dpkg(root: Path, deb: Path, *argv: str) -> None:
 def test_install_never_leaves_two_units_for_the_socket(installed_root: Path,
                                                        deb: Path) -> None:
     """dpkg's installs and upgrades on the three states of qmeventd.service
-    (REVIEW.md 6); the root is put back as it was after."""
+    (absent, unmasked, masked): never are both units enabled, which would leave
+    the event socket to systemd's conflict resolution at the next boot; the
+    root is put back as it was after."""
     root = installed_root
     standin = root / "etc/systemd/system/qmeventd.service"
     assert _enabled(root, "qmeventd-py.service") == "enabled"   # no qmeventd: enabled
@@ -193,7 +195,7 @@ exit 0
 
 def test_postinst_reloads_the_proxmox_daemons_that_run(installed_root: Path) -> None:
     """Every daemon that loads storage plugins learns ours at configure, the
-    scheduler and HA services too (issue 38 item 3); one that is not running is
+    scheduler and HA services too; one that is not running is
     left alone, and the postinst says which it reloaded."""
     root = installed_root
     standin = root / "tmp/standin-systemctl"

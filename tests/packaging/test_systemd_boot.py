@@ -109,8 +109,8 @@ def test_pvestord_started_at_boot_enabled_and_ready(report: dict[str, Any]) -> N
 
 
 def test_no_two_units_fight_for_the_event_socket_at_boot(report: dict[str, Any]) -> None:
-    """qmeventd.service was enabled and not masked when the package was installed
-    (REVIEW.md 6): the package left qmeventd-py disabled, so the boot started
+    """qmeventd.service was enabled and not masked when the package was installed:
+    the package left qmeventd-py disabled, so the boot started
     qmeventd alone, with no conflicting start job."""
     assert report["is_enabled_at_boot"]["qmeventd.service"] == "enabled"
     assert report["is_enabled_at_boot"]["qmeventd-py.service"] == "disabled"

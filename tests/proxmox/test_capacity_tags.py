@@ -1,5 +1,5 @@
 """Each thin LV records its maximum in an LV tag, and the guards read it
-there, through the real PVE::Storage (issue 38 item 7, REVIEW-3 M5).
+there, through the real PVE::Storage, so that every node counts the same.
 
 A node can measure only the images it has active; the others are other
 nodes' VMs. The maximum is written with the LV (``pvestord-max-<bytes>``,

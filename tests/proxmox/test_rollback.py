@@ -110,7 +110,7 @@ def assert_rolled_back(bed: Bed, before: dict[str, Any], also: set[str] | None =
 
 
 def test_capacity_refusal_leaves_the_volume_as_it_was(bed: Bed) -> None:
-    """The review's case (H5): the VG had 1.6 GiB free once the top was
+    """A rollback refused for room: the VG had 1.6 GiB free once the top was
     removed, below thin-critical-free with a new 1 GiB top, and the volume
     was left without a current LV."""
     before = snapshotted_disk(bed, "thin1")

@@ -1,6 +1,6 @@
 """A storage edit on a node without pvestord's plugin, as the real Proxmox makes it.
 
-Issue 38 item 4. During a rolling install, Proxmox on a node without the
+During a rolling install (docs/operations.md, "Rolling install"), Proxmox on a node without the
 plugin reads storage.cfg without the ``pvestord:`` sections (it does not know
 the type) and writes back only what it read. The storage.cfg here is written
 by the real PVE::Storage twice: once with the plugin registered (the layout

@@ -301,7 +301,7 @@ def test_a_failing_lvm_shell_leaves_the_rest_of_its_vg_to_one_lvcreate_each(
 
 
 def test_placement_is_a_scenario_of_make_bench(tmp_path: Path) -> None:
-    """``make bench`` runs ``bench.placement`` (issue 17) with the others: one real run."""
+    """``make bench`` runs ``bench.placement`` with the others: one real run."""
     assert "placement" in [name for name, _ in run.scenarios(tmp_path, run.QUICK)]
     assert run.main(["--out", str(tmp_path), "--quick", "--only", "placement"]) == 0
     report = json.loads((tmp_path / "bench.json").read_text())
@@ -343,7 +343,7 @@ def test_idle_counts_are_rates_between_two_published_views() -> None:
 
 
 def test_qmp_session_rows_judge_the_longest_session() -> None:
-    """Scenario 8 (issue 16.1): the longest session against 200 ms; absent, not measured."""
+    """Scenario 8 (QMP sessions): the longest session against 200 ms; absent, not measured."""
     assert "qmp_sessions" in [name for name, _ in run.scenarios(Path("/tmp"), run.QUICK)]
     assert by_name(run.figures_for({}))["longest pvestord QMP session"].status == \
         "not measured"

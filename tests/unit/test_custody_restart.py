@@ -1,4 +1,4 @@
-"""Custody of a stuck ``lvm`` across a restart of the daemon (REVIEW-3 M1).
+"""Custody of a stuck ``lvm`` across a restart of the daemon.
 
 A real process stands for the ``lvm`` that SIGKILL did not end; real lock
 directories on a plain folder with the emulated pmxcfs expiry at a lifetime

@@ -1,4 +1,4 @@
-"""The pass deadline and the progress watchdog (REVIEW 2.3), and the busy backoff (4.1).
+"""The pass deadline and the progress watchdog, and the busy backoff.
 
 The rules are pure (:func:`pvestord.engine.passes.engine_wedged`, ``VmRetry``); the
 process tests run ``pvestord run`` with a real ``NOTIFY_SOCKET`` (a datagram

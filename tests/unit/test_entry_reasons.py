@@ -1,4 +1,5 @@
-"""Which thin drives a queue entry's node-name applies to (REVIEW 3.2)."""
+"""Which thin drives a queue entry's node-name applies to: a name that is no
+thin drive's never stands for all of them."""
 
 from __future__ import annotations
 

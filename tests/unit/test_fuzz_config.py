@@ -1,6 +1,6 @@
 """Fuzzing the storage.cfg parser: hostile text, and generated valid configurations.
 
-Issue 9: whatever ``storage.cfg`` holds, only :class:`StorageOptionError` (a
+Whatever ``storage.cfg`` holds, only :class:`StorageOptionError` (a
 :class:`ConfigError`) escapes, naming the storage and the option; a valid
 configuration, however it is laid out, yields exactly the thin settings written.
 """

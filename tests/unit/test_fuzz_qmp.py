@@ -1,6 +1,6 @@
 """Fuzzing what QEMU sends: QMP replies, the image info in them, events and hellos.
 
-Issue 9: replies and events with missing, extra and wrong-typed fields give a
+Replies and events with missing, extra and wrong-typed fields give a
 correct result or the module's own error, never a KeyError, TypeError or
 AttributeError. A per-VM pass (``Daemon._pass_inner``) handles
 :class:`PvestordError`; anything else is a bug it logs with a traceback. So

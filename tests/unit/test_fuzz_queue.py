@@ -1,6 +1,6 @@
 """Fuzzing the extend queue's parser and its read-modify-write with hostile files.
 
-Issue 9: whatever a queue file holds (NUL, invalid UTF-8, huge lines, CRLF,
+Whatever a queue file holds (NUL, invalid UTF-8, huge lines, CRLF,
 key=value junk, duplicate keys, hostile VMIDs and node-names), reading it never
 raises, a bad line lands in ``<queue>.rejected`` and nowhere else, good lines
 survive a round trip, and a change to a file full of garbage keeps every good

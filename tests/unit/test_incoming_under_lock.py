@@ -1,4 +1,4 @@
-"""REVIEW-3 H4, the destination's side: a VM in ``inmigrate`` has its tables
+"""Live migration, the destination's side: a VM in ``inmigrate`` has its tables
 compared with LVM under the storage lock on every look, so an extension the
 source commits under that lock while the look reads LVM is refreshed here now,
 not a backoff later (perhaps after the switchover).
@@ -142,7 +142,8 @@ async def test_an_extension_committed_during_the_look_is_refreshed_now(
 async def test_one_lock_round_trip_per_vg_and_look(
         lvm_state: tuple[dict[str, int], dict[str, int], list[StandInGates]]) -> None:
     """Every look takes the lock (nothing behind or not), once for all the
-    VM's drives on the VG: never one per drive (REVIEW 4.1)."""
+    VM's drives on the VG: never one per drive, which the lock's other users
+    would wait for."""
     metadata, table, used = lvm_state
     drives = [drive(n, GiB) for n in range(3)]
     for d in drives:

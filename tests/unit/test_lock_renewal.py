@@ -1,4 +1,4 @@
-"""The storage lock while it is held (REVIEW 1.1, R1): renewal, ``require``,
+"""The storage lock while it is held: renewal, ``require``,
 every storage of a VG, the VG mark and the custodian of a stuck command.
 
 Real lock directories on a plain folder, with the emulated pmxcfs expiry at a
@@ -133,7 +133,8 @@ def test_every_enabled_storage_of_a_vg_is_locked_in_order() -> None:
 async def test_a_thick_storage_lock_on_the_vg_blocks_the_thin_extension(
         tmp_path: Path) -> None:
     """Proxmox holds ``storage-thick1`` for an lvcreate on the VG; the
-    extender's lock for thin1's LV must wait for it (REVIEW R1)."""
+    extender's lock for thin1's LV must wait for it: every storage on the VG
+    is locked, since Proxmox locks a storage by its id."""
     locks = tmp_path / "locks"
     locks.mkdir()
     config = parse_storage_config(STORAGE_CFG, "storage.cfg")

@@ -1,4 +1,4 @@
-"""LVM metadata room (REVIEW.md 4.3): the pure threshold and the once-per-crossing warning."""
+"""LVM metadata room: the pure threshold and the once-per-crossing warning."""
 
 from __future__ import annotations
 

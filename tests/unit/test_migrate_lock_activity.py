@@ -1,4 +1,4 @@
-"""REVIEW-3 H4: ``lock: migrate`` is not taken as left over while the source
+"""``lock: migrate`` is not taken as left over while the source
 QEMU shows a migration under way, a mirror of its local disks into the
 target's NBD export included (pvestord.policy.vmconfig, pure)."""
 
@@ -67,7 +67,7 @@ def test_a_migrate_lock_defers_while_the_source_shows_a_migration(
         assert rule is ConfigLockRule.STALE_MIGRATE
 
 
-def test_the_reviews_case_eleven_minutes_into_a_local_disk_mirror() -> None:
+def test_eleven_minutes_into_a_local_disk_mirror_the_lock_still_defers() -> None:
     job = BlockJob("drive-scsi1", "mirror", "running", False, "ok", 64 << 30, 1 << 30)
     under_way = source_migrating(migration_status=None, jobs=(job,),
                                  nbd_nodes={"#block410"}, targets={"drive-scsi1": "#block410"})

@@ -1,4 +1,4 @@
-"""REVIEW-3 H4, the engine's side: a source whose config has held ``lock:
+"""Live migration, the engine's side: a source whose config has held ``lock:
 migrate`` for 11 minutes, while qemu-server mirrors a local disk into the
 target's NBD export (``--with-local-disks``, before ``migrate``), does not
 extend its shared thin drive; once the mirror is gone the lock is left over

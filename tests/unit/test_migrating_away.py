@@ -81,7 +81,7 @@ async def test_migrating_away(migrate: Any, status: str, away: bool) -> None:
 async def test_a_mirror_into_an_nbd_export_is_migrating_away(
         jobs: tuple[BlockJob, ...], nbd: set[str], graph: dict[str, JobEdges],
         away: bool) -> None:
-    """REVIEW-3 H4: the source's mirror of its local disks counts (failed on
+    """The source's mirror of its local disks counts (failed on
     the old code, which asked query-migrate alone)."""
     monitor = FakeMonitor({}, "running", jobs, frozenset(nbd), graph)
     assert await migrating_away(monitor) is away  # type: ignore[arg-type]

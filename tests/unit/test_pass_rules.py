@@ -1,5 +1,5 @@
 """The pass's rules on queue entries and resuming, as pure functions
-(CODE-REVIEW 1.2: until now exercised only in the node-guest tier).
+(the node-guest tier exercises them whole; here each rule is tried alone).
 
 An entry leaves the queue only when its work is done or moot
 (:func:`pvestord.policy.entry_fate`); a VM paused for room runs again only

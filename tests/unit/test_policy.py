@@ -148,7 +148,7 @@ def test_nospace_at_maximum_gets_one_more_chunk() -> None:
 
 
 def test_enospc_not_at_the_end_never_passes_the_maximum() -> None:
-    """REVIEW R3: a pause no device owns (a migration's), or a sticky nospace,
+    """A pause no device owns (a migration's), or a sticky nospace,
     treats every thin drive as paused on ENOSPC; one at its maximum whose
     allocation is far from the LV's end must not grow past it."""
     top = maximum_size(8591507456, EXTENT)
@@ -222,7 +222,7 @@ def test_table_against_metadata() -> None:
 
 
 def test_exact_device_matching() -> None:
-    """REVIEW R2: a device on /dev/san1/vm-101-disk-10 is not on vm-101-disk-1."""
+    """A device on /dev/san1/vm-101-disk-10 is not on vm-101-disk-1."""
     disk1 = DriveIdentity("/dev/san1/vm-101-disk-1", frozenset({"e1", "f1"}))
     disk10 = BlockDevice("drive-scsi1", "drive-scsi1", device_filenames("/dev/san1/vm-101-disk-10"))
     assert not device_on(disk10, disk1)
@@ -441,7 +441,7 @@ def test_classify_agrees_with_decide(state: DriveState) -> None:
 @given(states(), st.sampled_from([None, 0]))
 def test_a_vm_whose_resume_is_blocked_is_grown_a_bounded_number_of_times(
         state: DriveState, answered: int | None) -> None:
-    """REVIEW 2.1: the VM stays paused with io-status nospace on the drive
+    """A blocked resume: the VM stays paused with io-status nospace on the drive
     (another device blocks its resume, or the status is sticky) and the guest
     writes nothing. Pass after pass, the engine answers that ENOSPC once, and
     never grows past the maximum unless the allocation is at the LV's very end.

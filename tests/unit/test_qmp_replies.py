@@ -74,7 +74,7 @@ def test_run_state_tells_nospace_from_other_pauses() -> None:
 
 
 def test_nospace_devices_are_matched_exactly_never_by_substring() -> None:
-    """REVIEW R2: a pause on vm-101-disk-10 is not a pause on vm-101-disk-1."""
+    """A pause on vm-101-disk-10 is not a pause on vm-101-disk-1."""
     disk1, disk10 = "/dev/san1/vm-101-disk-1", "/dev/san1/vm-101-disk-10"
     status = {"running": False, "status": "io-error"}
     paused = run_state_from(status, [

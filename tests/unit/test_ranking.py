@@ -224,7 +224,7 @@ def test_cli_refuses_what_is_not_a_thin_storage(tmp_path: Path) -> None:
        age=st.floats(min_value=-1000, max_value=10_000), stopped=st.booleans())
 def test_a_report_is_written_when_it_changed_or_its_heartbeat_is_due(
         free: int, other_free: int, interval: float, age: float, stopped: bool) -> None:
-    """Issue 18.5: an idle node writes to /etc/pve at most 3 times a minute
+    """An idle node writes to /etc/pve at most 3 times a minute
     for its report; what changed is written at once."""
     def report(when: float, vg_free: int, stop: bool = False) -> NodeReport:
         view = StorageView(vg="vg1", visible=True, free=vg_free)

@@ -1,4 +1,4 @@
-"""LVs left suspended by a killed change (REVIEW-3 M2): the pure rule, the
+"""LVs left suspended by a killed change: the pure rule, the
 ``dmsetup``/``lvchange`` order of the resume, and the daemon's check.
 
 The rule is tested with hypothesis. The adapter runs stand-in ``lvm`` and

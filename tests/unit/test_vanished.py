@@ -1,4 +1,4 @@
-"""The rules for ``pvestord:`` sections that vanish from storage.cfg (issue 38 item 4).
+"""The rules for ``pvestord:`` sections that vanish from storage.cfg.
 
 A node without the plugin rewrites storage.cfg with only the sections it
 knows; pvestord keeps a copy of its own sections, says which vanished, and

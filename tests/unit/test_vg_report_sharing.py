@@ -107,7 +107,7 @@ class FakeShells:
 
 
 async def test_periodic_reports_run_in_the_vgs_lvm_shell(fake_lvm: Path) -> None:
-    """Issue 18.5: at idle the daemon starts no LVM process. The node report's
+    """At idle the daemon starts no LVM process. The node report's
     ``vgs``, the capacity account's ``vgs`` and ``lvs`` and a sweep's shared
     ``lvs`` all go to the VG's shell when there is one."""
     shells = FakeShells()

@@ -432,7 +432,7 @@ def test_no_cluster_report_means_we_cannot_tell(tmp_path: Path) -> None:
         refuse_if_running(settings, 200)
 
 
-# The review's case (REVIEW.md 1.3): another node runs VM 102, but its .rrd line
+# A VM running elsewhere must not be shrunk: another node runs VM 102, but its .rrd line
 # is missing (pmxcfs dropped it after 5 minutes without pvestatd, or pve-cluster
 # just restarted here) or stale, or present and saying "stopped" while .vmlist
 # names the other node. Only ownership by this node, with quorum, allows.

@@ -1,4 +1,4 @@
-"""REVIEW-3 H4: ``lock: migrate`` keeps deferring on the source while a
+"""``lock: migrate`` keeps deferring on the source while a
 ``--with-local-disks`` migration mirrors a local disk into the target, however
 old the lock; the destination, ``inmigrate`` meanwhile, keeps its table level
 with LVM under the storage lock.

@@ -1,4 +1,4 @@
-"""A busy VM is retried with a backoff, not in a loop (REVIEW 4.1): real QEMU,
+"""A busy VM is retried with a backoff, not in a loop: real QEMU,
 a real pvestord process, the QMP connections it makes counted by a proxy on
 the VM's socket path over a 10 s window.
 

@@ -309,7 +309,7 @@ def test_sigterm_removes_the_socket_and_runs_no_cleanup(
     assert _recorded(run_dir) == []
 
 
-# -- a hung /etc/pve (REVIEW.md 2.4) ---------------------------------------------------
+# -- a hung /etc/pve (docs/operations.md, "When /etc/pve hangs or has no quorum") ----
 
 #: Where a task of a process waits while FUSE (pmxcfs, here bindfs) does not answer.
 _FUSE_WAIT = "request_wait_answer"

@@ -1,4 +1,4 @@
-"""Block jobs writing into thin drives (issue 16.4; node guest).
+"""Block jobs writing into thin drives (node guest).
 
 A job that starts makes its target writable: ``JOB_STATUS_CHANGE`` to
 ``running`` is queued (reason ``job``) and the pass arms the target's

@@ -199,7 +199,7 @@ def vg_account(bed: NodeBed, vg: VG, status_file: Path) -> dict[str, Any]:
 
 def test_every_node_reports_the_same_overcommit_whatever_is_active_on_it(
         bed: NodeBed, vg: VG, tmp_path: Path, out_dir: Path) -> None:
-    """Issue 38 item 7: two thin volumes made here, then one deactivated, as
+    """Two thin volumes made here, then one deactivated, as
     another node's VM would be to this node: the account (maxima, overcommit)
     must not change, because it comes from the LVs' tags, not from what this
     node can open. A thick LV named as a guest volume without the tag (made by

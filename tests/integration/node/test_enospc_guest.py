@@ -1,4 +1,4 @@
-"""ENOSPC pause and resume with a real guest device (issue 5).
+"""ENOSPC pause and resume with a real guest device.
 
 A guest writes through a virtio-blk disk with ``werror=enospc`` whose qcow2
 sits on a thin LV that is too small: QEMU pauses the VM with io-status

@@ -1,4 +1,4 @@
-"""The fault suite (issue 9): real daemons, real QEMU, real LVM, faults from outside.
+"""The fault suite: real daemons, real QEMU, real LVM, faults from outside.
 
 Every test runs a writing workload (the ``qemu-io`` tool through an NBD
 export of the qcow2 node, each write with its own pattern, every region read

@@ -1,16 +1,16 @@
-"""The engine under faults of its own making (issue 14, items 4-6): real daemons,
+"""The engine under faults of its own making: real daemons,
 real QEMU, real LVM.
 
 - a leftover ``outgoing`` migration mark with no migration behind it must not
-  keep a VM paused on ENOSPC (REVIEW 2.2);
+  keep a VM paused on ENOSPC;
 - a VM that is busy (the source of a migration in flight, or a destination in
-  ``inmigrate``) is retried with a backoff, not in a loop (REVIEW 4.1): the
+  ``inmigrate``) is retried with a backoff, not in a loop: the
   QMP connections pvestord makes are counted by a proxy on the VM's QMP socket
   path, its LVM processes by ``lvm_faulty``'s markers, over a 10 s window;
 - a pass that never ends (a QMP peer that never answers, an ``lvm`` stuck in
   an uninterruptible read of a suspended device, as on a dead SAN path)
   is abandoned at its deadline; VMs on other VGs keep being extended; and the
-  watchdog is fed only while the engine makes progress (REVIEW 2.3). The
+  watchdog is fed only while the engine makes progress. The
   watchdog's datagrams go to a real ``NOTIFY_SOCKET`` that the test reads.
 
 The figures each test saw are written to ``<out>/faults-daemon-figures.json``.

@@ -1,5 +1,5 @@
 """The engine against stale device-mapper tables, blocked resumes and wrong
-names (REVIEW 1.2, 2.1, 3.2, R2, R3): real LVM, real QEMU, real daemons, in
+names: real LVM, real QEMU, real daemons, in
 the node guest.
 
 Stale tables are made as a lost or unseen extension makes them: the LV is
@@ -166,7 +166,7 @@ def drives_report(bed: NodeBed) -> list[dict[str, Any]]:
     return rows
 
 
-# -- stale tables (REVIEW 1.2) ---------------------------------------------------
+# -- stale tables ----------------------------------------------------------------
 
 def test_table_smaller_than_the_metadata_is_refreshed_before_anything_is_armed(
         small_bed: NodeBed, vg: VG, out_dir: Path) -> None:
@@ -254,7 +254,7 @@ def test_table_larger_than_the_metadata_is_never_extended_over(
                 "lv_after_mib": vg.lv_size(lv) // MiB, "drives_state": row["state"]})
 
 
-# -- a blocked resume (REVIEW 2.1, R3) ------------------------------------------------
+# -- a blocked resume: answered once, never past the maximum --------------------------
 
 #: The non-thin disk: a 16 MiB LV in a VG no storage names, filled to 2 MiB
 #: short of its end before the guest writes 3 MiB past that.
@@ -384,7 +384,7 @@ def test_a_vm_whose_resume_is_blocked_gets_one_extension_per_new_enospc(
     assert qcow2_check(vg.lv_path(lv))["exit"] == 0
 
 
-# -- a wrong name (REVIEW 3.2) -----------------------------------------------------
+# -- a wrong name: no drive touched ------------------------------------------------
 
 def test_extend_with_a_wrong_name_touches_no_drive(
         small_bed: NodeBed, vg: VG, other_vg: VG) -> None:

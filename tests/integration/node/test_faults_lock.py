@@ -1,4 +1,4 @@
-"""The storage lock against an ``lvm`` that SIGKILL does not end (REVIEW 1.1).
+"""The storage lock against an ``lvm`` that SIGKILL does not end (docs/operations.md).
 
 Real daemons, real QEMU, real LVM on two VGs, the storage locks as
 pmxcfs-style lock directories with the emulated pmxcfs expiry at a shortened
@@ -258,7 +258,7 @@ def test_an_lvm_slower_than_the_lock_is_killed_before_the_lock_could_expire(
 def test_custody_of_a_stuck_lvm_survives_a_pvestord_restart(
         bed: NodeBed, vg: VG, tmp_path: Path, faults: LvmFaults,
         fault_log: FaultLog) -> None:
-    """REVIEW-3 M1: pvestord is restarted (SIGTERM, then a new one) while the
+    """pvestord is restarted (SIGTERM, then a new one) while the
     ``lvextend`` SIGKILL did not end still lives. The storage lock must stay
     held, renewed by the new daemon, until the stuck process has gone: a
     second node waiting on it gets in only then.

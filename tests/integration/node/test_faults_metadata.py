@@ -1,4 +1,4 @@
-"""A shared VG's LVM metadata running out (REVIEW.md 4.3), with real LVM (node guest).
+"""A shared VG's LVM metadata running out, with real LVM (node guest).
 
 Every chunk extension of an LV whose neighbour grew in between adds a segment
 to the VG's metadata; when the metadata area is full, every ``lvextend`` and

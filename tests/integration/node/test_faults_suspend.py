@@ -1,5 +1,5 @@
 """An LV left suspended by an ``lvextend`` killed between its suspend and its
-resume (REVIEW-3 M2).
+resume (docs/operations.md, "An LV left suspended").
 
 Real daemons, real QEMU, real LVM on a loop VG, and
 ``tests/harness/lvm_faulty``'s ``suspend-hang`` rule: the ``lvextend`` loads

@@ -1,4 +1,4 @@
-"""The full-VG runbook's first step, tried (issue 38 item 9; node guest).
+"""The full-VG runbook's first step, tried (node guest).
 
 docs/operations.md, "When the VG is full", tells an admin what to do when a
 thin VG has no room left and its VMs pause. This test walks its first steps

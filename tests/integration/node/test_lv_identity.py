@@ -1,4 +1,4 @@
-"""A drive is bound to the LV QEMU writes, not to its node's path (issue 16.2; node guest).
+"""A drive is bound to the LV QEMU writes, not to its node's path (node guest).
 
 Proxmox's live snapshot renames the disk's LV to ``snap_...`` under the
 running QEMU and makes a new LV under the disk's name before QEMU reopens

@@ -220,7 +220,7 @@ def test_rename_and_saferemove_of_small_lvs(proxmox: tuple[upstream.PerlSession,
 
 
 
-#: The VG's free space in the rollback test, as in REVIEW-3's H5 (1.6 GiB)...
+#: The VG's free space in the rollback test (1.6 GiB)...
 ROOM_LEFT = 1600 * MiB
 #: ...and a thin-critical-free that a new top refuses on it, even with the
 #: old top's 512 MiB counted as given back: 1.6 GiB would be left, below 2 GiB.
@@ -230,7 +230,7 @@ ROLLBACK = f'PVE::Storage::volume_snapshot_rollback($cfg, "{VOLID}", "snap1");'
 
 def test_rollback_refused_for_room_leaves_the_volume_as_it_was(
         sources: upstream.Upstream, out_dir: Path) -> None:
-    """REVIEW-3 H5 on real LVM: 1.6 GiB free, a snapshot, a rollback the
+    """A rollback refused for room, on real LVM: 1.6 GiB free, a snapshot, a rollback the
     capacity guard refuses. The rollback removed the top before it asked and
     left the volume without a current LV, which every retry then failed on.
     Now the refusal changes nothing: the top keeps what the guest wrote, the

@@ -1,4 +1,4 @@
-"""pvestord shares each VM's QMP socket with qemu-server (issue 16.1).
+"""pvestord shares each VM's QMP socket with qemu-server.
 
 QEMU serves one client at a time on ``/var/run/qemu-server/<vmid>.qmp``, and
 qemu-server gives each call 5 s, connect included (``PVE::QMPClient``); a

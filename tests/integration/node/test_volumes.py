@@ -292,7 +292,7 @@ def test_shrink_refusals_each_with_its_reason(bed: NodeBed, vg: VG) -> None:
     (bed.root / "pve" / ".vmlist").write_text(vmlist_json("nodeb"))
     refused("VM 130 is running on node nodeb according to")
     # Owned by another node: refused whether its .rrd line is stopped, or gone
-    # (pmxcfs drops lines 5 minutes old: REVIEW.md 1.3).
+    # (pmxcfs drops lines 5 minutes old).
     rrd.write_text(f"pve2.3-vm/130:0:vm130:stopped:0:{int(time.time())}:1:0:1:1:1:1:0:0:0:0\n")
     refused("VM 130's configuration is on node nodeb, not on this node (nodea)")
     rrd.write_text("")
