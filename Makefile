@@ -63,7 +63,7 @@ node: deps
 		--node-set=$(NODE) --durations=20
 
 # The fault suite with every kill moment (the node tier runs its quick set),
-# and the faults of the reliability review (test_faults_*.py, which the node
+# and the other faults docs/reliability.md lists (test_faults_*.py, which the node
 # tier runs whole), then docs/reliability.md rendered from what it measured.
 faults: deps
 	rm -f $(OUT)/faults/faults.jsonl

@@ -1,4 +1,4 @@
-"""Scenario 9: block jobs into a pvestord volume against the same job into a thick LV (issue 15).
+"""Scenario 9: block jobs into a pvestord volume against the same job into a thick LV.
 
 A running VM's snapshot delete and a live move disk are QEMU block jobs that
 write at the node's full speed, and qemu-server gives them no ``on-error``:

@@ -1,4 +1,4 @@
-"""Scenario 10: how soon the daemon grows the target of a block job nobody announced (issue 16.4).
+"""Scenario 10: how soon the daemon grows the target of a block job nobody announced.
 
 qemu-server's own jobs get their room from the storage plugin before they
 start (scenario 9). A ``block-stream`` an admin starts by hand does not: the

@@ -1,4 +1,4 @@
-"""Scenario 8: how long pvestord holds a VM's QMP socket (issue 16.1).
+"""Scenario 8: how long pvestord holds a VM's QMP socket.
 
 QEMU serves one QMP client at a time on ``<vmid>.qmp``, and qemu-server
 gives each of its calls 5 s, connect included: every moment pvestord holds

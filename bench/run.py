@@ -1,10 +1,10 @@
-"""``make bench``: the benchmark scenarios of issues 7 and 15 and of ``pvestord placement``.
+"""``make bench``: every benchmark scenario of ``bench/``, ``pvestord placement``'s included.
 
 Run by ``python -m tests.harness.nodeguest --out out/bench --bench [--quick]``,
 which starts ``python -m bench.run --out DIR [--quick]`` inside the guest (real
 device-mapper and LVM). Every figure that matters is a ratio of two things
 measured side by side in this run: absolute times on an emulated node mean
-little. Scenarios run in the issue's order; one that fails is reported as
+little. Scenarios run in their numbered order; one that fails is reported as
 not done, with its error, and the others still run. Scenarios 1 to 3
 (latency, floor, original) run as one: set up together and sampled in turn
 (bench.latency.side_by_side), so that a change of load hits them alike. Prints a table
