@@ -37,8 +37,8 @@ async def catch_up_incoming(vm: LocalVm, drives: Sequence[DriveCandidate], *, ga
     the time the comparison reads LVM, and one that commits later is seen
     by the next look. Compared without the lock, an extension committing
     just then was missed until the next look, which may come after the
-    switchover, and the target QEMU took the short table's size (docs/design.md,
-    "Live migration"). What it costs is bounded for the lock's other
+    switchover, when the target QEMU has taken the short table's size
+    (docs/design.md, "Live migration"). What it costs is bounded for the lock's other
     users: one lock round trip per VG and look, never one per
     drive; under it one ``lvs`` of the VG, and a refresh only for a drive
     whose table is behind, each started only while the lock stays ours for

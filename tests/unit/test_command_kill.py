@@ -1,5 +1,5 @@
-"""The wait after killing a command is bounded, so the storage lock is not
-held past its budget: real processes.
+"""The wait after killing a command is bounded, even for a command that
+survives SIGKILL: real processes.
 
 SIGKILL cannot be ignored, so a command that "survives" it is produced in the
 two ways that exist:

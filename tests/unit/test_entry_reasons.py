@@ -1,5 +1,7 @@
-"""Which thin drives a queue entry's node-name applies to: a name that is no
-thin drive's never stands for all of them."""
+"""Which thin drives a queue entry's node-name applies to: a thin drive's name
+to that drive only; a name that is no thin drive's to every thin drive for a
+pause on ENOSPC or a block job, and to none for anything else (a typo in
+``pvestord extend`` must not extend every drive)."""
 
 from __future__ import annotations
 
