@@ -21,11 +21,9 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from pvestord.adapters import preparedjobs
 from pvestord.adapters.config import parse_storage_config
 from pvestord.adapters.qmp import VmBusyError
 from pvestord.adapters.settings import DaemonSettings
@@ -36,7 +34,6 @@ from pvestord.engine.extender import Extender
 from pvestord.policy import Reason
 from pvestord.policy.vmconfig import RENAMING_LOCK_GRACE
 from tests.harness.extenderbed import (
-    LV,
     STORAGE_CFG,
     VMID,
     FakeQemu,
@@ -117,86 +114,3 @@ async def test_a_left_over_snapshot_delete_lock_stops_refusing_extensions(
         f"{RENAMING_LOCK_GRACE:.0f} s with no block job in its QEMU: taken as left over "
         f"from a failed task, its drives are extended as usual ('qm unlock {VMID}' "
         "clears it)"]
-
-
-class FakeQemuWithJobGraph(FakeQemu):
-    """:class:`FakeQemu` whose block jobs are active commits into its drive's
-    qcow2 node, as ``x-debug-query-block-graph`` shows qemu-server's
-    ``block-commit`` of a snapshot delete."""
-
-    def reply(self, command: str, arguments: dict[str, Any]) -> object:
-        if command != "x-debug-query-block-graph":
-            return super().reply(command, arguments)
-        nodes: list[dict[str, object]] = [{"id": 1, "type": "block-driver", "name": "d0"}]
-        edges: list[dict[str, object]] = []
-        for number, job in enumerate(self.jobs, start=2):
-            nodes.append({"id": number, "type": "block-job", "name": job["device"]})
-            edges.append({"parent": number, "child": 1, "name": "target"})
-        return {"nodes": nodes, "edges": edges}
-
-
-@pytest.mark.parametrize("prepared", [False, True])
-async def test_a_snapshot_delete_job_the_plugin_did_not_prepare_is_said_once(
-        bed: Path, caplog: pytest.LogCaptureFixture, prepared: bool) -> None:
-    (bed / "locks").mkdir()
-    settings = DaemonSettings(node="pve1", queue=bed / "extend-queue", nodes_dir=bed / "nodes",
-                              run_dir=bed, lock_dir=bed / "locks",
-                              vg_health_dir=bed / "marks", lvm_shell=False)
-    config = config_path(bed / "nodes", "pve1", VMID)
-    config.parent.mkdir(parents=True)
-    config.write_text("lock: snapshot-delete\nscsi0: san1:vm-101-disk-0.qcow2,size=32G\n")
-    written = time.time() - 60
-    os.utime(config, (written, written))
-    if prepared:
-        # The plugin grew the job's target after qemu-server wrote the lock.
-        preparedjobs.note(settings.prepared_jobs, "san", LV)
-    storage = parse_storage_config(STORAGE_CFG, "storage.cfg")
-    extender = Extender(settings, lambda: storage)
-    qemu = FakeQemuWithJobGraph(bed)
-    qemu.jobs = [{"device": "commit-drive-scsi0", "type": "commit", "status": "running",
-                  "io-status": "ok", "paused": False, "busy": True, "ready": False,
-                  "len": GiB, "offset": 0, "speed": 0}]
-    vm = LocalVm(VMID, os.getpid(), bed / f"{VMID}.qmp")
-    caplog.set_level(logging.DEBUG, logger="pvestord")
-    try:
-        async with running(qemu, vm.qmp_socket):
-            for _ in range(2):
-                qemu.fill()
-                await extender.handle(vm, {"e0": Reason.THRESHOLD})
-    finally:
-        await extender.close()
-    # Said at warning once; each pass after that repeats it at debug only.
-    said = [r for r in caplog.records if hasattr(r, "UNPREPARED_JOB")]
-    if prepared:
-        assert said == []
-    else:
-        assert [r.levelno for r in said] == [logging.WARNING, logging.DEBUG]
-        record = said[0]
-        assert (record.__dict__["VG"], record.__dict__["LV"]) == ("san", LV)
-    # Prepared or not, the job's target is grown ahead of it.
-    assert extensions(bed)
-
-
-async def test_another_vms_disk_attached_to_a_vm_is_grown_and_said_once(
-        bed: Path, caplog: pytest.LogCaptureFixture) -> None:
-    (bed / "locks").mkdir()
-    settings = DaemonSettings(node="pve1", queue=bed / "extend-queue", nodes_dir=bed / "nodes",
-                              run_dir=bed, lock_dir=bed / "locks",
-                              vg_health_dir=bed / "marks", lvm_shell=False)
-    storage = parse_storage_config(STORAGE_CFG, "storage.cfg")
-    extender = Extender(settings, lambda: storage)
-    qemu = FakeQemu(bed)
-    # VM 202 has VM 101's disk attached (qm set 202 --scsi1 san1:vm-101-disk-0.qcow2).
-    vm = LocalVm(202, os.getpid(), bed / "202.qmp")
-    caplog.set_level(logging.DEBUG, logger="pvestord")
-    try:
-        async with running(qemu, vm.qmp_socket):
-            for _ in range(2):
-                qemu.fill()
-                await extender.handle(vm, {"e0": Reason.THRESHOLD})
-    finally:
-        await extender.close()
-    said = [r for r in caplog.records if hasattr(r, "OWNER")]
-    assert [(r.levelno, r.__dict__["OWNER"], r.__dict__["LV"]) for r in said] == [
-        (logging.INFO, str(VMID), LV), (logging.DEBUG, str(VMID), LV)]
-    assert len(extensions(bed)) == 2
