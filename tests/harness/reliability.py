@@ -239,6 +239,107 @@ FAULTS = [
           "(293 pings at 1 s). An lvm in D state (O_DIRECT read of a suspended dm device) "
           "stopped the pings 31 s after its cancel in two earlier runs; that variant is not "
           "kept, as the test blocked after its dmsetup resume"),
+    Fault("a storage-plugin call outlasting Proxmox's storage lock alarm",
+          "tests/proxmox/test_plugin_lock.py::"
+          "test_plugin_call_under_the_lock_is_aborted_by_its_alarm, "
+          "tests/proxmox/test_plugin_lock.py::test_stand_in_lock_keeps_cfs_locks_contract",
+          "through the real PVE::Storage with a stand-in cfs_lock_storage that keeps "
+          "cfs_lock's contract (a 60 s alarm armed for the locked code, the caller's own "
+          "alarm given back after it): a volume_resize whose pvestord answer started 5 s "
+          "late under a 2 s alarm died with \"'storage-thin1'-locked command timed out - "
+          "aborting\" before pvestord ran; the plugin never suspends the alarm, so no LVM "
+          "change can outlive the lock"),
+    Fault("a VM paused on ENOSPC while another of its drives may not be grown now",
+          "tests/unit/test_resume_with_held_drive.py::"
+          "test_a_drive_the_pass_may_not_grow_does_not_keep_the_vm_paused",
+          "the drive that paused the VM grown, another drive past its threshold held back "
+          "(the VG's reserve, or a snapshot lock): the VM is resumed at once, nothing armed "
+          "on the held drive; a drive the pass may still grow gets another round first "
+          "(test_a_drive_the_pass_may_grow_gets_another_round_first)"),
+    Fault("a pass that waits for the storage lock past its deadline",
+          "tests/unit/test_pass_deadline_marks.py::"
+          "test_a_pass_that_waits_for_the_storage_lock_is_in_no_lvm_change",
+          "the real daemon's extension waiting for a lock a second process holds (as "
+          "another node would): the status shows the drive being extended, the pass is "
+          "in no LVM change, and no VG is marked unhealthy; only a running LVM change "
+          "marks its VG"),
+    Fault("'lock: migrate' through an hours-long local-disk mirror",
+          "tests/unit/test_migrate_lock_activity.py::"
+          "test_eleven_minutes_into_a_local_disk_mirror_the_lock_still_defers, "
+          "tests/unit/test_migrate_lock_mirror.py::"
+          "test_the_source_defers_while_it_mirrors_into_the_targets_nbd_export, "
+          "tests/integration/cluster/test_migrate_lock_mirror.py::"
+          "test_lock_migrate_defers_through_a_local_disk_mirror",
+          "a config written 11 minutes before (past the 600 s grace) keeps deferring while "
+          "the source QEMU mirrors into the target's NBD export or qemu-server's migration "
+          "task still runs; two real nodes: a chunk committed during the mirror reached "
+          "B's table while it was inmigrate, A deferred twice. The two-node test also "
+          "passed on the code before this rule, so the unit tests are the evidence"),
+    Fault("a rollback refused for room, or failing half-way",
+          "tests/proxmox/test_rollback.py::test_capacity_refusal_leaves_the_volume_as_it_was, "
+          "tests/integration/node/test_proxmox_plugin.py::"
+          "test_rollback_refused_for_room_leaves_the_volume_as_it_was",
+          "the real PVE::Storage: a VG with 1.6 GiB free, a snapshot, a rollback refused by "
+          "the capacity guard before anything changed; a failure after the old top was "
+          "renamed undone (new top removed, old renamed back): the volume keeps its current "
+          "LV with the guest's data, and the retry after room was freed completes; real "
+          "LVM in the node guest shows the same; with saferemove the old top is zeroed by "
+          "Proxmox's worker after the storage lock is released"),
+    Fault("pvestord restarted while an lvm it killed is stuck (custody of the lock)",
+          "tests/integration/node/test_faults_lock.py::"
+          "test_custody_of_a_stuck_lvm_survives_a_pvestord_restart, "
+          "tests/unit/test_custody_restart.py::"
+          "test_the_lock_of_a_stuck_command_stays_held_across_a_daemon_restart",
+          "the stuck process and its lock directory are recorded under /run/pvestord; the "
+          "next daemon adopts that same lock directory and renews it until the process "
+          "ends, so a waiter with the same expiry never got in meanwhile; a reused pid "
+          "and a lock taken by another while no daemon ran are not adopted. On the old "
+          "code nothing renewed the lock after the stop and the waiter got in"),
+    Fault("an LV left suspended by a change killed between suspend and resume",
+          "tests/integration/node/test_faults_suspend.py::"
+          "test_an_lv_left_suspended_by_a_killed_lvextend_is_resumed",
+          "lvm_faulty hangs the lvextend after its suspend and the daemon's kill ends it "
+          "there: the LV is found suspended from sysfs at once, its inactive table "
+          "cleared (never a resume of a table the metadata does not hold), then "
+          "lvchange --refresh; the table is not larger than the metadata and the guest's "
+          "next write goes through"),
+    Fault("a snapshot-delete lock left behind by a failed task",
+          "tests/unit/test_leftover_renaming_lock.py::"
+          "test_a_left_over_snapshot_delete_lock_stops_refusing_extensions",
+          "the daemon stands back while the lock is fresh or a block job runs; once it has "
+          "sat 600 s with no job in the VM's QEMU, threshold events extend the drive again "
+          "and the lock is said at warning once, with 'qm unlock'"),
+    Fault("a snapshot delete's job the storage plugin did not prepare",
+          "tests/unit/test_pass_notices.py::"
+          "test_a_snapshot_delete_job_the_plugin_did_not_prepare_is_said_once, "
+          "tests/integration/node/test_proxmox_plugin.py::"
+          "test_a_live_delete_reading_the_chain_in_an_eval_is_prepared_and_recorded, "
+          "tests/proxmox/test_qemu_server_calls.py::"
+          "test_an_online_snapshot_delete_reads_the_chain_right_before_its_job",
+          "a commit under 'lock: snapshot-delete' with no record of the plugin's "
+          "preparation newer than the lock: one warning (UNPREPARED_JOB, VG, LV), then "
+          "debug; the target is still grown behind the job; with the record, nothing "
+          "said. The plugin recognises the call through eval blocks, and the qemu-server "
+          "calls it reads are pinned against a qemu-server archive (9.2.6)"),
+    Fault("max-overcommit judged on a node where other nodes' LVs are inactive",
+          "tests/proxmox/test_capacity_tags.py::"
+          "test_max_overcommit_counts_an_lv_inactive_here_at_its_recorded_maximum",
+          "each LV records its maximum in a tag (pvestord-max-<bytes>) under the storage "
+          "lock; an LV inactive on this node counts at its recorded maximum, so every node "
+          "judges the same commitment without measuring images under the lock"),
+    Fault("a thin change while Proxmox changes a thick storage on the same VG",
+          "tests/proxmox/test_vg_locks.py::"
+          "test_a_thin_alloc_waits_for_proxmoxs_thick_operation_on_the_vg",
+          "the plugin takes every storage lock of the VG in the daemon's sorted order: a "
+          "thin alloc waited for the lock Proxmox held for a thick storage on the VG, and "
+          "its lvcreate ran only after; a VG marked unhealthy on this node is refused "
+          "before the locks and again under them"),
+    Fault("a VM writing another VM's disk",
+          "tests/unit/test_pass_notices.py::"
+          "test_another_vms_disk_attached_to_a_vm_is_grown_and_said_once",
+          "the disk is grown as the VM's own (it would pause otherwise) and the first pass "
+          "says so at info with the VM, the LV and its owner (OWNER); later passes at "
+          "debug"),
 ]
 
 
