@@ -7,7 +7,7 @@ overlays: the host's LVM, QEMU and Python run inside unchanged, next to a real
 dm-mod. One folder (``--out``) is shared writable; results (JUnit XML, logs,
 reports) come back through it.
 
-Facts this module relies on are in ``docs/design.md`` ("The node guest"): TCG unless the
+Facts this module relies on are in ``docs/testing.md`` ("The node guest"): TCG unless the
 machine has real hardware KVM (this one has ``kvm_pvm``, which cannot boot a
 stock kernel); vng's output piped (never a regular file: QEMU's file chardevs
 garble it); ``--force-9p``; the guest's exit status is the command's.
@@ -60,7 +60,7 @@ VENV_BIN = REPO / ".venv" / "bin"
 #: repository's bytecode for the trixie bed's Python 3.13.
 VENV313_PYTHON = REPO / ".venv313" / "bin" / "python"
 
-#: Modules the guest never needs; skipping them cut boot by a fifth (docs/design.md).
+#: Modules the guest never needs; skipping them cut boot by a fifth (docs/testing.md).
 BLACKLIST = (
     "kvm,kvm_intel,kvm_amd,ahci,libahci,libata,sr_mod,cdrom,"
     "aesni_intel,crc32_pclmul,ghash_clmulni_intel,sha256_ssse3,sha512_ssse3,"
@@ -224,7 +224,7 @@ def run_guest(command: list[str], out: Path, *, timeout: float = DEFAULT_TIMEOUT
     tail: deque[str] = deque(maxlen=CONSOLE_TAIL_LINES)
     start = time.monotonic()
     deadline = start + timeout
-    # Popen with a pipe: docs/design.md says vng's output must not go straight to a file.
+    # Popen with a pipe: docs/testing.md says vng's output must not go straight to a file.
     with console_log.open("w") as log, subprocess.Popen(  # noqa: S603 - argument list
         argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         env=env, text=True, errors="replace", start_new_session=True,

@@ -141,7 +141,7 @@ class Disk:
 @dataclass(frozen=True)
 class Pve9Disk(Disk):
     """A disk as Proxmox VE 9 puts it on QEMU's command line for qcow2 on LVM
-    (docs/design.md, "Proxmox VE 9"; qemu-server's ``Blockdev.pm``): a
+    (docs/proxmox.md, "QEMU as qemu-server starts it"; qemu-server's ``Blockdev.pm``): a
     throttle node ``drive-<id>`` in its own throttle group, over the qcow2
     node ``f<hash>``, over the ``host_device`` node ``e<hash>``, one nested
     ``-blockdev`` JSON, with ``cache.direct``, ``aio=native``,

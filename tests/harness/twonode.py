@@ -1,6 +1,6 @@
 """The two-node bed: two node guests sharing one SAN disk, driven from the host.
 
-Facts it relies on are in ``docs/design.md`` ("The two-node bed"). Each guest is the node
+Facts it relies on are in ``docs/testing.md`` ("The two-node bed"). Each guest is the node
 guest of :mod:`tests.harness.nodeguest` (Debian's kernel under virtme-ng,
 dm-mod, the host's root read-only) with, in addition:
 
@@ -52,7 +52,7 @@ from tests.harness.polling import wait_until
 from tests.harness.qemu import Pve9Disk
 
 REPO = Path(__file__).resolve().parents[2]
-#: Boot of both guests at once under TCG: 19-24 s on an idle machine (docs/design.md);
+#: Boot of both guests at once under TCG: 19-24 s on an idle machine (docs/testing.md);
 #: a busy machine (other guests running) takes several times that.
 BOOT_TIMEOUT = 300.0
 #: A guest that does not power off after ``quit`` is killed after this.
@@ -247,8 +247,8 @@ def _san_device(node: Node) -> str:
 def _qemu_opts(work: Path, name: str, san: Path) -> str:
     mac, _ = NODES[name]
     other = "nodeb" if name == "nodea" else "nodea"
-    # One string: vng joins its options into a shell command line (docs/design.md, two-node bed:
-    # the '=' form, or its parser takes the value for an option).
+    # One string: vng joins its options into a shell command line (docs/testing.md,
+    # "The two-node bed": the '=' form, or its parser takes the value for an option).
     return " ".join([
         "-blockdev", f"driver=file,filename={san},node-name=san0,cache.direct=on",
         "-device", "virtio-blk-pci,drive=san0,share-rw=on,serial=SAN0",
@@ -273,7 +273,7 @@ def _boot(work: Path, node: Node, san: Path, memory: str, bed: Bed) -> None:
         env=env, text=True, errors="replace", start_new_session=True)
 
     def pump() -> None:
-        # Piped, never a file: docs/design.md, "The node guest" (QEMU's file chardevs garble it).
+        # Piped, never a file: docs/testing.md, "The node guest" (QEMU's file chardevs garble it).
         assert node.proc is not None and node.proc.stdout is not None
         for line in node.proc.stdout:
             log.write(line)

@@ -240,7 +240,7 @@ def boot(image: NodeImage, out: Path, *, timeout: float, memory: str = "2G",
     tail: deque[str] = deque(maxlen=40)
     start = time.monotonic()
     timed_out = False
-    # A pipe, not a file, for the console (docs/design.md, "The node guest": QEMU's file
+    # A pipe, not a file, for the console (docs/testing.md, "The node guest": QEMU's file
     # chardevs on an inherited fd garble the log).
     with console_log.open("w") as log, subprocess.Popen(  # noqa: S603 - argument list
         argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -49,4 +49,4 @@ def test_writes_past_the_lv_end_fail_with_enospc_and_corrupt_nothing(
         assert vm.read_verify("fmt0", 0, 8 * MiB, 0x33)
     check = qcow2_check(vg.lv_path("vm-4242-disk-0.qcow2"))
     assert check.get("corruptions", 0) == 0
-    assert check["exit"] in (0, 3)  # leaked clusters at most, as docs/design.md records
+    assert check["exit"] in (0, 3)  # leaked clusters at most (docs/testing.md, "The node guest")
