@@ -41,7 +41,8 @@ unit: deps
 	exit $$rc
 
 # Host tier: real QEMU processes and files, no device-mapper (needs root);
-# and Proxmox's own storage code (from ../shared/upstream) parsing and
+# and Proxmox's own storage code ($PVESTORD_UPSTREAM_DIR, else ../shared/upstream;
+# README, "Tests", says how to fill it; skipped without) parsing and
 # writing storage.cfg with our plugin registered.
 host: deps
 	$(PYTEST) tests/integration/host tests/proxmox -q --durations=10
@@ -74,9 +75,9 @@ faults: deps
 
 # Two-node tier: two node guests sharing one SAN image, driven from the host
 # (tests/harness/twonode.py); the pair boots once for the whole session.
-# `make check` runs one variant of each scenario (CI aims at 40 minutes on 2 cores,
-# and the two guest tiers cannot share them: run together, each took 2.4 times
-# as long); CLUSTER=full adds the rest (both hint variants of every migration
+# `make check` runs one variant of each scenario (CI runs on 2 cores and is killed
+# at 90 minutes, and the two guest tiers cannot share the cores: run together, each
+# took 2.4 times as long); CLUSTER=full adds the rest (both hint variants of every migration
 # test, 20 concurrent rounds, a clean stop seen by rank-nodes).
 # CLUSTER_BED: the two-node tier boots the host's root until its
 # fill-while-migrating test passes on Debian 13 (there the migration itself
