@@ -54,7 +54,7 @@ from pvestord.adapters.command import StuckProcess
 from pvestord.adapters.lockdir import LockDirLock, held_directory
 from pvestord.adapters.lockflock import FlockLock
 from pvestord.adapters.lockheld import DEFAULT_TIMEOUT, Held, HeldAll, Lock, LockError
-from pvestord.adapters.vghealth import VgHealth
+from pvestord.adapters.vghealth import VgMarks
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ def _kept_here(vg: str) -> bool:
     return task is not None and not task.done() and task.get_loop() is asyncio.get_running_loop()
 
 
-def custody_folder(health: VgHealth) -> Path:
+def custody_folder(health: VgMarks) -> Path:
     """Where the custody records live: beside the VG marks (``/run/pvestord/vg-custody``)."""
     return health.folder.parent / "vg-custody"
 
@@ -152,7 +152,7 @@ class CustodyBook:
 
     def _path(self, vg: str) -> Path:
         # The VG name was checked by the mark that always comes first
-        # (VgHealth.mark); a name with a slash never gets here.
+        # (VgMarks.mark); a name with a slash never gets here.
         if "/" in vg or vg in ("", ".", ".."):
             raise LockError(f"not a VG name: {vg!r}")
         return self.folder / vg
@@ -342,7 +342,7 @@ async def _resumed(record: CustodyRecord, book: CustodyBook) -> None:
     await keep(name, stack, locks, HeldAll(name, helds), record, book)
 
 
-def resume(health: VgHealth) -> list[asyncio.Task[None]]:
+def resume(health: VgMarks) -> list[asyncio.Task[None]]:
     """Take custody of every stuck process written down that no custodian of
     ours keeps (the last daemon's, a command line's), and forget the ones
     that have gone meanwhile: at daemon start, and again every reconcile

@@ -74,7 +74,7 @@ from pvestord.adapters.lockheld import (
     LockLifetimeError,
     LockTimeout,
 )
-from pvestord.adapters.vghealth import VgHealth
+from pvestord.adapters.vghealth import VgMarks
 
 log = logging.getLogger(__name__)
 
@@ -152,14 +152,14 @@ class VgLock:
     two of them cannot deadlock).
 
     Before taking anything, a VG marked unhealthy on this node
-    (:class:`pvestord.adapters.vghealth.VgHealth`) is refused. When a command under
+    (:class:`pvestord.adapters.vghealth.VgMarks`) is refused. When a command under
     the locks could not be killed (:class:`UnkillableCommandError`), the VG
     is marked, and the locks go to a custodian task that keeps renewing
     them while the stuck process lives (it may still write the metadata),
     and releases them once it has gone; the caller gets the error at once.
     """
 
-    def __init__(self, vg: str, locks: Sequence[Lock], health: VgHealth | None = None) -> None:
+    def __init__(self, vg: str, locks: Sequence[Lock], health: VgMarks | None = None) -> None:
         self.vg = vg
         self.locks = list(locks)
         self.health = health
@@ -245,7 +245,7 @@ class VgLock:
 
 
 def vg_lock(vg: str, storages: Iterable[tuple[str, bool]], *, lock_dir: Path | None = None,
-            lifetime: float = PMXCFS_LOCK_EXPIRY, health: VgHealth | None = None,
+            lifetime: float = PMXCFS_LOCK_EXPIRY, health: VgMarks | None = None,
             flock_dir: Path = paths.LOCAL_LOCK_DIR) -> VgLock:
     """:class:`VgLock` of ``vg`` over ``storages`` (``(storeid, shared)``, each
     locked as :func:`storage_lock` locks it), in sorted order of storage id."""

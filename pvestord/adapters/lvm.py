@@ -289,7 +289,7 @@ async def vg_info(vg: str) -> VgInfo:
 
 
 @dataclass(frozen=True)
-class VgHealth:
+class VgProbe:
     """How a VG looks from this node: for the node report (:mod:`pvestord.engine.nodereport`)."""
 
     vg: str
@@ -306,14 +306,14 @@ class VgHealth:
     mda_size: int = 0
 
 
-async def vg_health(vg: str, *, timeout: float = REPORT_TIMEOUT,  # noqa: ASYNC109
-                    shells: LvmShells | None = None) -> VgHealth:
+async def probe_vg(vg: str, *, timeout: float = REPORT_TIMEOUT,  # noqa: ASYNC109
+                    shells: LvmShells | None = None) -> VgProbe:
     """PV counts, free space and metadata room of ``vg``; :class:`LvMissingError` if this
     node cannot see it."""
     row = await _vg_row(vg, "vg_name,vg_free,vg_extent_size,pv_count,vg_missing_pv_count,"
                         "vg_mda_free,vg_mda_size", timeout=timeout, shells=shells)
     try:
-        return VgHealth(vg=row["vg_name"], pvs=int(row["pv_count"]),
+        return VgProbe(vg=row["vg_name"], pvs=int(row["pv_count"]),
                         missing_pvs=int(row["vg_missing_pv_count"]), free=int(row["vg_free"]),
                         extent_size=int(row["vg_extent_size"]),
                         mda_free=int(row["vg_mda_free"]), mda_size=int(row["vg_mda_size"]))

@@ -58,7 +58,7 @@ class VgMark:
     reason: str
 
 
-class VgHealth:
+class VgMarks:
     """The marks under one folder (:data:`DEFAULT_DIR` on a node)."""
 
     def __init__(self, folder: Path = DEFAULT_DIR) -> None:

@@ -48,7 +48,7 @@ def _answer(args: argparse.Namespace) -> int:
     text = sys.stdin.read()
     if _op(text) == "locks":
         request = pluginlocks.parse_locks_request(json.loads(text))
-        answer = pluginlocks.answer_locks(request, vghealth.VgHealth(args.vg_health_dir))
+        answer = pluginlocks.answer_locks(request, vghealth.VgMarks(args.vg_health_dir))
     else:
         answer = asyncio.run(plugin.answer(
             plugin.parse_request(text),

@@ -47,7 +47,7 @@ from pvestord.adapters.notify import Notifier
 from pvestord.adapters.queue import Entry, ExtendQueue
 from pvestord.adapters.service import fields
 from pvestord.adapters.settings import DaemonSettings
-from pvestord.adapters.vghealth import VgHealth
+from pvestord.adapters.vghealth import VgMarks
 from pvestord.adapters.vms import LocalVm, local_vm, local_vms
 from pvestord.adapters.watch import FolderWatch
 from pvestord.engine import metrics, publisher, status
@@ -124,7 +124,7 @@ class Daemon:
         _say_started(self.settings)
         # Before any pass: an lvm the last daemon left stuck keeps its VG's
         # storage locks held by us, not expiring while it may still write.
-        custody.resume(VgHealth(self.settings.vg_health_dir))
+        custody.resume(VgMarks(self.settings.vg_health_dir))
         loops = [asyncio.create_task(self._queue_loop(), name="queue"),
                  asyncio.create_task(self._reconcile_loop(), name="reconcile"),
                  asyncio.create_task(report_loop(
@@ -209,7 +209,7 @@ class Daemon:
         while not self._stop.is_set():
             # A stuck command the command line left behind (it cannot keep
             # the lock once it has exited): taken over well within a lifetime.
-            custody.resume(VgHealth(self.settings.vg_health_dir))
+            custody.resume(VgMarks(self.settings.vg_health_dir))
             for vm in local_vms(self.settings.run_dir):
                 self._reconcile_due.add(vm.vmid)
             self._wake.set()

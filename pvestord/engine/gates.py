@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from pvestord.adapters.config import StorageConfig, ThinStorage
 from pvestord.adapters.locks import Held, VgLock, vg_lock
 from pvestord.adapters.settings import DaemonSettings
-from pvestord.adapters.vghealth import VgHealth
+from pvestord.adapters.vghealth import VgMarks
 
 #: Budget for waiting on the storage lock: as ``cfs_lock``.
 STORAGE_LOCK_TIMEOUT = 10.0
@@ -42,7 +42,7 @@ class VgGates:
         unhealthy on this node."""
         return vg_lock(storage.vgname, self._storage_config().vg_users(storage.vgname),
                        lock_dir=self.settings.lock_dir, lifetime=self.settings.lock_lifetime,
-                       health=VgHealth(self.settings.vg_health_dir))
+                       health=VgMarks(self.settings.vg_health_dir))
 
     @contextlib.asynccontextmanager
     async def locked(self, vg: str, storage: ThinStorage,

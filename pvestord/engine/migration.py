@@ -60,7 +60,7 @@ from pvestord.adapters.qmp import (
 )
 from pvestord.adapters.service import fields
 from pvestord.adapters.settings import DaemonSettings
-from pvestord.adapters.vghealth import VgHealth
+from pvestord.adapters.vghealth import VgMarks
 from pvestord.adapters.vmconfig import migration_task_running, read_config_lock
 from pvestord.engine.gates import STORAGE_LOCK_TIMEOUT
 from pvestord.engine.oncelog import OncePerChange
@@ -492,4 +492,4 @@ def _vg_lock(settings: DaemonSettings, config: StorageConfig, storage: ThinStora
     """Every storage lock of ``storage``'s VG, as the daemon takes them."""
     return vg_lock(storage.vgname, config.vg_users(storage.vgname),
                    lock_dir=settings.lock_dir, lifetime=settings.lock_lifetime,
-                   health=VgHealth(settings.vg_health_dir))
+                   health=VgMarks(settings.vg_health_dir))

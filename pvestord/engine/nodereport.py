@@ -261,7 +261,7 @@ async def probe(vg: str, *, timeout: float,  # noqa: ASYNC109
     shell when there are ``shells`` (a report every interval at idle must
     not start an LVM process each time)."""
     try:
-        seen = await lvm.vg_health(vg, timeout=timeout, shells=shells)
+        seen = await lvm.probe_vg(vg, timeout=timeout, shells=shells)
     except lvm.LvMissingError as err:
         return StorageView(vg=vg, visible=False, lvm_ok=False, error=str(err))
     except lvm.LvmError as err:

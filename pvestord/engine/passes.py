@@ -20,7 +20,7 @@ from typing import Any
 from pvestord.adapters.config import StorageConfig
 from pvestord.adapters.service import fields
 from pvestord.adapters.settings import DaemonSettings
-from pvestord.adapters.vghealth import VgHealth
+from pvestord.adapters.vghealth import VgMarks
 from pvestord.engine.notices import Notices, silent
 from pvestord.policy.lvnames import chain_vmid
 from pvestord.policy.notices import VgMarked, marked_key
@@ -80,7 +80,7 @@ class Passes:
         self._changing = changing
         #: Called after a pass was abandoned (backoff, wake-up).
         self._abandon = abandon
-        self.vg_health = VgHealth(settings.vg_health_dir)
+        self.vg_health = VgMarks(settings.vg_health_dir)
         self.running: dict[int, asyncio.Task[None]] = {}
         #: When each pass in ``running`` started, and its deadline's timer.
         self._started: dict[int, float] = {}

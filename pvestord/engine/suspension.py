@@ -22,7 +22,7 @@ from pathlib import Path
 from pvestord.adapters import dm, tally
 from pvestord.adapters.config import StorageConfig
 from pvestord.adapters.service import fields
-from pvestord.adapters.vghealth import VgHealth
+from pvestord.adapters.vghealth import VgMarks
 from pvestord.engine.failures import Failures
 from pvestord.engine.lvmchanges import LvmChanges
 from pvestord.errors import PvestordError
@@ -42,7 +42,7 @@ class SuspendedLvs:
         self.config = config
         self.changes = changes
         self.failures = failures
-        self.health = VgHealth(health_dir)
+        self.health = VgMarks(health_dir)
         self.lvm_timeout = lvm_timeout
         self.grace = grace
         self.seen: dict[str, float] = {}

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pvestord.adapters import lvm
-from pvestord.adapters.vghealth import VgHealth, VgUnhealthyError
+from pvestord.adapters.vghealth import VgMarks, VgUnhealthyError
 from pvestord.errors import PvestordError
 from pvestord.policy.vglocks import SectionView, locks_for
 
@@ -90,7 +90,7 @@ def parse_locks_request(data: Mapping[str, Any]) -> LocksRequest:
     return LocksRequest(storeid, vgname, bool(storage.get("shared")), tuple(sections))
 
 
-def answer_locks(request: LocksRequest, health: VgHealth) -> dict[str, Any]:
+def answer_locks(request: LocksRequest, health: VgMarks) -> dict[str, Any]:
     """The locks to take and the mark to look at again under them.
 
     :raises VgMarkedError: the VG is marked unhealthy on this node.

@@ -27,7 +27,7 @@ from pvestord.adapters.command import UnkillableCommandError, stuck_processes
 from pvestord.adapters.locks import vg_lock
 from pvestord.adapters.lvm import LvmError
 from pvestord.adapters.settings import DaemonSettings
-from pvestord.adapters.vghealth import VgHealth
+from pvestord.adapters.vghealth import VgMarks
 from pvestord.engine.daemon import Daemon
 from tests.harness.lockwaiter import LIFE, PATIENCE, events_of, wait_until, waiter
 
@@ -82,13 +82,13 @@ async def stuck_process() -> AsyncIterator[asyncio.subprocess.Process]:
 
 @contextlib.asynccontextmanager
 async def custody_left_behind(
-        tmp_path: Path) -> AsyncIterator[tuple[Path, VgHealth, asyncio.subprocess.Process]]:
+        tmp_path: Path) -> AsyncIterator[tuple[Path, VgMarks, asyncio.subprocess.Process]]:
     """What a daemon stopping in custody of a stuck ``lvm`` on VG ``san``
     leaves: the lock folder, the VG marks and the stuck process, alive for
     the ``async with``."""
     locks = tmp_path / "locks"
     locks.mkdir()
-    health = VgHealth(tmp_path / "vg-unhealthy")
+    health = VgMarks(tmp_path / "vg-unhealthy")
     lock = vg_lock("san", [("thin1", True)], lock_dir=locks, lifetime=LIFE, health=health)
     async with stuck_process() as stuck:
         unkillable = UnkillableCommandError(["lvm", "lvextend"], "", timeout=1.0,
@@ -191,7 +191,7 @@ async def test_a_stuck_command_of_the_command_line_is_taken_over_by_the_daemon(
     it writes the custody down, and the running daemon takes it over."""
     locks = tmp_path / "locks"
     locks.mkdir()
-    health = VgHealth(tmp_path / "vg-unhealthy")
+    health = VgMarks(tmp_path / "vg-unhealthy")
     lock = vg_lock("san", [("thin1", True)], lock_dir=locks, lifetime=LIFE, health=health)
     async with stuck_process() as stuck, daemon_running(tmp_path):
         unkillable = UnkillableCommandError(["lvm", "lvcreate"], "", timeout=1.0,

@@ -29,7 +29,7 @@ from pvestord.adapters.locks import (
 )
 from pvestord.adapters.lvm import LvmError
 from pvestord.adapters.settings import DaemonSettings
-from pvestord.adapters.vghealth import VgHealth, VgUnhealthyError
+from pvestord.adapters.vghealth import VgMarks, VgUnhealthyError
 from pvestord.engine.extender import Extender
 from pvestord.errors import ConfigError
 from tests.harness.lockwaiter import LIFE, PATIENCE, events_of, wait_until, waiter
@@ -162,7 +162,7 @@ async def test_a_thick_storage_lock_on_the_vg_blocks_the_thin_extension(
 async def test_a_marked_vg_is_refused_before_any_lock_is_taken(tmp_path: Path) -> None:
     locks = tmp_path / "locks"
     locks.mkdir()
-    health = VgHealth(tmp_path / "marks")
+    health = VgMarks(tmp_path / "marks")
     health.mark("san", "an lvextend (pid 1234) did not end after SIGKILL")
     config = parse_storage_config(STORAGE_CFG, "storage.cfg")
     thin = config.get("thin1")
@@ -181,7 +181,7 @@ async def test_a_marked_vg_is_refused_before_any_lock_is_taken(tmp_path: Path) -
 async def test_a_stuck_command_keeps_the_locks_until_it_is_gone(tmp_path: Path) -> None:
     locks = tmp_path / "locks"
     locks.mkdir()
-    health = VgHealth(tmp_path / "marks")
+    health = VgMarks(tmp_path / "marks")
     lock = vg_lock("san", [("thin1", True), ("thick1", True)], lock_dir=locks, lifetime=LIFE,
                    health=health)
     # A real process standing for the lvm that SIGKILL did not end.

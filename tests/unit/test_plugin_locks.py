@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pvestord.adapters.config import parse_storage_config
-from pvestord.adapters.vghealth import VgHealth
+from pvestord.adapters.vghealth import VgMarks
 from pvestord.errors import PvestordError
 from pvestord.features import pluginlocks
 from pvestord.policy import vglocks
@@ -81,7 +81,7 @@ def _request(storeid: str = "thin1", vgname: str = "san") -> dict[str, object]:
 
 def test_the_plugin_and_the_daemon_lock_the_same_storages(tmp_path: Path) -> None:
     request = pluginlocks.parse_locks_request(_request())
-    answer = pluginlocks.answer_locks(request, VgHealth(tmp_path))
+    answer = pluginlocks.answer_locks(request, VgMarks(tmp_path))
     daemon = parse_storage_config(STORAGE_CFG, "storage.cfg").vg_users("san")
     assert [(lock["storeid"], lock["shared"]) for lock in answer["locks"]] == daemon
     assert daemon == [("thick1", True), ("thin1", True)]
@@ -90,7 +90,7 @@ def test_the_plugin_and_the_daemon_lock_the_same_storages(tmp_path: Path) -> Non
 
 def test_a_vg_marked_on_this_node_is_refused_with_the_mark_and_the_runbook(
         tmp_path: Path) -> None:
-    health = VgHealth(tmp_path)
+    health = VgMarks(tmp_path)
     health.mark("san", "lvextend (pid 4242) did not end after SIGKILL")
     with pytest.raises(pluginlocks.VgMarkedError) as refused:
         pluginlocks.answer_locks(pluginlocks.parse_locks_request(_request()), health)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from pvestord import policy
 from pvestord.adapters import command, lvm, qemu_img
-from pvestord.adapters.vghealth import VgHealth
+from pvestord.adapters.vghealth import VgMarks
 from pvestord.errors import PvestordError
 from pvestord.features import capacity
 from pvestord.features.volumes.storage import (
@@ -75,7 +75,7 @@ async def create(settings: VolumeSettings, storeid: str, vmid: int, size: int,
     config = load_config(settings)
     storage = thin_storage(config, storeid)
     vg = storage.vgname
-    VgHealth(settings.vg_health_dir).check(vg)
+    VgMarks(settings.vg_health_dir).check(vg)
     extent = (await lvm.vg_info(vg)).extent_size
     measured = await qemu_img.measure(size)
     maximum = policy.maximum_size(measured.fully_allocated, extent)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from pvestord import policy
 from pvestord.adapters import command, lvm, qemu_img, vgspace
-from pvestord.adapters.vghealth import VgHealth
+from pvestord.adapters.vghealth import VgMarks
 from pvestord.errors import PvestordError
 from pvestord.features.volumes.storage import VolumeSettings, load_config, locked, thin_storage
 from pvestord.policy.capacity import maximum_from_tags, maximum_tag
@@ -57,7 +57,7 @@ async def record_maxima(settings: VolumeSettings, storeid: str) -> Recorded:
     config = load_config(settings)
     storage = thin_storage(config, storeid)
     vg = storage.vgname
-    VgHealth(settings.vg_health_dir).check(vg)
+    VgMarks(settings.vg_health_dir).check(vg)
     extent = (await lvm.vg_info(vg)).extent_size
     result = Recorded(storeid)
     measured: dict[str, int] = {}

@@ -17,7 +17,7 @@ from pvestord import paths
 from pvestord.adapters import vghealth
 from pvestord.adapters.config import StorageConfig, ThinStorage, load_storage_config
 from pvestord.adapters.locks import PMXCFS_LOCK_EXPIRY, Held, vg_lock
-from pvestord.adapters.vghealth import VgHealth
+from pvestord.adapters.vghealth import VgMarks
 from pvestord.policy.storageoptions import CHUNKSIZE
 from pvestord.policy.volumes import VolumeError
 
@@ -73,6 +73,6 @@ async def locked(settings: VolumeSettings, storage: ThinStorage,
         config = load_config(settings)
     lock = vg_lock(storage.vgname, config.vg_users(storage.vgname),
                    lock_dir=settings.lock_dir, lifetime=settings.lock_lifetime,
-                   health=VgHealth(settings.vg_health_dir))
+                   health=VgMarks(settings.vg_health_dir))
     async with lock.acquire_async(STORAGE_LOCK_TIMEOUT) as held:
         yield held
