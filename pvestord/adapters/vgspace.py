@@ -50,6 +50,6 @@ async def read_account(vg: str, *, maxima: Mapping[str, int] | None = None,
     free += sum(row.size for row in rows if row.lv in without)
     rows = [row for row in rows if row.lv not in without]
     known = maxima or {}
-    lvs = [capacity.LvFigures(row.size, _maximum(row, known), is_thin_lv(row.lv))
+    lvs = [capacity.LvUsage(row.size, _maximum(row, known), is_thin_lv(row.lv))
            for row in rows]
     return capacity.account(vg, size, free, lvs, samples, now)

@@ -179,7 +179,7 @@ def retag_maximum(tags: Collection[str], maximum: int) -> tuple[list[str], list[
 # --- accounting -------------------------------------------------------------
 
 @dataclass(frozen=True)
-class LvFigures:
+class LvUsage:
     """One LV of the VG, as LVM reports it."""
 
     size: int
@@ -257,7 +257,7 @@ def time_to_full(free: int, gained: int, span: float) -> float | None:
     return free / (gained / span)
 
 
-def account(vg: str, size: int, free: int, lvs: Iterable[LvFigures],
+def account(vg: str, size: int, free: int, lvs: Iterable[LvUsage],
             samples: Sequence[Sample] = (), now: float = 0.0) -> Account:
     """The VG's :class:`Account` (``samples`` give the growth; may be empty)."""
     thin = [lv for lv in lvs if lv.thin]

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pvestord.policy import capacity
-from pvestord.policy.capacity import FreeThreshold, Guards, Level, LvFigures, Sample
+from pvestord.policy.capacity import FreeThreshold, Guards, Level, LvUsage, Sample
 from pvestord.policy.sizes import GiB, MiB
 
 sizes = st.integers(min_value=0, max_value=1 << 44)
@@ -59,7 +59,7 @@ def test_an_unusable_value_is_reported_and_the_default_kept(option: str,
 def test_account_sums_and_ratio(size: int, free_raw: int,
                                 raw: list[tuple[int, int | None, bool]]) -> None:
     free = min(free_raw, size)
-    lvs = [LvFigures(s, m, thin) for s, m, thin in raw]
+    lvs = [LvUsage(s, m, thin) for s, m, thin in raw]
     got = capacity.account("vg", size, free, lvs)
     thin = [lv for lv in lvs if lv.thin]
     assert got.thin_allocated == sum(lv.size for lv in thin)
@@ -71,7 +71,7 @@ def test_account_sums_and_ratio(size: int, free_raw: int,
 
 
 def test_overcommit_counts_thick_lvs_at_their_size_and_thin_at_their_maximum() -> None:
-    lvs = [LvFigures(10 * GiB, thin=False), LvFigures(GiB, 40 * GiB), LvFigures(GiB, 50 * GiB)]
+    lvs = [LvUsage(10 * GiB, thin=False), LvUsage(GiB, 40 * GiB), LvUsage(GiB, 50 * GiB)]
     got = capacity.account("vg", 100 * GiB, 88 * GiB, lvs)
     assert got.committed == 100 * GiB
     assert got.overcommit == 1.0
@@ -149,7 +149,7 @@ def test_new_volumes_stop_at_critical_free(size: int, free_raw: int, lv_size: in
 
 def test_max_overcommit_caps_new_volumes() -> None:
     guards = Guards(max_overcommit=2.0)
-    acc = capacity.account("vg", 100 * GiB, 90 * GiB, [LvFigures(10 * GiB, 150 * GiB)])
+    acc = capacity.account("vg", 100 * GiB, 90 * GiB, [LvUsage(10 * GiB, 150 * GiB)])
     assert capacity.new_volume_refusal(acc, guards, lv_size=GiB, maximum=50 * GiB,
                                        storeid="s") is None
     refusal = capacity.new_volume_refusal(acc, guards, lv_size=GiB, maximum=51 * GiB,

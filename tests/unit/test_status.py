@@ -17,7 +17,7 @@ from pvestord.cli import main
 from pvestord.engine import metrics, status
 from pvestord.engine.publisher import DaemonView, Publisher
 from pvestord.policy import capacity
-from pvestord.policy.capacity import LvFigures, Sample
+from pvestord.policy.capacity import LvUsage, Sample
 from pvestord.policy.extension import ExtensionState
 from pvestord.policy.sizes import GiB
 
@@ -41,7 +41,7 @@ def busy_view(activity: status.Activity) -> dict[str, object]:
                                errors={(101, "f1"): "lvextend failed"}, deferred={102})
     samples = [Sample(0, 50 * GiB), Sample(1800, 60 * GiB)]
     account = capacity.account("vg0", 100 * GiB, 40 * GiB,
-                               [LvFigures(2 * GiB, 11 * GiB), LvFigures(GiB)], samples, 1800)
+                               [LvUsage(2 * GiB, 11 * GiB), LvUsage(GiB)], samples, 1800)
     return status.snapshot(
         node="n1", pid=os.getpid(), now=2000.0, activity=activity, drives=drives,
         queue_length=3, paused_vms=1,
