@@ -25,7 +25,7 @@ _JOB_ID = re.compile(r"[A-Za-z][A-Za-z0-9._-]{0,127}")
 
 
 @dataclass(frozen=True)
-class Extend:
+class QueueRequest:
     """A drive needs more room: a queue entry for ``block_node``."""
 
     block_node: str
@@ -65,7 +65,7 @@ class JobWriteFailed:
     action: str
 
 
-Action = Extend | Shutdown | JobWriteFailed | Rejected
+Action = QueueRequest | Shutdown | JobWriteFailed | Rejected
 
 
 def classify(message: object) -> Action | None:
@@ -83,7 +83,7 @@ def classify(message: object) -> Action | None:
         if not _is_name(node):
             return Rejected(name, f"bad node-name {node!r}")
         assert isinstance(node, str)
-        return Extend(node, Reason.THRESHOLD)
+        return QueueRequest(node, Reason.THRESHOLD)
     if name == "BLOCK_IO_ERROR":
         # Only a write that ran out of space means "extend"; any other I/O
         # error is not ours to fix. QEMU sends `nospace` only for ENOSPC.
@@ -95,7 +95,7 @@ def classify(message: object) -> Action | None:
             value = data.get(key)
             if _is_name(value):
                 assert isinstance(value, str)
-                return Extend(value, Reason.NOSPACE)
+                return QueueRequest(value, Reason.NOSPACE)
         return Rejected(name, f"no usable node-name or device in {dict(data)!r}")
     if name == "BLOCK_JOB_ERROR":
         if data.get("operation") != "write":
@@ -109,7 +109,7 @@ def classify(message: object) -> Action | None:
         if action == "stop" and _is_name(job):
             # Paused, perhaps on ENOSPC (the pass reads io-status): the
             # entry names the job, and looks at every thin drive of the VM.
-            return Extend(job, Reason.JOB)
+            return QueueRequest(job, Reason.JOB)
         return JobWriteFailed(job, action)
     if name == "JOB_STATUS_CHANGE":
         # A job that starts (or runs again) makes its target writable: a
@@ -120,7 +120,7 @@ def classify(message: object) -> Action | None:
         if not isinstance(job, str) or not _JOB_ID.fullmatch(job):
             return Rejected(name, f"bad job id {job!r}")
         # An id too long for a queue entry waits for the next reconcile.
-        return Extend(job, Reason.JOB) if _is_name(job) else None
+        return QueueRequest(job, Reason.JOB) if _is_name(job) else None
     if name == "SHUTDOWN":
         # qmeventd: a missing or non-boolean `guest` counts as "not the guest".
         return Shutdown(data.get("guest") is True)
@@ -138,8 +138,8 @@ def _is_name(value: object) -> bool:
     return True
 
 
-def to_entry(vmid: int, action: Extend, *, origin: str, ts: int) -> Entry | Rejected:
-    """The queue entry for an :class:`Extend` of VM ``vmid``, or why there is none
+def to_entry(vmid: int, action: QueueRequest, *, origin: str, ts: int) -> Entry | Rejected:
+    """The queue entry for an :class:`QueueRequest` of VM ``vmid``, or why there is none
     (a VMID outside Proxmox's range, say)."""
     try:
         return Entry(vmid, action.block_node, action.reason, origin=origin, ts=ts)

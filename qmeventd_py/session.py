@@ -90,7 +90,7 @@ class VmSession:
         if isinstance(action, events.Rejected):
             log.warning("VM %d: ignoring malformed %s event: %s", self.vmid, action.event,
                         action.why, extra=self.extra)
-        elif isinstance(action, events.Extend):
+        elif isinstance(action, events.QueueRequest):
             entry = events.to_entry(self.vmid, action, origin=self._origin,
                                     ts=int(time.time()))
             if isinstance(entry, events.Rejected):

@@ -35,7 +35,7 @@ def _event(name: str, data: Any) -> dict[str, Any]:
 def test_threshold_names_the_file_node() -> None:
     action = events.classify(_event("BLOCK_WRITE_THRESHOLD", {
         "node-name": "file-scsi0", "write-threshold": 1 << 30, "amount-exceeded": 4096}))
-    assert action == events.Extend("file-scsi0", Reason.THRESHOLD)
+    assert action == events.QueueRequest("file-scsi0", Reason.THRESHOLD)
     entry = events.to_entry(4242, action, origin="pve1", ts=1700000000)
     assert entry == Entry(4242, "file-scsi0", Reason.THRESHOLD, origin="pve1", ts=1700000000)
 
@@ -45,7 +45,7 @@ def test_a_threshold_on_a_node_qemu_named_itself_is_queued() -> None:
     # "#block<n>": its threshold events must reach the queue like any other.
     action = events.classify(_event("BLOCK_WRITE_THRESHOLD", {
         "node-name": "#block029", "write-threshold": 1 << 24, "amount-exceeded": 4096}))
-    assert action == events.Extend("#block029", Reason.THRESHOLD)
+    assert action == events.QueueRequest("#block029", Reason.THRESHOLD)
     hostile = events.classify(_event("BLOCK_WRITE_THRESHOLD", {
         "node-name": "#block029 reason=manual", "write-threshold": 1, "amount-exceeded": 1}))
     assert isinstance(hostile, events.Rejected)
@@ -56,9 +56,9 @@ def test_nospace_prefers_node_name_then_device() -> None:
             "nospace": True}
     assert events.classify(_event("BLOCK_IO_ERROR", {**base, "device": "",
                                                      "node-name": "drive-scsi0"})) == \
-        events.Extend("drive-scsi0", Reason.NOSPACE)
+        events.QueueRequest("drive-scsi0", Reason.NOSPACE)
     assert events.classify(_event("BLOCK_IO_ERROR", {**base, "device": "drive-virtio0"})) == \
-        events.Extend("drive-virtio0", Reason.NOSPACE)
+        events.QueueRequest("drive-virtio0", Reason.NOSPACE)
     rejected = events.classify(_event("BLOCK_IO_ERROR", {**base, "device": ""}))
     assert isinstance(rejected, events.Rejected)
 
@@ -84,7 +84,7 @@ def test_a_block_job_paused_on_a_write_error_is_queued_to_be_given_room() -> Non
     # nospace entry naming no thin drive looks at every thin drive of the VM.
     data = {"device": "mirror0", "operation": "write", "action": "stop"}
     action = events.classify(_event("BLOCK_JOB_ERROR", data))
-    assert action == events.Extend("mirror0", Reason.JOB)
+    assert action == events.QueueRequest("mirror0", Reason.JOB)
     # An id too long for a queue entry is logged; the next reconcile finds the job.
     long_id = {**data, "device": "m" * 40}
     assert events.classify(_event("BLOCK_JOB_ERROR", long_id)) == \
@@ -94,7 +94,7 @@ def test_a_block_job_paused_on_a_write_error_is_queued_to_be_given_room() -> Non
 def test_a_block_job_that_starts_is_queued_so_that_its_target_is_armed() -> None:
     change = {"id": "commit-drive-scsi0", "status": "running"}
     assert events.classify(_event("JOB_STATUS_CHANGE", change)) == \
-        events.Extend("commit-drive-scsi0", Reason.JOB)
+        events.QueueRequest("commit-drive-scsi0", Reason.JOB)
     for status in ("created", "paused", "ready", "concluded", "null", None):
         assert events.classify(_event("JOB_STATUS_CHANGE", {**change, "status": status})) is None
     assert events.classify(_event("JOB_STATUS_CHANGE", {**change, "id": "j" * 40})) is None
@@ -137,16 +137,16 @@ def test_bad_node_names_are_rejected_not_queued() -> None:
 
 
 def test_vmid_outside_proxmox_range_is_rejected() -> None:
-    action = events.Extend("file-scsi0", Reason.THRESHOLD)
+    action = events.QueueRequest("file-scsi0", Reason.THRESHOLD)
     assert isinstance(events.to_entry(42, action, origin="pve1", ts=1), events.Rejected)
 
 
 @given(st.one_of(json_values, st.builds(_event, event_names, json_values)))
 def test_classify_never_raises(message: object) -> None:
     action = events.classify(message)
-    assert action is None or isinstance(action, events.Extend | events.Shutdown |
+    assert action is None or isinstance(action, events.QueueRequest | events.Shutdown |
                                         events.JobWriteFailed | events.Rejected)
-    if isinstance(action, events.Extend):
+    if isinstance(action, events.QueueRequest):
         # Whatever passed classification is a valid queue entry.
         entry = events.to_entry(100, action, origin="pve1", ts=0)
         assert isinstance(entry, Entry)

@@ -230,9 +230,9 @@ EVENTS = [
 def test_events_give_an_action_and_an_entry_or_a_reason(message: Any, vmid: int,
                                                          ts: int) -> None:
     action = events.classify(message)
-    assert action is None or isinstance(action, events.Extend | events.Shutdown
+    assert action is None or isinstance(action, events.QueueRequest | events.Shutdown
                                         | events.Rejected)
-    if isinstance(action, events.Extend):
+    if isinstance(action, events.QueueRequest):
         check_block_node(action.block_node)
         entry = events.to_entry(vmid, action, origin="pve1", ts=ts)
         if isinstance(entry, Entry):
@@ -240,7 +240,7 @@ def test_events_give_an_action_and_an_entry_or_a_reason(message: Any, vmid: int,
         else:
             assert isinstance(entry, events.Rejected) and entry.why
     if message in EVENTS:
-        assert isinstance(action, events.Extend | events.Shutdown)
+        assert isinstance(action, events.QueueRequest | events.Shutdown)
 
 
 # -- the first message on qmeventd's socket
