@@ -334,7 +334,7 @@ class Extender:
         refreshed = False
         for drive in drives:
             if drive.view.file_node in stale:
-                refreshed |= await self.tables.settle(vm, drive, outcome)
+                refreshed |= await self.tables.catch_up(vm, drive, outcome)
         extended = False
         for drive, decision, state in planned:
             if isinstance(decision, policy.Extend | policy.ExtendPastMaximum):

@@ -144,7 +144,7 @@ class LvGrowth:
             if lv != drive.lv:
                 drive = dataclasses.replace(drive, lv=lv)
             checked = time.monotonic()
-            info, table, verdict = await self.tables.catch_up(vm.vmid, drive, held)
+            info, table, verdict = await self.tables.catch_up_locked(vm.vmid, drive, held)
             if verdict is TableState.AHEAD:
                 raise self.tables.ahead(vm, drive, info.size, table)
             if verdict is TableState.BEHIND:

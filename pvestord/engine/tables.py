@@ -58,8 +58,8 @@ class Tables:
             return False
         return True
 
-    async def catch_up(self, vmid: int, drive: Drive,
-                       held: Held) -> tuple[lvm.LvInfo, int, TableState]:
+    async def catch_up_locked(self, vmid: int, drive: Drive,
+                              held: Held) -> tuple[lvm.LvInfo, int, TableState]:
         """Under the lock: the LV's metadata, this node's table, and how they
         compare; a table behind the metadata is refreshed here (one ahead is
         the caller's to refuse: it is never written over)."""
@@ -75,14 +75,14 @@ class Tables:
             self.figures.changed(drive.vg)
         return info, table, verdict
 
-    async def settle(self, vm: LocalVm, drive: Drive, outcome: VmOutcome) -> bool:
+    async def catch_up(self, vm: LocalVm, drive: Drive, outcome: VmOutcome) -> bool:
         """Compare the table with the metadata under the lock; refresh a table
         that is behind (True), refuse one that is ahead (an error for the drive)."""
         assert drive.storage is not None
         node = drive.view.file_node
         try:
             async with self.gates.locked(drive.vg, drive.storage) as held:
-                info, table, verdict = await self.catch_up(vm.vmid, drive, held)
+                info, table, verdict = await self.catch_up_locked(vm.vmid, drive, held)
         except PvestordError as err:
             outcome.errors[node] = err
             return False
