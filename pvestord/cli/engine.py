@@ -120,13 +120,13 @@ def _drives(args: argparse.Namespace) -> int:
     states = {(r.vmid, r.block_node): said.get((r.vmid, r.block_node), (r.state.value, None))
               for r in reports}
     if args.json:
-        print(json.dumps([{**dataclasses.asdict(r), "state": states[(r.vmid, r.block_node)][0],
+        print(json.dumps([{**_json_row(r), "state": states[(r.vmid, r.block_node)][0],
                            "problem": r.problem or states[(r.vmid, r.block_node)][1]}
                           for r in reports], indent=2))
         return 0
     header = ("VMID", "BLOCK-NODE", "LV", "STORAGE", "LV SIZE", "ALLOCATED", "THRESHOLD",
               "MAXIMUM", "STATE")
-    rows = [(str(r.vmid), r.block_node, r.lv, r.storage or "-", format_size(r.lv_size),
+    rows = [(str(r.vmid), r.block_node, r.lv_path, r.storage or "-", format_size(r.lv_size),
              format_size(r.allocation), format_size(r.threshold) if r.threshold else "-",
              format_size(r.maximum),
              states[(r.vmid, r.block_node)][0] if r.storage else "not thin")
@@ -141,6 +141,13 @@ def _drives(args: argparse.Namespace) -> int:
     if not rows:
         print("(no thin drives on this node)")
     return 0
+
+
+def _json_row(row: DriveReport) -> dict[str, object]:
+    """``row`` for ``drives --json``: its fields in order, the LV's path under
+    the key ``lv`` it has always had."""
+    return {("lv" if key == "lv_path" else key): value
+            for key, value in dataclasses.asdict(row).items()}
 
 
 def _daemon_says(path: Path) -> dict[tuple[int, str], tuple[str, str | None]]:

@@ -103,7 +103,8 @@ class DriveReport:
     vmid: int
     block_node: str
     format_node: str
-    lv: str
+    #: The path QEMU opened for the drive (``/dev/<vg>/<lv>``); ``lv`` in ``drives --json``.
+    lv_path: str
     storage: str | None
     lv_size: int
     device_size: int
