@@ -9,7 +9,7 @@ Rules:
 * one line per ``VMID:BLOCK-NODE``: a second event for a queued drive merges
   into its line, so the file stays small however many events arrive;
 * an entry leaves the queue only when its work is done or moot. The daemon
-  reads a snapshot (:meth:`ExtendQueue.list_async`), works, then calls
+  reads a snapshot (:meth:`ExtendQueue.entries_async`), works, then calls
   :meth:`ExtendQueue.complete`, which removes a line only if it is still
   *equal* to the snapshot. A merge always changes the line (``n`` grows), so
   an event that arrived during the work keeps its line queued and is handled
@@ -37,7 +37,6 @@ Rules:
 
 from __future__ import annotations
 
-import builtins
 import logging
 import secrets
 import time
@@ -98,14 +97,14 @@ def _read(path: Path) -> bytes:
 
 
 Change = Callable[[dict[tuple[int, str], Entry]], int]
-# ExtendQueue.list shadows the builtin inside the class body.
+# What a read of the queue returns, in file order.
 Entries = list[Entry]
 
 
 class ExtendQueue:
     """The queue file at ``path``, its lock, and ``<path>.rejected``.
 
-    Reads (:meth:`list`, :meth:`pending`, :meth:`rejected`) take no lock:
+    Reads (:meth:`entries`, :meth:`pending`, :meth:`rejected`) take no lock:
     writers replace the file atomically. Changes take the lock for one
     read-modify-write each. The ``*_async`` twins wait for the lock with
     ``asyncio.sleep``; the file I/O itself is a few small syscalls.
@@ -129,15 +128,15 @@ class ExtendQueue:
     def _load(self) -> Contents:
         return parse_contents(_read(self.path), int(time.time()), self._cache)
 
-    def list(self) -> Entries:
+    def entries(self) -> Entries:
         """Every queued entry, in file order."""
         return list(self._load().entries.values())
 
     def pending(self, predicate: Callable[[Entry], bool]) -> Entries:
         """A snapshot of the entries ``predicate`` accepts; removes nothing."""
-        return [e for e in self.list() if predicate(e)]
+        return [e for e in self.entries() if predicate(e)]
 
-    def rejected(self) -> builtins.list[RejectedLine]:
+    def rejected(self) -> list[RejectedLine]:
         """Lines moved out of the queue because they did not parse, oldest first."""
         data = _read(self.rejected_path)
         return [RejectedLine.from_json(r) for r in data.split(b"\n") if r.strip()]
@@ -218,8 +217,8 @@ class ExtendQueue:
         """Remove every line; returns how many went. The rejected file stays."""
         return self._run(_flusher)
 
-    async def list_async(self) -> Entries:
-        return self.list()
+    async def entries_async(self) -> Entries:
+        return self.entries()
 
     async def append_async(self, entries: Sequence[Entry]) -> None:
         await self._run_async(_appender(entries), grows=True)

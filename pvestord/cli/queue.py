@@ -109,7 +109,7 @@ def _list(args: argparse.Namespace) -> int:
         else:
             print(f"no rejected lines ({queue.rejected_path})")
         return 0
-    entries = queue.list()
+    entries = queue.entries()
     if args.json:
         print(json.dumps([entry_json(e) for e in entries], indent=2))
     elif entries:

@@ -188,7 +188,7 @@ class Daemon:
             self.config.get()  # a stat; an admin's change is read (or its error logged) now
             self._notice_new_vms()
             try:
-                entries = await self.queue.list_async()
+                entries = await self.queue.entries_async()
             except PvestordError as err:
                 # Reconciles must not depend on the queue: they are what
                 # catches the drives whose entries it cannot give us.

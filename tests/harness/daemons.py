@@ -99,7 +99,7 @@ class NodeBed:
         return ExtendQueue(self.queue_path)
 
     def entries(self) -> list[Entry]:
-        return self.queue.list()
+        return self.queue.entries()
 
     @property
     def state_dir(self) -> Path:

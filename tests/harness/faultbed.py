@@ -181,7 +181,7 @@ def settled(bed: NodeBed, vm: QemuVM, vg: VG, lv: str, lv_size: int, *,
     assert lv_size <= measured_maximum(8 * GiB, vg.extent_size())
     status = vm.qmp("query-status")
     assert (status["status"], status["running"]) == ("running", True), status
-    bed.queue.list()  # parses
+    bed.queue.entries()  # parses
 
 
 def final_checks(vm: QemuVM, vg: VG, lv: str, workload: Workload) -> None:

@@ -64,7 +64,7 @@ def test_entries_of_vms_not_running_here_leave_only_if_ours(daemon: Run) -> None
                   Entry(102, "drive-scsi0", Reason.THRESHOLD, origin="othernode")])
     daemon.record("our entry dropped", VMID="101", ENTRY="dropped")
     # Another node's VM: left for that node to take.
-    assert [e.key for e in queue.list()] == [(102, "drive-scsi0")]
+    assert [e.key for e in queue.entries()] == [(102, "drive-scsi0")]
     assert daemon.stop() == 0
 
 
@@ -79,7 +79,7 @@ def test_malformed_queue_lines_are_set_aside_not_lost(daemon: Run) -> None:
     # the garbage, and runs on.
     ExtendQueue(daemon.queue).append([Entry(105, "d0", Reason.THRESHOLD, origin="n1")])
     daemon.record("the entry behind the garbage dropped", VMID="105", ENTRY="dropped")
-    assert {e.vmid for e in ExtendQueue(daemon.queue).list()} == {103, 104}
+    assert {e.vmid for e in ExtendQueue(daemon.queue).entries()} == {103, 104}
     assert daemon.proc.poll() is None
     assert daemon.stop() == 0
 

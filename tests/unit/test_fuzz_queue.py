@@ -205,7 +205,7 @@ def test_a_change_to_a_garbage_file_keeps_every_good_entry(
             queue.complete([new])  # not queued: removes nothing
         else:
             queue.remove([new.key])
-        after = queue.list()
+        after = queue.entries()
         assert only_good(after)[:len(good)] == good
         assert [e for e in after if e.key != new.key] == before
         if change == "append":

@@ -66,13 +66,13 @@ def queue(tmp_path: Path) -> ExtendQueue:
 
 def test_the_proposals_plain_lines_parse(queue: ExtendQueue) -> None:
     queue.path.write_text("101:drive-scsi0\n102:drive-virtio1\n")
-    assert queue.list() == [Entry(101, "drive-scsi0"), Entry(102, "drive-virtio1")]
-    assert queue.list()[0].reason is Reason.THRESHOLD
+    assert queue.entries() == [Entry(101, "drive-scsi0"), Entry(102, "drive-virtio1")]
+    assert queue.entries()[0].reason is Reason.THRESHOLD
 
 
 def test_blank_lines_crlf_and_missing_final_newline_are_fine(queue: ExtendQueue) -> None:
     queue.path.write_bytes(b"\n  101:a reason=nospace \r\n\n102:b")
-    assert queue.list() == [Entry(101, "a", Reason.NOSPACE), Entry(102, "b")]
+    assert queue.entries() == [Entry(101, "a", Reason.NOSPACE), Entry(102, "b")]
     assert queue.rejected() == []
 
 
@@ -117,7 +117,7 @@ def test_node_names_follow_qemus_rules(name: str, ok: bool) -> None:
 def test_unknown_fields_are_kept_verbatim_through_merge_and_rewrite(queue: ExtendQueue) -> None:
     queue.path.write_text("101:a reason=arm future=yes path=$HOME;x\n")
     queue.append([Entry(101, "a", Reason.THRESHOLD, extra=(("other", "1"),))])
-    [entry] = queue.list()
+    [entry] = queue.entries()
     assert entry.extra == (("future", "yes"), ("path", "$HOME;x"), ("other", "1"))
     assert entry.reason is Reason.THRESHOLD
     assert "future=yes path=$HOME;x other=1" in queue.path.read_text()
@@ -158,20 +158,20 @@ def test_append_merges_duplicates_into_one_line(queue: ExtendQueue) -> None:
     queue.append([Entry(101, "a", Reason.THRESHOLD, origin="pve1", ts=200)])
     queue.append([Entry(101, "a", Reason.NOSPACE, origin="pve2", ts=300),
                   Entry(101, "a", Reason.ARM, origin="pve3", ts=100)])
-    [entry] = queue.list()
+    [entry] = queue.entries()
     assert (entry.reason, entry.origin, entry.ts, entry.n) == (Reason.NOSPACE, "pve2", 100, 3)
     assert len(queue.path.read_text().splitlines()) == 1
 
 
 def test_duplicate_lines_in_the_file_merge_on_read(queue: ExtendQueue) -> None:
     queue.path.write_text("101:a\n101:a reason=nospace ts=5\n")
-    [entry] = queue.list()
+    [entry] = queue.entries()
     assert (entry.reason, entry.ts, entry.n) == (Reason.NOSPACE, 5, 2)
 
 
 def test_append_stamps_a_time_and_an_id(queue: ExtendQueue) -> None:
     queue.append([Entry(101, "a")])
-    [entry] = queue.list()
+    [entry] = queue.entries()
     assert entry.ts is not None and entry.id is not None
 
 
@@ -181,7 +181,7 @@ def test_append_stamps_a_time_and_an_id(queue: ExtendQueue) -> None:
 def test_pending_is_a_snapshot_that_removes_nothing(queue: ExtendQueue) -> None:
     queue.append([Entry(101, "a"), Entry(102, "b")])
     assert [e.key for e in queue.pending(lambda e: e.vmid == 101)] == [(101, "a")]
-    assert len(queue.list()) == 2
+    assert len(queue.entries()) == 2
 
 
 @settings(max_examples=60, deadline=None)
@@ -203,7 +203,7 @@ def test_complete_never_loses_an_event_merged_meanwhile(
         queue.append([Entry(k[0], k[1], old[k].reason, old[k].origin, old[k].ts)
                       for k in sorted(requeued)])
         removed = queue.complete(snapshot)
-        left = {e.key for e in queue.list()}
+        left = {e.key for e in queue.entries()}
         assert left == merged | requeued
         assert removed == len(snapshot) - len(merged | requeued)
 
@@ -211,23 +211,23 @@ def test_complete_never_loses_an_event_merged_meanwhile(
 def test_complete_ignores_entries_never_read_from_the_queue(queue: ExtendQueue) -> None:
     queue.append([Entry(101, "a")])
     assert queue.complete([Entry(101, "a")]) == 0  # no id, no ts: not the stored line
-    assert len(queue.list()) == 1
+    assert len(queue.entries()) == 1
 
 
 def test_remove_and_flush_are_unconditional(queue: ExtendQueue) -> None:
     queue.append([Entry(101, "a"), Entry(102, "b"), Entry(103, "c")])
     assert queue.remove([(101, "a"), (999, "zz")]) == 1
     assert queue.flush() == 2
-    assert queue.list() == []
+    assert queue.entries() == []
     assert queue.path.read_bytes() == b""
 
 
 async def test_async_twins(queue: ExtendQueue) -> None:
     async def run() -> None:
         await queue.append_async([Entry(101, "a"), Entry(102, "b")])
-        batch = [e for e in await queue.list_async() if e.vmid == 102]
+        batch = [e for e in await queue.entries_async() if e.vmid == 102]
         assert await queue.complete_async(batch) == 1
-        assert [e.key for e in await queue.list_async()] == [(101, "a")]
+        assert [e.key for e in await queue.entries_async()] == [(101, "a")]
     await asyncio.wait_for(run(), timeout=20)
 
 
@@ -254,9 +254,9 @@ def test_a_file_already_past_the_bound_can_still_shrink(tmp_path: Path) -> None:
     queue.path.write_bytes(render(Entry(100 + i, "d") for i in range(200)))
     with pytest.raises(QueueFullError):
         queue.append([Entry(999, "new")])
-    assert len(queue.list()) == 200
+    assert len(queue.entries()) == 200
     assert queue.complete(queue.pending(lambda e: e.vmid < 150)) == 50
-    assert len(queue.list()) == 150
+    assert len(queue.entries()) == 150
 
 
 # -- hostile input
@@ -268,10 +268,10 @@ def test_binary_garbage_moves_to_the_rejected_file(queue: ExtendQueue,
     valid = [Entry(100 + i, f"drive-{i}") for i in range(30)]
     lines = [g for pair in zip(garbage, render(valid).splitlines(), strict=True) for g in pair]
     queue.path.write_bytes(b"\n".join(lines) + b"\n\x00\x01\x02")
-    assert queue.list() == valid  # reading is never fatal
+    assert queue.entries() == valid  # reading is never fatal
     with caplog.at_level(logging.WARNING, logger="pvestord.adapters.queue"):
         queue.append([Entry(999, "new")])
-    assert [e.key for e in queue.list()] == [e.key for e in valid] + [(999, "new")]
+    assert [e.key for e in queue.entries()] == [e.key for e in valid] + [(999, "new")]
     rejected = queue.rejected()
     assert [r.raw for r in rejected] == [*garbage, b"\x00\x01\x02"]
     assert all(r.error for r in rejected)
@@ -287,7 +287,7 @@ def test_a_2_mib_file_of_garbage_and_entries(queue: ExtendQueue,
                                     for e in valid))
     with caplog.at_level(logging.WARNING, logger="pvestord.adapters.queue"):
         queue.append([Entry(999, "new")])
-    assert [e.key for e in queue.list()] == [e.key for e in valid] + [(999, "new")]
+    assert [e.key for e in queue.entries()] == [e.key for e in valid] + [(999, "new")]
     # More garbage than the rejected file may hold: it keeps the newest, says so.
     assert queue.rejected_path.stat().st_size <= queue.max_bytes
     assert "dropped its" in caplog.text
@@ -325,7 +325,7 @@ def test_the_rejected_file_keeps_its_bound_and_says_what_it_dropped(
 def test_shell_metacharacters_are_just_bad_lines(queue: ExtendQueue, line: bytes) -> None:
     queue.path.write_bytes(line + b"\n101:ok\n")
     queue.append([Entry(102, "new")])
-    assert [e.key for e in queue.list()] == [(101, "ok"), (102, "new")]
+    assert [e.key for e in queue.entries()] == [(101, "ok"), (102, "new")]
     assert [r.raw for r in queue.rejected()] == [line]
 
 
@@ -333,7 +333,7 @@ def test_a_200_character_node_name(queue: ExtendQueue) -> None:
     with pytest.raises(InvalidEntryError, match="node-name"):
         Entry(101, "d" * 200)
     queue.path.write_text(f"101:{'d' * 200}\n")
-    assert queue.list() == []
+    assert queue.entries() == []
     queue.flush()
     assert queue.rejected()[0].raw == f"101:{'d' * 200}".encode()
 
@@ -344,7 +344,7 @@ def test_a_symlinked_queue_is_refused_and_its_target_untouched(tmp_path: Path) -
     link = tmp_path / "extend-queue"
     link.symlink_to(target)
     queue = ExtendQueue(link)
-    for call in (queue.list, lambda: queue.append([Entry(101, "a")]), queue.flush):
+    for call in (queue.entries, lambda: queue.append([Entry(101, "a")]), queue.flush):
         with pytest.raises(QueueError, match="symbolic link"):
             call()
     assert target.read_text() == "precious\n"
@@ -365,7 +365,7 @@ def test_a_symlinked_rejected_file_is_refused(queue: ExtendQueue, tmp_path: Path
 def test_a_directory_instead_of_the_queue_is_a_clear_error(queue: ExtendQueue) -> None:
     queue.path.mkdir()
     with pytest.raises(QueueError, match="not a regular file"):
-        queue.list()
+        queue.entries()
 
 
 def test_writes_leave_no_temporary_files_and_sweep_dead_writers(queue: ExtendQueue) -> None:

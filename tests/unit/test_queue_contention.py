@@ -81,7 +81,7 @@ def test_writers_and_taker_lose_nothing(fast_dir: Path, backend: str) -> None:
     assert [k for k, n in taken.items() if n > 1] == [], "entries taken twice"
     assert sum(w["appended"] for w in writers) == total
     queue = ExtendQueue(queue_path)
-    assert queue.list() == []
+    assert queue.entries() == []
     assert queue.rejected() == []
     assert not (tmp_path / "extend-queue.rejected").exists()
     assert list(lock_dir.iterdir()) == [], "a lock directory was left behind"

@@ -87,7 +87,7 @@ class Qmeventd:
         return self.process.wait_record(what, DAEMON_WAIT_TIMEOUT, count=count, **fields)
 
     def entries(self) -> list[Entry]:
-        return ExtendQueue(self.queue_path).list()
+        return ExtendQueue(self.queue_path).entries()
 
     def kill(self) -> int:
         """SIGKILL, as a crash would; its exit status."""

@@ -379,9 +379,9 @@ def test_hung_queue_folder_never_holds_up_shutdown_and_cleanup(
                 fuse.send_signal(signal.SIGCONT)
             queue = ExtendQueue(backing / "extend-queue")
             want = [(4250, "file-scsi0"), (4250, "file-scsi1")]
-            wait_until(lambda: sorted(e.key for e in queue.list()) == want, 60,
+            wait_until(lambda: sorted(e.key for e in queue.entries()) == want, 60,
                        "both entries in the queue once pmxcfs answers")
-            assert [e.n for e in queue.list()] == [1, 1]
+            assert [e.n for e in queue.entries()] == [1, 1]
         assert daemon.stop() == 0
     assert _recorded(run_dir).count("4251 1 0") == 1              # once, not again
 
