@@ -14,7 +14,7 @@ from pvestord.adapters.vms import local_vm, local_vms
 from pvestord.cli import options
 from pvestord.engine import daemon, status
 from pvestord.engine.configsource import StorageConfigSource
-from pvestord.engine.drive import DriveReport
+from pvestord.engine.drive import DriveRow
 from pvestord.engine.drivereport import drive_reports
 from pvestord.engine.extender import Extender
 from pvestord.errors import PvestordError
@@ -105,9 +105,9 @@ def _drives(args: argparse.Namespace) -> int:
     # One command's few LVM calls: a shell would still pay LVM's start-up once.
     settings = options.settings_from(args, lvm_shell=False)
 
-    async def collect() -> list[DriveReport]:
+    async def collect() -> list[DriveRow]:
         extender = Extender(settings, StorageConfigSource(settings.storage_config).get)
-        reports: list[DriveReport] = []
+        reports: list[DriveRow] = []
         for vm in local_vms(settings.run_dir):
             try:
                 reports += await drive_reports(extender, vm)
@@ -143,7 +143,7 @@ def _drives(args: argparse.Namespace) -> int:
     return 0
 
 
-def _json_row(row: DriveReport) -> dict[str, object]:
+def _json_row(row: DriveRow) -> dict[str, object]:
     """``row`` for ``drives --json``: its fields in order, the LV's path under
     the key ``lv`` it has always had."""
     return {("lv" if key == "lv_path" else key): value

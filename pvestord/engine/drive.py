@@ -4,7 +4,7 @@ A :class:`DriveCandidate` is QEMU's view of a drive with its LV and storage,
 as a QMP session sees it; a :class:`Drive` adds what LVM and ``qemu-img``
 say, read after that session; the policy's input is built from it
 (:meth:`Drive.state`). :class:`VmOutcome` is
-what the daemon's bookkeeping reads after a pass; :class:`DriveReport` is one
+what the daemon's bookkeeping reads after a pass; :class:`DriveRow` is one
 line of ``pvestord drives``.
 """
 
@@ -97,7 +97,7 @@ class Drive(DriveCandidate):
 
 
 @dataclass(frozen=True)
-class DriveReport:
+class DriveRow:
     """One drive's figures for ``pvestord drives`` (LV size read from LVM)."""
 
     vmid: int

@@ -5,14 +5,14 @@ from __future__ import annotations
 from pvestord import policy
 from pvestord.adapters import lvm
 from pvestord.adapters.vms import LocalVm
-from pvestord.engine.drive import DriveReport
+from pvestord.engine.drive import DriveRow
 from pvestord.engine.extender import Extender
 from pvestord.engine.tables import table_problem
 from pvestord.engine.werror import werror_problem, werror_risks
 from pvestord.policy import ExtensionState, TableState
 
 
-async def drive_reports(extender: Extender, vm: LocalVm) -> list[DriveReport]:
+async def drive_reports(extender: Extender, vm: LocalVm) -> list[DriveRow]:
     """Every thin-drive candidate of ``vm`` with its LV read from LVM."""
     async with extender.monitor(vm) as monitor:
         found = extender.found((await monitor.block_nodes()).drives)
@@ -31,7 +31,7 @@ async def drive_reports(extender: Extender, vm: LocalVm) -> list[DriveReport]:
             allocation=drive.view.allocation,
             chunksize=drive.storage.chunksize if drive.storage else 1)
         state = drive.state(lv_size=info.size, paused_nospace=paused)
-        reports.append(DriveReport(
+        reports.append(DriveRow(
             vm.vmid, drive.view.file_node, drive.view.format_node, drive.view.path,
             drive.storage.storeid if drive.storage else None, info.size,
             table, drive.view.allocation, drive.view.threshold,
