@@ -13,14 +13,14 @@ anywhere). The pure rules are :mod:`pvestord.policy.volumes` and
 """
 
 from pvestord.features.volumes.creation import Created, create
-from pvestord.features.volumes.listing import VolumeReport, list_volumes
+from pvestord.features.volumes.listing import VolumeRow, list_volumes
 from pvestord.features.volumes.recording import Recorded, record_maxima
 from pvestord.features.volumes.running import cluster_report, read_cluster_view, refuse_if_running
 from pvestord.features.volumes.shrinking import Shrunk, shrink
 from pvestord.features.volumes.storage import CLUSTER_DIR, VolumeSettings, thin_storage
 
 __all__ = [
-    "CLUSTER_DIR", "Created", "Recorded", "Shrunk", "VolumeReport", "VolumeSettings",
+    "CLUSTER_DIR", "Created", "Recorded", "Shrunk", "VolumeRow", "VolumeSettings",
     "cluster_report", "create", "list_volumes", "read_cluster_view", "record_maxima",
     "refuse_if_running", "shrink", "thin_storage",
 ]

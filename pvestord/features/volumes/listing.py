@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class VolumeReport:
+class VolumeRow:
     """One qcow2 LV of a thin storage; image figures only where safely readable."""
 
     volid: str
@@ -41,7 +41,7 @@ class VolumeReport:
         return is_snapshot(self.lv)
 
 
-async def list_volumes(settings: VolumeSettings) -> list[VolumeReport]:
+async def list_volumes(settings: VolumeSettings) -> list[VolumeRow]:
     """Every qcow2 volume of every thin-enabled storage, as this node sees it.
 
     Nothing is activated: an inactive LV cannot be read, so its image figures
@@ -50,7 +50,7 @@ async def list_volumes(settings: VolumeSettings) -> list[VolumeReport]:
     meaningful while a guest writes.
     """
     config = load_config(settings)
-    reports: list[VolumeReport] = []
+    reports: list[VolumeRow] = []
     for storage in config.thin_storages.values():
         try:
             vg = await lvm.vg_info(storage.vgname)
@@ -68,9 +68,9 @@ async def list_volumes(settings: VolumeSettings) -> list[VolumeReport]:
 
 
 async def _report(storage: ThinStorage, extent: int, row: lvm.LvRow,
-                  vmid: int) -> VolumeReport:
+                  vmid: int) -> VolumeRow:
     state = "in-use" if row.open else "active" if row.active else "inactive"
-    base = VolumeReport(f"{storage.storeid}:{row.lv}", storage.storeid, vmid, row.lv,
+    base = VolumeRow(f"{storage.storeid}:{row.lv}", storage.storeid, vmid, row.lv,
                         row.size, state)
     if state == "inactive":
         return base
@@ -86,7 +86,7 @@ async def _report(storage: ThinStorage, extent: int, row: lvm.LvRow,
                 reclaim = row.size - shrink_target(row.size, end, storage.chunksize,
                                                    storage.initial_size, extent)
     except PvestordError as err:
-        return VolumeReport(base.volid, base.storage, vmid, row.lv, row.size, state,
+        return VolumeRow(base.volid, base.storage, vmid, row.lv, row.size, state,
                             error=str(err))
-    return VolumeReport(base.volid, base.storage, vmid, row.lv, row.size, state, end,
+    return VolumeRow(base.volid, base.storage, vmid, row.lv, row.size, state, end,
                         image.virtual_size, maximum, reclaim)
