@@ -14,6 +14,16 @@ class PvestordError(Exception):
     """Base class of every deliberate pvestord error."""
 
 
+class PassDeferred(PvestordError):
+    """Not a failure: a VM's pass stops here and comes back later.
+
+    The VM is in a migration's state, its extensions wait for a migration to
+    end, or a drive's LV is unknown until the next look. The pass backs the VM
+    off briefly and counts no error. Not a :class:`~pvestord.adapters.qmp.QmpError`:
+    a handler of failed QMP conversations must not take a deferral for one.
+    """
+
+
 class ConfigError(PvestordError):
     """A configuration file or option has a value we cannot use."""
 

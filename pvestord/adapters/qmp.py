@@ -30,7 +30,7 @@ from qemu.qmp import ExecuteError, QMPClient, QMPError
 from qemu.qmp.qmp_client import GreetingError
 
 from pvestord.adapters import tally
-from pvestord.errors import PvestordError
+from pvestord.errors import PassDeferred, PvestordError
 from pvestord.policy import (
     BlockDevice,
     BlockJob,
@@ -64,7 +64,7 @@ class VmGoneError(QmpError):
     """The VM's QMP socket is missing or refuses connections: the VM is not running."""
 
 
-class VmBusyError(QmpError):
+class VmBusyError(PassDeferred):
     """The VM is in a migration state in which its block nodes are not ours to touch."""
 
 

@@ -16,18 +16,18 @@ import logging
 from collections.abc import Iterable
 
 from pvestord.adapters import devices
-from pvestord.adapters.qmp import VmBusyError
 from pvestord.adapters.service import fields
 from pvestord.adapters.vms import LocalVm
 from pvestord.engine.drive import DriveCandidate
 from pvestord.engine.oncelog import OncePerChange
 from pvestord.engine.pervm import forget_vm
+from pvestord.errors import PassDeferred
 from pvestord.policy.binding import BindingKind, bind
 
 log = logging.getLogger(__name__)
 
 
-class DriveLostError(VmBusyError):
+class DriveLostError(PassDeferred):
     """A drive's node names no device QEMU has open, and none is remembered
     for it: which LV it writes is unknown, so its VM waits for the next look."""
 

@@ -9,9 +9,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pvestord.adapters.qmp import VmBusyError
 from pvestord.adapters.service import fields
 from pvestord.engine.migration import ExtensionsDeferred
+from pvestord.errors import PassDeferred
 
 #: The daemon's messages keep the logger name they always had.
 log = logging.getLogger("pvestord.engine.daemon")
@@ -91,7 +91,7 @@ class Failures:
         delay = self._retry.setdefault(vmid, VmRetry()).failed()
         log.debug("VM %d: next attempt in %g s", vmid, delay)
 
-    def busy_backoff(self, vmid: int, err: VmBusyError) -> None:
+    def busy_backoff(self, vmid: int, err: PassDeferred) -> None:
         """Retry a busy VM soon, but not at once; say a deferral once, and warn
         once if the VM waits paused."""
         self._reconcile(vmid)

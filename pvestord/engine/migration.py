@@ -65,7 +65,7 @@ from pvestord.adapters.vmconfig import migration_task_running, read_config_lock
 from pvestord.engine.gates import STORAGE_LOCK_TIMEOUT
 from pvestord.engine.oncelog import OncePerChange
 from pvestord.engine.pervm import forget_vm
-from pvestord.errors import PvestordError
+from pvestord.errors import PassDeferred, PvestordError
 from pvestord.policy.blockjobs import WRITING, BlockJob, JobEdges
 from pvestord.policy.lvnames import chain_vmid
 from pvestord.policy.sizes import format_size
@@ -105,7 +105,7 @@ class MigrationError(PvestordError):
     """A migration hint could not be carried out."""
 
 
-class ExtensionsDeferred(VmBusyError):
+class ExtensionsDeferred(PassDeferred):
     """The VM is migrating away: its drives are not grown here for now."""
 
     def __init__(self, vmid: int, *, paused: bool) -> None:

@@ -13,14 +13,14 @@ import logging
 from pathlib import Path
 
 from pvestord import policy
-from pvestord.adapters.qmp import VmBusyError, VmGoneError
+from pvestord.adapters.qmp import VmGoneError
 from pvestord.adapters.queue import Entry, ExtendQueue
 from pvestord.adapters.service import fields
 from pvestord.adapters.vms import LocalVm, local_vm
 from pvestord.engine.drive import VmOutcome
 from pvestord.engine.extender import Extender
 from pvestord.engine.failures import Failures
-from pvestord.errors import PvestordError
+from pvestord.errors import PassDeferred, PvestordError
 from pvestord.policy import EntryFate
 
 #: The pass's messages keep the logger name they always had (the daemon's).
@@ -48,7 +48,7 @@ async def run_pass(vm: LocalVm, entries: list[Entry], *, extender: Extender,
         failures.note_error((vm.vmid, ""), err, level=logging.WARNING)
         failures.backoff(vm.vmid)
         return
-    except VmBusyError as err:
+    except PassDeferred as err:
         failures.busy_backoff(vm.vmid, err)
         return
     except PvestordError as err:

@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 
 from pvestord.adapters.config import parse_storage_config
-from pvestord.adapters.qmp import VmBusyError
 from pvestord.adapters.settings import DaemonSettings
 from pvestord.adapters.vmconfig import config_path
 from pvestord.adapters.vms import LocalVm
 from pvestord.engine.extender import Extender
+from pvestord.engine.migration import ExtensionsDeferred
 from pvestord.policy import Reason
 from pvestord.policy.vmconfig import MIGRATE_LOCK_GRACE
 from tests.harness.extenderbed import (
@@ -104,7 +104,7 @@ async def test_the_source_defers_while_it_mirrors_into_the_targets_nbd_export(
         async with running(qemu, vm.qmp_socket):
             qemu.mirroring = True
             qemu.fill()
-            with pytest.raises(VmBusyError, match="migrating away"):
+            with pytest.raises(ExtensionsDeferred, match="migrating away"):
                 await extender.handle(vm, threshold_event)
             assert extensions(bed) == []
             # The check made just before the storage lock (the pass's look
