@@ -37,6 +37,7 @@ from pvestord.adapters.atomicfile import write_atomically
 from pvestord.adapters.config import StorageConfig
 from pvestord.adapters.lvmshell import LvmShells
 from pvestord.adapters.service import fields
+from pvestord.errors import PvestordError
 from pvestord.policy.lvmetadata import extensions_left, metadata_low
 
 log = logging.getLogger(__name__)
@@ -98,7 +99,7 @@ class NodeReport:
         return json.dumps(data, sort_keys=True) + "\n"
 
 
-class ReportError(ValueError):
+class ReportError(PvestordError):
     """A report file that is not a report (the reader says which and why)."""
 
 
