@@ -67,7 +67,7 @@ class QueueFullError(QueueError):
     """An append would grow the queue past its bound; nothing was changed."""
 
 
-class InvalidEntryError(QueueError, ValueError):
+class InvalidEntryError(QueueError):
     """A VMID, node-name or field that the queue format does not allow."""
 
 
