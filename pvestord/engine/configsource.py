@@ -38,8 +38,7 @@ from pvestord.policy.vanished import (
     with_sections,
 )
 
-#: The daemon's messages keep the logger name they always had.
-log = logging.getLogger("pvestord.engine.daemon")
+log = logging.getLogger(__name__)
 
 
 class StorageConfigSource:

@@ -13,8 +13,7 @@ from pvestord.adapters.service import fields
 from pvestord.engine.migration import ExtensionsDeferred
 from pvestord.errors import PassDeferred
 
-#: The daemon's messages keep the logger name they always had.
-log = logging.getLogger("pvestord.engine.daemon")
+log = logging.getLogger(__name__)
 
 #: Retry delays after a failed pass, per VM: doubling from the first to the last.
 BACKOFF_FIRST = 1.0

@@ -21,8 +21,7 @@ from pvestord.engine.lvfigures import LvFigures
 from pvestord.engine.lvmchanges import LvmChanges
 from pvestord.policy.sizes import format_size
 
-#: The pass's messages keep the logger name they always had.
-log = logging.getLogger("pvestord.engine.extender")
+log = logging.getLogger(__name__)
 
 
 async def catch_up_incoming(vm: LocalVm, drives: Sequence[DriveCandidate], *, gates: VgGates,

@@ -32,8 +32,7 @@ from pvestord.policy.capacity import extension_refusal
 from pvestord.policy.sizes import format_size
 from pvestord.policy.vmconfig import ConfigLockRule, grows_while_renaming
 
-#: The pass's messages keep the logger name they always had.
-log = logging.getLogger("pvestord.engine.extender")
+log = logging.getLogger(__name__)
 
 Growing = policy.Extend | policy.ExtendPastMaximum
 

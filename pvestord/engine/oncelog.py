@@ -6,8 +6,7 @@ import logging
 
 from pvestord.engine.pervm import forget_vm
 
-#: The pass's messages keep the logger name they always had.
-log = logging.getLogger("pvestord.engine.extender")
+log = logging.getLogger(__name__)
 
 
 class OncePerChange:

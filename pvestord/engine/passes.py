@@ -25,8 +25,7 @@ from pvestord.engine.notices import Notices, silent
 from pvestord.policy.lvnames import chain_vmid
 from pvestord.policy.notices import VgMarked, marked_key
 
-#: The daemon's messages keep the logger name they always had.
-log = logging.getLogger("pvestord.engine.daemon")
+log = logging.getLogger(__name__)
 
 #: How long a pass cancelled at its deadline may take to end, and how long
 #: past ``pass_deadline`` + ``poll_interval`` the queue loop may go without

@@ -17,8 +17,7 @@ from pvestord.engine.failures import Failures
 from pvestord.engine.nodereport import LvmHealth
 from pvestord.errors import PvestordError
 
-#: The daemon's messages keep the logger name they always had.
-log = logging.getLogger("pvestord.engine.daemon")
+log = logging.getLogger(__name__)
 
 
 async def report_loop(settings: DaemonSettings, config: Callable[[], StorageConfig],

@@ -17,8 +17,7 @@ from pvestord.engine.pervm import forget_vm
 from pvestord.policy import Decision
 from pvestord.policy.sizes import format_size
 
-#: The pass's messages keep the logger name they always had.
-log = logging.getLogger("pvestord.engine.extender")
+log = logging.getLogger(__name__)
 
 
 def changes_threshold(decision: Decision) -> bool:

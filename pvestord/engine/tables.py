@@ -27,8 +27,7 @@ from pvestord.errors import PvestordError
 from pvestord.policy import TableState
 from pvestord.policy.sizes import format_size
 
-#: The pass's messages keep the logger name they always had.
-log = logging.getLogger("pvestord.engine.extender")
+log = logging.getLogger(__name__)
 
 
 class Tables:

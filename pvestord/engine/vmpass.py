@@ -23,8 +23,7 @@ from pvestord.engine.failures import Failures
 from pvestord.errors import PassDeferred, PvestordError
 from pvestord.policy import EntryFate
 
-#: The pass's messages keep the logger name they always had (the daemon's).
-log = logging.getLogger("pvestord.engine.daemon")
+log = logging.getLogger(__name__)
 
 
 async def run_pass(vm: LocalVm, entries: list[Entry], *, extender: Extender,

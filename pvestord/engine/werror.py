@@ -18,8 +18,7 @@ from pvestord.adapters.vms import LocalVm
 from pvestord.engine.drive import DriveCandidate
 from pvestord.policy import device_on, hands_enospc_to_guest
 
-#: The pass's messages keep the logger name they always had.
-log = logging.getLogger("pvestord.engine.extender")
+log = logging.getLogger(__name__)
 
 
 async def werror_risks(monitor: VmMonitor, drives: Sequence[DriveCandidate]) -> dict[str, str]:
