@@ -80,9 +80,11 @@ faults: deps
 # took 2.4 times as long); CLUSTER=full adds the rest (both hint variants of every migration
 # test, 20 concurrent rounds, a clean stop seen by rank-nodes).
 # CLUSTER_BED: the two-node tier boots the host's root until its
-# fill-while-migrating test passes on Debian 13 (there the migration itself
-# fails, status 'failed', under QEMU 10 in the bed: not yet understood);
-# CLUSTER_BED=trixie runs it there, where its other tests pass.
+# fill-while-migrating test passes on Debian 13: there QEMU 10 fails that
+# migration at its switchover with "Error in migration completion: Bad address"
+# (EFAULT), in two of three runs, with the guest held in -S or running, with or
+# without image locks on its boot image; not yet understood.
+# CLUSTER_BED=trixie runs the tier there, where its other tests pass.
 CLUSTER   ?= quick
 CLUSTER_BED ?= host
 cluster: deps
