@@ -45,14 +45,16 @@ MARGIN_SHARE = 1 / 12
 #: Unlock requests go out at most this often (``cfs_lock`` sends one per ~1 s retry).
 UNLOCK_REQUEST_INTERVAL = 1.0
 #: Retry back-off of the ``mkdir``/``flock`` attempts: the first pause, then
-#: doubling up to a cap per backend. Polling waiters only get the lock in the
-#: gap between one holder's release and the next acquisition, so the cap
-#: decides how fairly a busy lock is shared. ``cfs_lock`` retries every 1 s;
-#: we poll faster so that a busy queue does not stall: on pmxcfs every attempt
-#: is a cluster message, so 100 ms there; a plain folder (9p, tests) answers
-#: from one server, 10 ms; flock is a local syscall, 5 ms.
+#: doubling up to a cap per backend. The first retries come within
+#: milliseconds, so a lock held for a moment (most holds: one lvextend) is
+#: taken as soon as it is free. On pmxcfs every attempt, failed or not, is a
+#: synchronous message to every node and a write of each node's database, so
+#: a long wait settles at ``cfs_lock``'s own pace, once a second: the cap
+#: there is 1 s, as Proxmox's waiters on the same lock have it, and a waiter
+#: makes about 20 attempts in cfs_lock's 10 s instead of 100. A plain folder
+#: (9p, tests) answers from one server, 10 ms; flock is a local syscall, 5 ms.
 RETRY_FIRST = 0.001
-RETRY_MAX_PMXCFS = 0.1
+RETRY_MAX_PMXCFS = 1.0
 RETRY_MAX_FOLDER = 0.01
 RETRY_MAX_FLOCK = 0.005
 
