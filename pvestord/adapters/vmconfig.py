@@ -35,6 +35,14 @@ def config_path(nodes_dir: Path, node: str, vmid: int) -> Path:
     return nodes_dir / node / "qemu-server" / f"{vmid}.conf"
 
 
+def config_node(nodes_dir: Path, vmid: int) -> str | None:
+    """The node whose folder holds ``vmid``'s config (pmxcfs keeps it in one
+    node's folder only); None when none does."""
+    for found in sorted(nodes_dir.glob(f"*/qemu-server/{vmid}.conf")):
+        return found.parent.parent.name
+    return None
+
+
 def read_config_lock(nodes_dir: Path, node: str, vmid: int,
                      now: float | None = None) -> ConfigLock | None:
     """The lock of ``vmid``'s config on ``node``; None when there is no config

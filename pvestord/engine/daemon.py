@@ -48,6 +48,7 @@ from pvestord.adapters.queue import Entry, ExtendQueue
 from pvestord.adapters.service import fields
 from pvestord.adapters.settings import DaemonSettings
 from pvestord.adapters.vghealth import VgMarks
+from pvestord.adapters.vmconfig import config_node
 from pvestord.adapters.vms import LocalVm, local_vm, local_vms
 from pvestord.adapters.watch import FolderWatch
 from pvestord.engine import metrics, publisher, status
@@ -60,6 +61,7 @@ from pvestord.engine.reportloop import publish_stopped, report_loop
 from pvestord.engine.suspension import SuspendedLvs
 from pvestord.engine.vmpass import run_pass
 from pvestord.errors import PvestordError
+from pvestord.policy.requests import drops_entry_of_absent_vm
 
 log = logging.getLogger(__name__)
 
@@ -238,7 +240,7 @@ class Daemon:
         for vmid, vm_entries in by_vm.items():
             vm = local_vm(self.settings.run_dir, vmid)
             if vm is None:
-                moot += [e for e in vm_entries if e.origin in (None, self.settings.node)]
+                moot += self._absent_vms_entries(vmid, vm_entries)
                 continue
             self._start_pass(vm, vm_entries)
         for vmid in sorted(self._reconcile_due - set(by_vm)):
@@ -253,6 +255,15 @@ class Daemon:
                          extra=fields(VMID=entry.vmid, BLOCK_NODE=entry.block_node,
                                       ENTRY="dropped"))
             log.debug("removed %d moot entries", removed)
+
+    def _absent_vms_entries(self, vmid: int, entries: Sequence[Entry]) -> list[Entry]:
+        """The entries of a VM not running here that this node removes
+        (:func:`pvestord.policy.requests.drops_entry_of_absent_vm`)."""
+        node = self.settings.node
+        if all(e.origin is not None for e in entries):
+            return [e for e in entries if e.origin == node]
+        holder = config_node(self.settings.reports_dir, vmid)
+        return [e for e in entries if drops_entry_of_absent_vm(e.origin, node, holder)]
 
     def _start_pass(self, vm: LocalVm, entries: Sequence[Entry]) -> bool:
         if self._stop.is_set() or vm.vmid in self.passes.running:

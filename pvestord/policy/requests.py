@@ -72,3 +72,21 @@ def entry_fate(block_node: str, *, known_nodes: Collection[str], drives: Collect
     if block_node in failed or (block_node not in drives and failed):
         return EntryFate.RETRY
     return EntryFate.DONE
+
+
+def drops_entry_of_absent_vm(origin: str | None, node: str, config_node: str | None) -> bool:
+    """Whether ``node``, where the entry's VM does not run, removes the entry.
+
+    ``origin`` is the node that queued it (qmeventd-py always says); the
+    original proposal's plain ``VMID:NODE`` lines and a hand-added entry may
+    have none. ``config_node`` is the node holding the VM's config (pmxcfs's
+    ``nodes/<node>/qemu-server/<vmid>.conf``; None: no node does).
+
+    An entry is this node's to drop when it queued it, and an entry without
+    an origin when the VM's config is here or nowhere (the VM is gone): any
+    node dropping it would take it from the node where the VM runs before
+    that node's daemon saw it, and the drive would wait for a reconcile.
+    """
+    if origin is not None:
+        return origin == node
+    return config_node in (None, node)

@@ -68,6 +68,25 @@ def test_entries_of_vms_not_running_here_leave_only_if_ours(daemon: Run) -> None
     assert daemon.stop() == 0
 
 
+def test_an_entry_without_origin_is_dropped_only_where_its_vm_belongs(daemon: Run) -> None:
+    """A plain ``VMID:NODE`` line (no origin) of a VM not running here: left for
+    the node whose folder holds the VM's config, dropped here when the config
+    is here or nowhere."""
+    for node, vmid in (("othernode", 106), ("n1", 107)):
+        config = daemon.tmp / "nodes" / node / "qemu-server" / f"{vmid}.conf"
+        config.parent.mkdir(parents=True, exist_ok=True)
+        config.write_text("scsi0: thin1:vm-1-disk-0.qcow2,size=32G\n")
+    daemon.wait_ready(TIMEOUT)
+    queue = ExtendQueue(daemon.queue)
+    queue.append([Entry(106, "drive-scsi0", Reason.THRESHOLD),
+                  Entry(107, "drive-scsi0", Reason.THRESHOLD),
+                  Entry(108, "drive-scsi0", Reason.THRESHOLD)])
+    daemon.record("the entry of a VM configured here dropped", VMID="107", ENTRY="dropped")
+    daemon.record("the entry of a VM configured nowhere dropped", VMID="108", ENTRY="dropped")
+    assert [e.key for e in queue.entries()] == [(106, "drive-scsi0")]
+    assert daemon.stop() == 0
+
+
 def test_malformed_queue_lines_are_set_aside_not_lost(daemon: Run) -> None:
     daemon.wait_ready(TIMEOUT)
     daemon.queue.write_bytes(b"not a queue line; rm -rf /\n\xff\xfe\x00garbage\n"
