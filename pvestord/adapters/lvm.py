@@ -375,6 +375,13 @@ async def add_tags(vg: str, lv: str, tags: Sequence[str]) -> None:
     await _change(vg, lv, f"tagging LV {vg}/{lv}", "lvchange", *args)
 
 
+async def remove_tags(vg: str, lv: str, tags: Sequence[str]) -> None:
+    """``lvchange --deltag`` each of ``tags`` (VG metadata: callers hold the
+    storage lock, as for :func:`extend`). A tag not there is no error."""
+    args = [arg for tag in tags for arg in ("--deltag", tag)]
+    await _change(vg, lv, f"untagging LV {vg}/{lv}", "lvchange", *args)
+
+
 async def remove(vg: str, lv: str) -> None:
     """``lvremove -f``: only for an LV this process has just created."""
     await _change(vg, lv, f"removing LV {vg}/{lv}", "lvremove", "-f")

@@ -41,6 +41,13 @@ When is it safe?
     starts with its threshold above the data and grows on its first writes
     past it. Under the storage lock the LV is read again (same size, still
     not open) and the VM's status re-checked before ``lvreduce -f``; after
+    it, outside the lock, the image is checked again (clean, same end).
+
+:func:`plan_reduction` (check clean, target; no lock) and
+:func:`reduce_planned` (the locked re-check and ``lvreduce``, then the
+recheck) are that core; a copy target's reduction when its copy is over
+(:mod:`pvestord.features.volumes.copies`) is the same two steps with its
+own refusals before them.
 
 The pure rules are :mod:`pvestord.policy.volumes` (the target) and
 :mod:`pvestord.policy.cluster` (the other nodes' side).
@@ -51,9 +58,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pvestord.adapters import lvm, qemu_img
+from pvestord.adapters.config import ThinStorage
 from pvestord.errors import CommandError, PvestordError
 from pvestord.features.volumes.running import refuse_if_running
 from pvestord.features.volumes.storage import (
@@ -62,6 +71,7 @@ from pvestord.features.volumes.storage import (
     locked,
     thin_storage,
 )
+from pvestord.policy.capacity import COPY_TAG
 from pvestord.policy.sizes import format_size
 from pvestord.policy.volumes import (
     ShrinkRefused,
@@ -113,9 +123,83 @@ async def _checked_clean(path: str, what: str) -> qemu_img.CheckResult:
     return result
 
 
+@dataclass(frozen=True)
+class Reduction:
+    """A reduction decided outside the storage lock: the LV as it was read,
+    the clean image's end and what the LV is to be reduced to."""
+
+    before: lvm.LvInfo
+    #: ``qemu-img check``'s findings (clean), the image end among them.
+    checked: qemu_img.CheckResult
+    image_end: int
+    #: :func:`pvestord.policy.volumes.shrink_target`; never above ``before.size``.
+    target: int
+
+
+async def plan_reduction(storage: ThinStorage, before: lvm.LvInfo, what: str) -> Reduction:
+    """Check the image on the active LV ``before`` clean and size the LV to
+    ``max(initial-size, image end + chunk)``. Takes no lock: ``qemu-img check``
+    reads every table, which can take long on a large image.
+
+    :raises ShrinkRefused: the image does not check clean.
+    """
+    checked = await _checked_clean(before.path, what)
+    end = checked.image_end_offset
+    assert end is not None
+    target = shrink_target(before.size, end, storage.chunksize, storage.initial_size,
+                           before.extent_size)
+    return Reduction(before, checked, end, target)
+
+
+async def reduce_planned(settings: VolumeSettings, storage: ThinStorage, plan: Reduction,
+                         what: str, *, still_safe: Callable[[lvm.LvInfo], None],
+                         drop_tags: Sequence[str] = ()) -> lvm.LvInfo:
+    """Carry out ``plan``: under the storage locks only the LV read again (same
+    size, still not open, ``still_safe`` of it), ``lvreduce`` to the target
+    and the ``drop_tags`` it carries removed; then, outside them, the image
+    checked again (clean, same end). Returns the LV as LVM reports it after.
+
+    :raises ShrinkRefused: the LV changed or was opened meanwhile, or
+        ``still_safe`` refused; nothing was changed.
+    :raises VolumeError: the image no longer checks clean after the reduction
+        (the message says how to restore the size).
+    """
+    before = plan.before
+    vg, lv = before.vg, before.lv
+    reducing = plan.target < before.size
+    async with locked(settings, storage):
+        fresh = await lvm.lv_info(vg, lv)
+        if fresh.size != before.size:
+            raise ShrinkRefused(f"{what}: the LV changed size meanwhile "
+                                f"({format_size(before.size)} -> "
+                                f"{format_size(fresh.size)}); try again")
+        if fresh.open:
+            raise ShrinkRefused(f"{what}: the LV was opened meanwhile; nothing changed")
+        still_safe(fresh)
+        if reducing:
+            await lvm.reduce(vg, lv, plan.target)
+        dropped = [tag for tag in drop_tags if tag in fresh.tags]
+        if dropped:
+            await lvm.remove_tags(vg, lv, dropped)
+    after = await lvm.lv_info(vg, lv)
+    if reducing:
+        recheck = await qemu_img.check(before.path)
+        if (recheck.status is not qemu_img.CheckStatus.CLEAN
+                or recheck.image_end_offset != plan.image_end):
+            raise VolumeError(
+                f"{what}: the image no longer checks clean after reducing the LV from "
+                f"{before.size} to {plan.target} bytes ({recheck.status.value}, end "
+                f"{recheck.image_end_offset}); restore its size at once with "
+                f"'lvextend -L {before.size}b {vg}/{lv}'")
+    return after
+
+
 async def shrink(settings: VolumeSettings, volid: VolumeId | str, *,
                  dry_run: bool = False) -> Shrunk:
     """Reduce a stopped volume's LV to ``max(initial-size, image end + chunk)``.
+
+    A copy target's tag (:data:`COPY_TAG`) is dropped with the reduction: the
+    LV is no longer at its maximum.
 
     :raises ShrinkRefused: not safe now (the message says why).
     :raises VolumeError: bad volume id or storage.
@@ -135,38 +219,18 @@ async def shrink(settings: VolumeSettings, volid: VolumeId | str, *,
     await lvm.activate(vg, lv)
     try:
         image = await _image_info(path, vol)
-        checked = await _checked_clean(path, str(vol))
-        end = checked.image_end_offset
-        assert end is not None
-        target = shrink_target(before.size, end, storage.chunksize, storage.initial_size,
-                               before.extent_size)
-        result = Shrunk(vol, before.size, before.size, end, image.virtual_size, target,
-                        dry_run, 0.0)
-        if dry_run or target >= before.size:
+        plan = await plan_reduction(storage, before, str(vol))
+        result = Shrunk(vol, before.size, before.size, plan.image_end, image.virtual_size,
+                        plan.target, dry_run, 0.0)
+        if dry_run or (plan.target >= before.size and COPY_TAG not in before.tags):
             return _timed(result, began)
-        async with locked(settings, storage):
-            fresh = await lvm.lv_info(vg, lv)
-            if fresh.size != before.size:
-                raise ShrinkRefused(f"{vol}: the LV changed size meanwhile "
-                                    f"({format_size(before.size)} -> "
-                                    f"{format_size(fresh.size)}); try again")
-            if fresh.open:
-                raise ShrinkRefused(f"{vol}: the LV was opened meanwhile; nothing changed")
-            refuse_if_running(settings, vol.vmid)
-            await lvm.reduce(vg, lv, target)
-        after = await lvm.lv_info(vg, lv)
-        recheck = await qemu_img.check(path)
-        if (recheck.status is not qemu_img.CheckStatus.CLEAN
-                or recheck.image_end_offset != end):
-            raise VolumeError(
-                f"{vol}: the image no longer checks clean after reducing the LV from "
-                f"{before.size} to {target} bytes ({recheck.status.value}, end "
-                f"{recheck.image_end_offset}); restore its size at once with "
-                f"'lvextend -L {before.size}b {vg}/{lv}'")
+        after = await reduce_planned(
+            settings, storage, plan, str(vol),
+            still_safe=lambda _fresh: refuse_if_running(settings, vol.vmid),
+            drop_tags=(COPY_TAG,))
         log.info("shrank %s: LV %s -> %s (image end %s)", vol, format_size(before.size),
-                 format_size(after.size), format_size(end))
-        return _timed(Shrunk(vol, before.size, after.size, end, image.virtual_size, target,
-                             False, 0.0), began)
+                 format_size(after.size), format_size(plan.image_end))
+        return _timed(dataclasses.replace(result, lv_size_after=after.size), began)
     finally:
         try:
             await lvm.deactivate(vg, lv)
