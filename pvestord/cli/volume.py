@@ -1,4 +1,4 @@
-"""``pvestord volume create|shrink|list|record-maxima``: thin volumes for Proxmox.
+"""``pvestord volume create|shrink|reduce-copy|list|record-maxima``: thin volumes for Proxmox.
 
 The work is :mod:`pvestord.features.volumes`'s; this is its command line.
 """
@@ -79,6 +79,19 @@ def register(sub: options.SubCommands) -> None:
                         "node; its .rrd can only refuse (default: %(default)s)")
     options.add_json_option(shrink)
 
+    reduce = options.add_command(
+        vsub, "reduce-copy", _reduce_copy,
+        "reduce a copy target's LV once its copy is over (run by the Proxmox plugin)")
+    _common(reduce)
+    reduce.add_argument("volid", metavar="STORAGE:VOLNAME")
+    reduce.add_argument("--on-activation", action="store_true",
+                        help="Proxmox has just activated it: reduce only when the image "
+                        "holds data (else: Proxmox is about to deactivate it)")
+    reduce.add_argument("--run-dir", type=Path, default=paths.QEMU_SERVER_RUN,
+                        metavar="DIR", help="where QEMU's <vmid>.pid lives "
+                        "(default: %(default)s)")
+    options.add_json_option(reduce)
+
     record = options.add_command(
         vsub, "record-maxima", _record_maxima,
         "record in an LV tag the maximum of thin LVs made before it was recorded")
@@ -126,6 +139,27 @@ def _shrink(args: argparse.Namespace) -> int:
               f"{format_size(result.lv_size_after)} (image end "
               f"{format_size(result.image_end)}, gave back {format_size(result.reclaimed)}) "
               f"in {result.seconds:.1f} s")
+    return 0
+
+
+def _reduce_copy(args: argparse.Namespace) -> int:
+    """For a volume tagged pvestord-copy (made thick for a copy into it), active
+    and not open on this node, its VM not running here: once the copy is over
+    (always before a deactivation; after an activation only when the image holds
+    data), check the image, then under the storage lock reduce the LV to
+    max(initial-size, image end + one chunk) in whole extents and drop the tag.
+    Any other volume is left alone. Refuses, saying why, when that is not safe."""
+    volid = parse_volume_id(args.volid)
+    result = asyncio.run(volumes.reduce_copy_target(_settings(args), volid,
+                                                    on_activation=args.on_activation))
+    if args.json:
+        print(json.dumps({**dataclasses.asdict(result), "volid": str(result.volid)}, indent=2))
+    elif result.done:
+        print(f"{volid}: copy over, LV {format_size(result.lv_size_before)} -> "
+              f"{format_size(result.lv_size_after)} (image end "
+              f"{format_size(result.image_end or 0)})")
+    else:
+        print(f"{volid}: nothing done: {result.note}")
     return 0
 
 

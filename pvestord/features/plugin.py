@@ -33,7 +33,10 @@ Requests (sizes in bytes; ``storage`` is ``{"storeid", "vgname", "shared",
     When one of :data:`COPY_FLOWS` is among the callers, the new volume is
     about to be filled at copy speed with nobody to grow it (no QEMU, or a
     block job QEMU reports only as a job error): it is made *thick*, the LV
-    at the image's maximum, so the copy can never hit ENOSPC.
+    at the image's maximum, so the copy can never hit ENOSPC, and tagged
+    :data:`~pvestord.policy.capacity.COPY_TAG`: the plugin has it reduced
+    to its data plus a chunk once the copy is over
+    (:mod:`pvestord.features.volumes.copies`).
 ``resize``: ``{"lv": name, "virtual_size": new}`` -> ``{"lv_size", "extend": bool}``.
     The qcow2 grows; the LV keeps its size (it is never made thick), except
     that it is never left below the initial size the storage gives new disks.
@@ -76,7 +79,7 @@ from pvestord.adapters import lvm, preparedjobs, qemu_img
 from pvestord.adapters.config import ThinStorage, thin_from_options
 from pvestord.errors import PvestordError
 from pvestord.features import capacity
-from pvestord.policy.capacity import maximum_tag, retag_maximum
+from pvestord.policy.capacity import COPY_TAG, maximum_tag, retag_maximum
 from pvestord.policy.sizes import KiB, align_up
 from pvestord.policy.volumes import NewVolume, VolumeRole, initial_lv_size, new_volume
 
@@ -305,6 +308,8 @@ async def _decide(request: Request) -> dict[str, Any]:
         # The maximum goes into a tag with the LV: every node's capacity
         # figures and guards read it from the VG metadata, active here or not.
         tags = [*volume.tags, maximum_tag(maximum)]
+        if kind is Kind.THICK:
+            tags.append(COPY_TAG)
         return {"name": volume.name, "format": volume.format, "tags": tags,
                 "lv_size": lv_size, "maximum": maximum, "kind": kind.value,
                 "preallocation": "off"}

@@ -149,6 +149,14 @@ def maximum_tag(maximum: int) -> str:
     return f"{MAXIMUM_TAG_PREFIX}{maximum}"
 
 
+#: The tag of a copy target: an LV made thick (at its maximum) for a copy
+#: qemu-server runs into it with nobody to grow it (clone, move, import,
+#: restore, a migration's NBD target). The Proxmox plugin has it reduced to
+#: its data plus a chunk, and the tag dropped, once the copy is over
+#: (:mod:`pvestord.features.volumes.copies`); the Perl reads it by this name.
+COPY_TAG = "pvestord-copy"
+
+
 def is_maximum_tag(tag: str) -> bool:
     """A tag of this family, readable or not (for removal when it is replaced)."""
     return tag.startswith(MAXIMUM_TAG_PREFIX)

@@ -251,9 +251,26 @@ def shrink_target(lv_size: int, image_end: int, chunksize: int, initial_size: in
     return min(lv_size, wanted)
 
 
+def copy_over(on_activation: bool, allocated_clusters: int | None) -> bool:
+    """Whether a copy target whose LV is not open is done being copied into.
+
+    qemu-server deactivates a volume once its copy into it is over (every
+    offline copy ends with ``deactivate_volumes``; a mirror or migration
+    target is deactivated when its VM stops): at a deactivation, yes. At an
+    activation, only when the image already holds data (``qemu-img check``'s
+    allocated clusters): ``clone_disk`` activates the new, empty volume right
+    before it copies into it, and a same-node clone never deactivates it, so
+    an activation that finds data is the next use after the copy. Unknown
+    (no count reported) is no.
+    """
+    if not on_activation:
+        return True
+    return allocated_clusters is not None and allocated_clusters > 0
+
+
 __all__ = [
     "MAX_VMID", "MAX_VOLUMES_PER_GUEST", "MIN_VMID", "NewVolume", "ShrinkRefused",
-    "VolumeError", "VolumeId", "VolumeRole", "check_virtual_size", "check_vmid",
+    "VolumeError", "VolumeId", "VolumeRole", "check_virtual_size", "check_vmid", "copy_over",
     "initial_lv_size", "new_volume", "next_disk_name", "parse_volname", "parse_volume_id",
     "shrink_target",
 ]

@@ -12,12 +12,13 @@ package PVE::Storage::Custom::PvestordPlugin;
 # the lock of every storage on the VG (cluster_lock_storage below), and none is
 # taken on a VG pvestord has marked unhealthy on this node.
 #
-# Every method not overridden here is LVMPlugin's: activation (after a check
-# of the section), listing, size information, free (with saferemove), rename,
+# Every method not overridden here is LVMPlugin's: listing, size information, free (with saferemove), rename,
 # export and import; so is the resize of a raw disk an 'lvm:' storage left.
 # volume_snapshot_info is LVMPlugin's too, with one addition: called by
 # qemu-server's online snapshot delete, it grows the LV the block job will
-# write into before the job starts.
+# write into before the job starts. Volume activation and deactivation are
+# LVMPlugin's, with one addition: a copy target (made thick for a copy) is
+# reduced once its copy is over (reduce_copy_target below).
 
 use strict;
 use warnings;
@@ -263,6 +264,12 @@ my sub ask {
     return decode_json($output);
 }
 
+# Set while this process runs code under the storage locks (taken by any
+# caller: they all lock through cluster_lock_storage below). A copy target's
+# reduction takes those locks itself, in another process: asked for under
+# them, it would wait for this one until its lock wait timed out.
+our $HOLDING_LOCKS = 0;
+
 # Proxmox locks 'storage-<storeid>' around a change of a storage's LVM
 # metadata, never the VG: an 'lvm:' and a 'pvestord:' storage on one VG would
 # take two different locks, and Proxmox's lvcreate on the one could write the
@@ -307,6 +314,7 @@ sub cluster_lock_storage {
         # The daemon may have marked the VG while we waited for the locks:
         # asked again, pvestord refuses with the mark's reason.
         $ask_locks->() if -e $plan->{health_mark};
+        local $HOLDING_LOCKS = 1;
         return $func->(@param);
     };
     for my $lock (reverse $plan->{locks}->@*) {
@@ -320,6 +328,84 @@ sub cluster_lock_storage {
         };
     }
     return $locked->();
+}
+
+# The tag of a copy target: an LV made thick (at its image's maximum) because
+# qemu-server copies a whole disk into it with nobody to grow it ('alloc' in
+# pvestord/features/plugin.py; COPY_TAG in pvestord/policy/capacity.py).
+my $COPY_TAG = 'pvestord-copy';
+
+# How long a copy target's reduction may take: 'qemu-img check' of the image
+# (it reads every table), the wait for the storage locks (10 s) and lvreduce.
+my $REDUCE_TIMEOUT = 300;
+
+my sub is_copy_target {
+    my ($scfg, $lv) = @_;
+
+    my $vg = $scfg->{vgname};
+    my $lvs = PVE::Storage::LVMPlugin::lvm_list_volumes($vg);
+    my $tags = $lvs->{$vg}->{$lv}->{tags} // '';
+    return scalar(grep { $_ eq $COPY_TAG } split(/,/, $tags));
+}
+
+# A copy target is thick while qemu-server copies into it and thin as soon as
+# the copy is over: 'pvestord volume reduce-copy' reduces its LV to its data
+# plus a chunk, as 'pvestord volume shrink' does, and drops the tag
+# (pvestord/features/volumes/copies.py). qemu-server deactivates the volume
+# when the copy is over (every offline copy ends with deactivate_volumes; a
+# mirror's or migration's target is deactivated when its VM stops), so it is
+# asked before LVMPlugin deactivates it; a full clone on the same node never
+# deactivates its new volume, so it is asked too after LVMPlugin activates
+# one ($on_activation), where it reduces only an image that already holds
+# data: clone_disk activates the new volume, still empty, right before it
+# copies into it. Proxmox calls both without the storage lock: pvestord takes
+# it, for the lvreduce alone. A refusal (the LV in use, the VM running here,
+# the image not clean, the LV changed meanwhile) changes nothing and is a
+# warning: the volume works as it is, thick, and the next activation or
+# deactivation asks again. Never asked under the storage locks (our own
+# activations while making a volume, snapshots): pvestord would wait for them.
+my sub reduce_copy_target {
+    my ($class, $storeid, $scfg, $volname, $snapname, $on_activation) = @_;
+
+    return if defined($snapname) || $HOLDING_LOCKS;
+    return if ($class->parse_volname($volname))[6] ne 'qcow2';
+    my $volid = "$storeid:$volname";
+    my $errors = '';
+    eval {
+        my $lv = basename($class->path($scfg, $volname, $storeid));
+        return if !is_copy_target($scfg, $lv);
+        run_command(
+            [
+                $PVESTORD, 'volume', 'reduce-copy',
+                ($on_activation ? ('--on-activation') : ()), $volid,
+            ],
+            timeout => $REDUCE_TIMEOUT,
+            outfunc => sub { print "$_[0]\n" },
+            errfunc => sub { $errors .= "$_[0]\n" },
+        );
+    };
+    if (my $err = $@) {
+        chomp(my $why = $errors ne '' ? $errors : $err);
+        warn "copy target '$volid' keeps its full size for now: $why\n"
+            . "It is tried again at its next activation and deactivation; or run"
+            . " 'pvestord volume shrink $volid' once its VM is stopped.\n";
+    }
+    return;
+}
+
+sub activate_volume {
+    my ($class, $storeid, $scfg, $volname, $snapname, $cache) = @_;
+
+    $class->SUPER::activate_volume($storeid, $scfg, $volname, $snapname, $cache);
+    reduce_copy_target($class, $storeid, $scfg, $volname, $snapname, 1);
+    return;
+}
+
+sub deactivate_volume {
+    my ($class, $storeid, $scfg, $volname, $snapname, $cache) = @_;
+
+    reduce_copy_target($class, $storeid, $scfg, $volname, $snapname, 0);
+    return $class->SUPER::deactivate_volume($storeid, $scfg, $volname, $snapname, $cache);
 }
 
 # Under the storage lock, ask pvestord how large the LV at $path must be and

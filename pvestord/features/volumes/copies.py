@@ -1,0 +1,130 @@
+"""A copy target made thin as soon as its copy is over.
+
+qemu-server copies whole disks into new volumes with nobody to grow them
+(``qemu-img convert``, ``vma extract``, a mirror job): the plugin makes such
+a volume thick, its LV at the image's maximum, and tags it
+:data:`~pvestord.policy.capacity.COPY_TAG` (:mod:`pvestord.features.plugin`,
+``alloc``). The copy runs at full speed and can never hit ENOSPC.
+
+Once the copy is over, the Proxmox plugin calls :func:`reduce_copy_target`
+(``pvestord volume reduce-copy``) and the LV is reduced as ``pvestord volume
+shrink`` reduces one, to ``max(initial-size, image end + one chunk)`` in whole
+extents, with the same core (:func:`~.shrinking.plan_reduction`,
+:func:`~.shrinking.reduce_planned`), and the tag is dropped:
+
+* before Proxmox deactivates it (every offline copy ends with
+  ``deactivate_volumes``; a mirror or migration target is deactivated when
+  its VM stops);
+* after Proxmox activates it, when the image already holds data
+  (:func:`pvestord.policy.volumes.copy_over`): a full clone on the same node
+  never deactivates its new volumes, and ``clone_disk`` activates the new
+  volume, still empty, right before it copies into it.
+
+Refused, nothing changed and the tag kept (the next activation or
+deactivation tries again), when: the LV is open on this node (a copy, a
+mirror or a VM uses it), the VM of the volume runs on this node, the LV is
+not active here, the image does not check clean, or the LV changed meanwhile.
+Proxmox calls both without the storage lock: the locks are taken here, for
+the re-read and ``lvreduce`` alone; ``qemu-img check`` runs before them.
+
+Unlike ``volume shrink`` this asks nothing of the cluster (quorum, the VM
+list): Proxmox activates and deactivates a VM's volumes on the node that
+runs the task using them, and the LV being active and not open here is
+the state Proxmox's own activation leaves it in.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from pvestord.adapters import lvm
+from pvestord.adapters.vms import local_vm
+from pvestord.features.volumes.shrinking import plan_reduction, reduce_planned
+from pvestord.features.volumes.storage import VolumeSettings, load_config, thin_storage
+from pvestord.policy.capacity import COPY_TAG
+from pvestord.policy.sizes import format_size
+from pvestord.policy.volumes import (
+    ShrinkRefused,
+    VolumeError,
+    VolumeId,
+    copy_over,
+    parse_volume_id,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CopyReduced:
+    """What ``volume reduce-copy`` did."""
+
+    volid: VolumeId
+    #: The LV was reduced (or only untagged, already that small) and its tag dropped.
+    done: bool
+    #: Why nothing was done, when nothing was: not a copy target, or its copy not over.
+    note: str
+    lv_size_before: int
+    lv_size_after: int
+    #: ``qemu-img check``'s image end; None when the image was not checked.
+    image_end: int | None
+    target: int | None
+
+
+def _refuse_if_running_here(settings: VolumeSettings, vmid: int, what: str) -> None:
+    vm = local_vm(settings.run_dir, vmid)
+    if vm is not None:
+        raise ShrinkRefused(f"{what}: VM {vmid} is running on this node (pid {vm.pid}); "
+                            "nothing changed")
+
+
+async def reduce_copy_target(settings: VolumeSettings, volid: VolumeId | str, *,
+                             on_activation: bool) -> CopyReduced:
+    """Reduce the copy target ``volid`` if its copy is over; drop its tag.
+
+    ``on_activation``: called after Proxmox activated it (reduced only when
+    the image holds data); else before Proxmox deactivates it.
+
+    :raises ShrinkRefused: not safe now (the message says why); nothing changed.
+    :raises VolumeError: bad volume id or storage, no such LV, or the image
+        did not check clean after the reduction.
+    :raises PvestordError: LVM, qemu-img or the lock failed.
+    """
+    vol = parse_volume_id(volid) if isinstance(volid, str) else volid
+    what = str(vol)
+    storage = thin_storage(load_config(settings), vol.storeid)
+    vg, lv = storage.vgname, vol.volname
+    try:
+        before = await lvm.lv_info(vg, lv)
+    except lvm.LvMissingError as err:
+        raise VolumeError(f"no volume {vol} (no LV {vg}/{lv})") from err
+
+    def untouched(note: str) -> CopyReduced:
+        return CopyReduced(vol, False, note, before.size, before.size, None, None)
+
+    if COPY_TAG not in before.tags:
+        return untouched("not a copy target")
+    if before.open:
+        raise ShrinkRefused(f"{what}: the LV {vg}/{lv} is open on this node (a copy, a "
+                            "mirror or a VM uses it); nothing changed")
+    if not before.active:
+        raise ShrinkRefused(f"{what}: the LV {vg}/{lv} is not active on this node")
+    _refuse_if_running_here(settings, vol.vmid, what)
+    plan = await plan_reduction(storage, before, what)
+    if not copy_over(on_activation, plan.checked.allocated_clusters):
+        return untouched("the image holds no data yet: its copy has not begun")
+
+    def still_safe(fresh: lvm.LvInfo) -> None:
+        if COPY_TAG not in fresh.tags:
+            raise ShrinkRefused(f"{what}: no longer a copy target (its tag was dropped "
+                                "meanwhile); nothing changed")
+        _refuse_if_running_here(settings, vol.vmid, what)
+
+    after = await reduce_planned(settings, storage, plan, what, still_safe=still_safe,
+                                 drop_tags=(COPY_TAG,))
+    log.info("copy target %s: LV %s -> %s (image end %s)", vol, format_size(before.size),
+             format_size(after.size), format_size(plan.image_end))
+    return CopyReduced(vol, True, "", before.size, after.size, plan.image_end, plan.target)
+
+
+__all__ = ["CopyReduced", "reduce_copy_target"]
