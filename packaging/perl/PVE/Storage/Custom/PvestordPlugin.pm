@@ -380,7 +380,8 @@ my sub reduce_copy_target {
                 ($on_activation ? ('--on-activation') : ()), $volid,
             ],
             timeout => $REDUCE_TIMEOUT,
-            outfunc => sub { print "$_[0]\n" },
+            # Its one line, for the task log; stdout may be an API answer's.
+            outfunc => sub { print STDERR "$_[0]\n" },
             errfunc => sub { $errors .= "$_[0]\n" },
         );
     };
