@@ -16,7 +16,7 @@ from pvestord.errors import PvestordError
 from pvestord.features import plugin
 from pvestord.features.capacity import CapacityRefusedError
 from pvestord.features.plugin import Kind
-from pvestord.policy.capacity import maximum_tag
+from pvestord.policy.capacity import COPY_TAG, maximum_tag
 from pvestord.policy.sizes import GiB, MiB
 from pvestord.policy.volumes import VolumeRole
 
@@ -297,6 +297,23 @@ def test_an_alloc_records_the_new_volumes_maximum_in_a_tag(world: FakeWorld) -> 
                               **NEW_DISK))
     assert answer["tags"] == ["pve-vm-100", "@pve-vm-100-disk-3.qcow2", maximum_tag(5 * GiB)]
     assert answer["maximum"] == 5 * GiB
+
+
+def test_a_copy_target_is_thick_and_tagged_as_one(world: FakeWorld) -> None:
+    """Thick while copying; the tag has the plugin reduce it once the copy is over."""
+    answer = _answer(_request(op="alloc", virtual_size=4 * GiB, lock_seconds_left=60,
+                              callers=["PVE::Storage::vdisk_alloc",
+                                       "PVE::QemuServer::clone_disk"], **NEW_DISK))
+    assert answer["kind"] == "thick"
+    assert answer["lv_size"] == answer["maximum"] == 5 * GiB
+    assert answer["tags"] == ["pve-vm-100", "@pve-vm-100-disk-3.qcow2", maximum_tag(5 * GiB),
+                              COPY_TAG]
+
+
+def test_the_plugin_reads_the_copy_tag_by_its_one_name() -> None:
+    perl = (Path(__file__).resolve().parents[2] / "packaging" / "perl" / "PVE" / "Storage"
+            / "Custom" / "PvestordPlugin.pm").read_text()
+    assert f"my $COPY_TAG = '{COPY_TAG}';" in perl
 
 
 @pytest.mark.parametrize("op", ["resize", "commit"])

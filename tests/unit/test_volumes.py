@@ -41,6 +41,7 @@ from pvestord.policy.volumes import (
     VolumeId,
     VolumeRole,
     check_virtual_size,
+    copy_over,
     initial_lv_size,
     new_volume,
     next_disk_name,
@@ -293,6 +294,17 @@ def test_shrink_target_properties(lv: tuple[int, int], end: int, chunk: int,
         assert target >= end + chunk
         assert target >= initial
         assert target - extent < max(end + chunk, initial)  # the smallest such size
+
+
+@given(st.booleans(), st.one_of(st.none(), st.integers(0, 2**40)))
+def test_a_copy_is_over_at_deactivation_or_when_an_activation_finds_data(
+        on_activation: bool, allocated: int | None) -> None:
+    over = copy_over(on_activation, allocated)
+    if not on_activation:
+        assert over
+    else:
+        # clone_disk activates the new, empty volume right before its copy.
+        assert over == (allocated is not None and allocated > 0)
 
 
 def test_shrink_of_300_mib_of_data() -> None:

@@ -1,0 +1,230 @@
+"""Copies land thin: a copy target is thick while qemu-server copies into it
+and reduced as soon as the copy is over, through the real PVE::Storage
+(issue 37 item 1).
+
+qemu-server's copy flows allocate from named subs (``COPY_FLOWS`` in
+pvestord/features/plugin.py); the test calls ``vdisk_alloc`` from a sub of
+that name, as ``clone_disk`` does. The plugin's ``deactivate_volume`` and
+``activate_volume`` then have ``pvestord volume reduce-copy`` reduce the
+LV to ``shrink_target``'s size and drop the copy tag.
+
+LVM is the recording stand-in of :mod:`tests.proxmox.recorded`; pvestord's
+own ``lvreduce`` and ``lvchange`` are carried out by ``fake_lvm.py``, which
+logs the lock directories pvestord held meanwhile (its ``--lock-dir``:
+pmxcfs-style directories, as on a shared storage). Every qemu-img pvestord
+runs reads one real image file, logged with the same locks.
+Runs on any machine with the Proxmox sources, the Perl modules and qemu-img.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pvestord.adapters import qemu_img
+from pvestord.policy.capacity import COPY_TAG
+from pvestord.policy.sizes import GiB, MiB
+from pvestord.policy.volumes import shrink_target
+from tests.proxmox import upstream
+from tests.proxmox.recorded import VENV_BIN, Bed, make_bed
+
+VG = "vg_san1"
+EXTENT = 4 * MiB
+CHUNK = 256 * MiB
+INITIAL = 1 * GiB
+DISK = 4 * GiB
+VOLNAME = "vm-100-disk-0.qcow2"
+VOLID = f"thin1:{VOLNAME}"
+STORAGE_CFG = f"""\
+pvestord: thin1
+\tvgname {VG}
+\tcontent images
+\tshared 1
+\tsnapshot-as-volume-chain 1
+\tpvestord-chunksize 256M
+\tpvestord-initial-size 1G
+"""
+
+
+@pytest.fixture(scope="module")
+def proxmox(proxmox: upstream.Upstream) -> upstream.Upstream:
+    """The sources, with this module's storage.cfg."""
+    proxmox.write_storage_cfg(STORAGE_CFG)
+    return proxmox
+
+
+@dataclass(frozen=True)
+class CopyBed:
+    bed: Bed
+    #: The image every LV of the VG is to pvestord's qemu-img.
+    image: Path
+    #: pvestord's LVM changes, each with the lock directories held meanwhile.
+    lvm_log: Path
+    #: pvestord's qemu-img runs, each with the lock directories held meanwhile.
+    qemu_img_log: Path
+    env: dict[str, str]
+
+    def run(self, code: str) -> Any:
+        return self.bed.run(code, **self.env)
+
+    def lvm_changes(self) -> list[dict[str, Any]]:
+        return _lines(self.lvm_log)
+
+    def qemu_img_runs(self) -> list[dict[str, Any]]:
+        return _lines(self.qemu_img_log)
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture
+def copy_bed(proxmox: upstream.Upstream, tmp_path: Path) -> CopyBed:
+    bed = make_bed(proxmox, tmp_path, vg=VG, vg_size=100 * GiB, extent=EXTENT)
+    py_locks, run_dir = tmp_path / "py-locks", tmp_path / "run"
+    py_locks.mkdir()
+    run_dir.mkdir()
+    lvm_log, qemu_img_log = tmp_path / "py-lvm.jsonl", tmp_path / "qemu-img.jsonl"
+    image = tmp_path / "image.qcow2"
+    # The bed's pvestord, with a volume command's files in the bed as well.
+    pvestord = f"PYTHONPATH={upstream.REPO} exec {VENV_BIN / 'pvestord'}"
+    (tmp_path / "pvestord").write_text(
+        "#!/bin/sh\n"
+        f"if [ \"$1\" = volume ]; then {pvestord} \"$@\""
+        f" --storage-config {proxmox.pve_dir / 'storage.cfg'} --lock-dir {py_locks}"
+        f" --run-dir {run_dir} --vg-health-dir {bed.health_dir}; fi\n"
+        f"{pvestord} \"$@\" --vg-health-dir {bed.health_dir}\n")
+    real = shutil.which("qemu-img")
+    assert real is not None
+    wrapper = tmp_path / "qemu-img"
+    wrapper.write_text(
+        f"#!{sys.executable}\nimport json, os, sys\n"
+        f"locks = sorted(os.listdir({str(py_locks)!r}))\n"
+        f"with open({str(qemu_img_log)!r}, 'a') as log:\n"
+        "    log.write(json.dumps({'command': sys.argv[1:], 'locks': locks}) + '\\n')\n"
+        f"args = [{str(image)!r} if a.startswith('/dev/{VG}/') else a for a in sys.argv[1:]]\n"
+        f"os.execv({real!r}, [{real!r}, *args])\n")
+    wrapper.chmod(0o755)
+    env = {"PVESTORD_QEMU_IMG": str(wrapper), "PVESTORD_TEST_PY_LVM_LOG": str(lvm_log),
+           "PVESTORD_TEST_PY_LOCK_DIR": str(py_locks)}
+    return CopyBed(bed, image, lvm_log, qemu_img_log, env)
+
+
+def alloc_copy_target(copy_bed: CopyBed) -> int:
+    """``vdisk_alloc`` as ``clone_disk`` calls it; the LV's size."""
+    made = copy_bed.run(
+        'sub PVE::QemuServer::clone_disk {'
+        f' return PVE::Storage::vdisk_alloc($cfg, "thin1", 100, "qcow2", "{VOLNAME}",'
+        f' {DISK // 1024}) }}'
+        'print encode_json({volid => PVE::QemuServer::clone_disk()});')
+    assert made == {"volid": VOLID}
+    lv = copy_bed.bed.lvs()[VOLNAME]
+    assert COPY_TAG in lv["tags"]
+    return int(lv["size"])
+
+
+def write_image(image: Path, data: int) -> None:
+    """The image as a copy leaves it: ``data`` bytes written from its start."""
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(image), str(DISK)],  # noqa: S603
+                   check=True, timeout=60)
+    if data:
+        subprocess.run(["qemu-io", "-f", "qcow2", "-c", f"write -P 0x5a 0 {data}",  # noqa: S603
+                        str(image)], check=True, timeout=60, capture_output=True)
+
+
+def expected_size(image: Path, lv_size: int) -> int:
+    checked = asyncio.run(qemu_img.check(image))
+    assert checked.image_end_offset is not None
+    return shrink_target(lv_size, checked.image_end_offset, CHUNK, INITIAL, EXTENT)
+
+
+def test_a_copy_target_is_allocated_thick_and_tagged(copy_bed: CopyBed) -> None:
+    size = alloc_copy_target(copy_bed)
+    assert size > DISK
+
+
+def test_deactivation_reduces_a_copy_target_and_drops_its_tag(copy_bed: CopyBed) -> None:
+    thick = alloc_copy_target(copy_bed)
+    write_image(copy_bed.image, 64 * MiB)
+    copy_bed.run(f'PVE::Storage::deactivate_volumes($cfg, ["{VOLID}"]); print "{{}}";')
+    lv = copy_bed.bed.lvs()[VOLNAME]
+    assert lv["size"] == expected_size(copy_bed.image, thick) < thick
+    assert COPY_TAG not in lv["tags"]
+    assert "pve-vm-100" in lv["tags"]
+
+
+def test_the_lock_is_held_for_the_reduction_and_not_for_the_check(copy_bed: CopyBed) -> None:
+    alloc_copy_target(copy_bed)
+    write_image(copy_bed.image, 64 * MiB)
+    copy_bed.run(f'PVE::Storage::deactivate_volumes($cfg, ["{VOLID}"]); print "{{}}";')
+    changes = copy_bed.lvm_changes()
+    assert [c["command"][0] for c in changes] == ["lvreduce", "lvchange"]
+    assert all("storage-thin1" in c["locks"] for c in changes), changes
+    checks = [r for r in copy_bed.qemu_img_runs() if r["command"][0] == "check"]
+    # Before the reduction (outside the lock), and once after it.
+    assert len(checks) == 2
+    assert all(r["locks"] == [] for r in checks), checks
+
+
+def test_activation_of_the_empty_target_changes_nothing(copy_bed: CopyBed) -> None:
+    """clone_disk's order: vdisk_alloc, activate_volumes, then the copy."""
+    thick = alloc_copy_target(copy_bed)
+    write_image(copy_bed.image, 0)
+    copy_bed.run(f'PVE::Storage::activate_volumes($cfg, ["{VOLID}"]); print "{{}}";')
+    lv = copy_bed.bed.lvs()[VOLNAME]
+    assert lv["size"] == thick
+    assert COPY_TAG in lv["tags"]
+    assert copy_bed.lvm_changes() == []
+
+
+def test_activation_of_a_written_closed_target_reduces_it(copy_bed: CopyBed) -> None:
+    """A same-node clone: the copy done, never deactivated; the next activation."""
+    thick = alloc_copy_target(copy_bed)
+    write_image(copy_bed.image, 64 * MiB)
+    copy_bed.run(f'PVE::Storage::activate_volumes($cfg, ["{VOLID}"]); print "{{}}";')
+    lv = copy_bed.bed.lvs()[VOLNAME]
+    assert lv["size"] == expected_size(copy_bed.image, thick) < thick
+    assert COPY_TAG not in lv["tags"]
+
+
+def test_a_refusal_keeps_the_tag_and_still_deactivates(copy_bed: CopyBed) -> None:
+    """The LV open on this node (a mirror's target whose VM still runs)."""
+    thick = alloc_copy_target(copy_bed)
+    write_image(copy_bed.image, 64 * MiB)
+    state = json.loads(copy_bed.bed.state.read_text())
+    state["lvs"][VOLNAME]["open"] = True
+    copy_bed.bed.state.write_text(json.dumps(state))
+    found = copy_bed.run(
+        'my @deactivated;'
+        'my $lvm = \\&PVE::Storage::LVMPlugin::deactivate_volume;'
+        '{ no warnings "redefine";'
+        '  *PVE::Storage::LVMPlugin::deactivate_volume = sub {'
+        '    push @deactivated, $_[3]; return $lvm->(@_) }; }'
+        f'eval {{ PVE::Storage::deactivate_volumes($cfg, ["{VOLID}"]) }};'
+        'print encode_json({error => "$@", deactivated => \\@deactivated});')
+    assert found == {"error": "", "deactivated": [VOLNAME]}
+    lv = copy_bed.bed.lvs()[VOLNAME]
+    assert lv["size"] == thick
+    assert COPY_TAG in lv["tags"]
+    assert copy_bed.lvm_changes() == []
+
+
+def test_a_thin_volume_is_left_to_lvm(copy_bed: CopyBed) -> None:
+    """No copy tag: activation and deactivation are LVMPlugin's alone."""
+    made = copy_bed.bed.try_alloc("thin1", 100, "qcow2", VOLNAME, DISK // 1024)
+    assert made == {"volid": VOLID, "error": ""}
+    write_image(copy_bed.image, 64 * MiB)
+    copy_bed.run(f'PVE::Storage::activate_volumes($cfg, ["{VOLID}"]);'
+                 f'PVE::Storage::deactivate_volumes($cfg, ["{VOLID}"]); print "{{}}";')
+    assert copy_bed.bed.lvs()[VOLNAME]["size"] == INITIAL
+    assert copy_bed.qemu_img_runs() == []
