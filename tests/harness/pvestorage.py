@@ -40,7 +40,18 @@ def thin_storage(sources: upstream.Upstream, out_dir: Path, *, chunksize: int,
 
     The session's Perl code sees ``$cfg``, Proxmox's parse of that storage.cfg.
     ``options``: more lines of the section (``{"pvestord-thin-critical-free": "2G"}``).
+    The plugin's ``pvestord volume`` commands read that storage.cfg and take
+    their storage locks in ``out_dir/locks`` (there is no /etc/pve here).
     """
+    locks = out_dir / "locks"
+    locks.mkdir(exist_ok=True)
+    pvestord = out_dir / "pvestord"
+    pvestord.write_text(
+        "#!/bin/sh\n"
+        f"if [ \"$1\" = volume ]; then exec {VENV_BIN / 'pvestord'} \"$@\""
+        f" --storage-config {sources.pve_dir / 'storage.cfg'} --lock-dir {locks}; fi\n"
+        f"exec {VENV_BIN / 'pvestord'} \"$@\"\n")
+    pvestord.chmod(0o755)
     with loop_vg(6 * GiB) as vg:
         more = "".join(f"\t{name} {value}\n" for name, value in (options or {}).items())
         sources.write_storage_cfg(
@@ -49,7 +60,7 @@ def thin_storage(sources: upstream.Upstream, out_dir: Path, *, chunksize: int,
             f"\tpvestord-chunk-percentage 0.5\n\tpvestord-initial-size {initial_size // MiB}M\n"
             f"{more}")
         session = sources.session(out_dir / "perl.log",
-                                  PVESTORD_TEST_COMMAND=str(VENV_BIN / "pvestord"))
+                                  PVESTORD_TEST_COMMAND=str(pvestord))
         try:
             yield session, vg
         finally:

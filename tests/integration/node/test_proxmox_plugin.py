@@ -19,7 +19,8 @@ import pytest
 
 from pvestord.adapters import preparedjobs, vghealth
 from pvestord.features import plugin
-from pvestord.policy.capacity import maximum_tag
+from pvestord.policy.capacity import COPY_TAG, maximum_tag
+from pvestord.policy.volumes import shrink_target
 from tests.harness.lvmbed import VG, GiB, MiB, measured_maximum, qcow2_check, sh
 from tests.harness.pvestorage import (
     DISK,
@@ -171,6 +172,86 @@ def test_copy_flows_get_a_thick_volume(proxmox: tuple[upstream.PerlSession, VG])
              f' "qcow2", undef, {DISK // 1024})];')
     assert lv_sizes(vg) == {VOLNAME: measured_maximum(DISK, EXTENT)}
     assert image(vg, VOLNAME)["virtual-size"] == DISK
+
+
+#: qemu-server's new volume of a move disk or clone (VMID 101's first disk).
+COPY_VOLNAME = "vm-101-disk-0.qcow2"
+COPY_VOLID = f"{STORE}:{COPY_VOLNAME}"
+#: What the source holds: a 64 MiB stretch at its start, 8 MiB at 2 GiB.
+SOURCE_DATA = ((0x5A, 0, 64 * MiB), (0x6B, 2 * GiB, 8 * MiB))
+
+
+def copy_source(pve: upstream.PerlSession, vg: VG) -> None:
+    """The disk to copy: thin, written, deactivated as a stopped VM's is."""
+    alloc_disk(pve)
+    for pattern, offset, length in SOURCE_DATA:
+        qemu_io(vg, VOLNAME, f"write -P {pattern:#x} {offset} {length}")
+    pve.call(f'PVE::Storage::deactivate_volumes($cfg, ["{VOLID}"]); return [];')
+
+
+def alloc_copy_target(pve: upstream.PerlSession) -> None:
+    """clone_disk's ``vdisk_alloc`` of the target, then its ``activate_volumes``
+    of the new, still empty volume (qemu-server's order)."""
+    made = pve.call('sub PVE::QemuServer::clone_disk {'
+                    '  my $volid = PVE::Storage::vdisk_alloc(@_);'
+                    '  PVE::Storage::activate_volumes($_[0], [$volid]); return $volid }'
+                    f' return [PVE::QemuServer::clone_disk($cfg, "{STORE}", 101,'
+                    f' "qcow2", undef, {DISK // 1024})];')
+    assert made == [COPY_VOLID]
+
+
+def convert_into_target(pve: upstream.PerlSession, vg: VG) -> None:
+    """qemu-server's offline copy (QemuImage::convert into a zero-initialized
+    qcow2): the source activated, ``qemu-img convert -p -n`` with ``zeroinit:``."""
+    pve.call(f'PVE::Storage::activate_volumes($cfg, ["{VOLID}"]); return [];')
+    sh("qemu-img", "convert", "-p", "-n", "-f", "qcow2", "-O", "qcow2",
+       vg.lv_path(VOLNAME), f"zeroinit:{vg.lv_path(COPY_VOLNAME)}", timeout=600)
+
+
+def assert_reduced_copy(vg: VG, thick: int, out_dir: Path, flow: str) -> None:
+    """The target at shrink_target's size, the data the source's, clean, untagged."""
+    sh("lvchange", "-aey", vg.lv_path(COPY_VOLNAME))
+    end = image_end(vg, COPY_VOLNAME)
+    size = lv_sizes(vg)[COPY_VOLNAME]
+    (out_dir / "copy-sizes.json").write_text(json.dumps(
+        {"flow": flow, "thick_lv": thick, "reduced_lv": size, "image_end": end}))
+    assert size == shrink_target(thick, end, CHUNK, INITIAL, EXTENT) < thick
+    assert COPY_TAG not in lv_tags(vg)[COPY_VOLNAME]
+    assert qcow2_check(vg.lv_path(COPY_VOLNAME))["exit"] == 0
+    sh("qemu-img", "compare", "-f", "qcow2", "-F", "qcow2", vg.lv_path(VOLNAME),
+       vg.lv_path(COPY_VOLNAME), timeout=600)
+
+
+def test_an_offline_move_disk_lands_thin(proxmox: tuple[upstream.PerlSession, VG],
+                                         out_dir: Path) -> None:
+    """Move disk of a stopped VM (clone_disk, then the API's deactivate_volumes):
+    thick while qemu-img converts, reduced when the new volume is deactivated."""
+    pve, vg = proxmox
+    copy_source(pve, vg)
+    alloc_copy_target(pve)
+    thick = measured_maximum(DISK, EXTENT)
+    assert lv_sizes(vg)[COPY_VOLNAME] == thick
+    assert COPY_TAG in lv_tags(vg)[COPY_VOLNAME]
+    convert_into_target(pve, vg)
+    assert lv_sizes(vg)[COPY_VOLNAME] == thick
+    pve.call(f'PVE::Storage::deactivate_volumes($cfg, ["{COPY_VOLID}"]); return [];')
+    assert_reduced_copy(vg, thick, out_dir, "offline move disk")
+
+
+def test_a_same_node_clone_lands_thin_at_its_next_activation(
+        proxmox: tuple[upstream.PerlSession, VG], out_dir: Path) -> None:
+    """A full clone on the same node never deactivates its new volume: the
+    activation right after vdisk_alloc finds it empty and leaves it; the next
+    one (the clone's first start) finds the copy's data and reduces it."""
+    pve, vg = proxmox
+    copy_source(pve, vg)
+    alloc_copy_target(pve)
+    thick = measured_maximum(DISK, EXTENT)
+    convert_into_target(pve, vg)
+    assert lv_sizes(vg)[COPY_VOLNAME] == thick
+    assert COPY_TAG in lv_tags(vg)[COPY_VOLNAME]
+    pve.call(f'PVE::Storage::activate_volumes($cfg, ["{COPY_VOLID}"]); return [];')
+    assert_reduced_copy(vg, thick, out_dir, "same-node full clone")
 
 
 def lv_tags(vg: VG) -> dict[str, set[str]]:
