@@ -71,6 +71,8 @@ class CopyBed:
     #: pvestord's qemu-img runs, each with the lock directories held meanwhile.
     qemu_img_log: Path
     env: dict[str, str]
+    #: pvestord's ``--run-dir``: where a QEMU's ``<vmid>.pid`` is.
+    run_dir: Path
 
     def run(self, code: str) -> Any:
         return self.bed.run(code, **self.env)
@@ -117,7 +119,7 @@ def copy_bed(proxmox: upstream.Upstream, tmp_path: Path) -> CopyBed:
     wrapper.chmod(0o755)
     env = {"PVESTORD_QEMU_IMG": str(wrapper), "PVESTORD_TEST_PY_LVM_LOG": str(lvm_log),
            "PVESTORD_TEST_PY_LOCK_DIR": str(py_locks)}
-    return CopyBed(bed, image, lvm_log, qemu_img_log, env)
+    return CopyBed(bed, image, lvm_log, qemu_img_log, env, run_dir)
 
 
 def alloc_copy_target(copy_bed: CopyBed) -> int:
@@ -228,3 +230,27 @@ def test_a_thin_volume_is_left_to_lvm(copy_bed: CopyBed) -> None:
                  f'PVE::Storage::deactivate_volumes($cfg, ["{VOLID}"]); print "{{}}";')
     assert copy_bed.bed.lvs()[VOLNAME]["size"] == INITIAL
     assert copy_bed.qemu_img_runs() == []
+
+
+def test_a_vm_running_here_keeps_its_copy_target_as_it_is(copy_bed: CopyBed) -> None:
+    """VM 100 runs on this node (a live process names its pid file)."""
+    thick = alloc_copy_target(copy_bed)
+    write_image(copy_bed.image, 64 * MiB)
+    pidfile = copy_bed.run_dir / "100.pid"
+    qemu = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)",  # noqa: S603
+                             "-pidfile", str(pidfile)])
+    try:
+        pidfile.write_text(f"{qemu.pid}\n")
+        found = copy_bed.run(f'eval {{ PVE::Storage::activate_volumes($cfg, ["{VOLID}"]);'
+                             f' PVE::Storage::deactivate_volumes($cfg, ["{VOLID}"]) }};'
+                             'print encode_json({error => "$@"});')
+    finally:
+        qemu.kill()
+        qemu.wait(timeout=60)
+    assert found == {"error": ""}
+    lv = copy_bed.bed.lvs()[VOLNAME]
+    assert lv["size"] == thick
+    assert COPY_TAG in lv["tags"]
+    assert copy_bed.lvm_changes() == []
+    # Refused before the image was checked at all.
+    assert [r for r in copy_bed.qemu_img_runs() if r["command"][0] == "check"] == []
