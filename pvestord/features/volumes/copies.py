@@ -22,8 +22,9 @@ extents, with the same core (:func:`~.shrinking.plan_reduction`,
 
 Refused, nothing changed and the tag kept (the next activation or
 deactivation tries again), when: the LV is open on this node (a copy, a
-mirror or a VM uses it), the VM of the volume runs on this node, the LV is
-not active here, the image does not check clean, or the LV changed meanwhile.
+mirror or a VM uses it), the VM of the volume runs on this node, the image
+does not check clean, or the LV changed meanwhile. An LV not active here is
+left alone without a refusal (a deactivation of a volume already inactive).
 Proxmox calls both without the storage lock: the locks are taken here, for
 the re-read and ``lvreduce`` alone; ``qemu-img check`` runs before them.
 
@@ -104,11 +105,13 @@ async def reduce_copy_target(settings: VolumeSettings, volid: VolumeId | str, *,
 
     if COPY_TAG not in before.tags:
         return untouched("not a copy target")
+    if not before.active:
+        # Deactivated already (LVMPlugin's deactivation then does nothing
+        # either): no copy ran into it here since it was last active.
+        return untouched("not active on this node")
     if before.open:
         raise ShrinkRefused(f"{what}: the LV {vg}/{lv} is open on this node (a copy, a "
                             "mirror or a VM uses it); nothing changed")
-    if not before.active:
-        raise ShrinkRefused(f"{what}: the LV {vg}/{lv} is not active on this node")
     _refuse_if_running_here(settings, vol.vmid, what)
     plan = await plan_reduction(storage, before, what)
     if not copy_over(on_activation, plan.checked.allocated_clusters):
