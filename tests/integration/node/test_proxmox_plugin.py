@@ -202,10 +202,12 @@ def alloc_copy_target(pve: upstream.PerlSession) -> None:
 
 def convert_into_target(pve: upstream.PerlSession, vg: VG) -> None:
     """qemu-server's offline copy (QemuImage::convert into a zero-initialized
-    qcow2): the source activated, ``qemu-img convert -p -n`` with ``zeroinit:``."""
+    qcow2): the source activated, ``qemu-img convert -p -n`` into a target
+    known to read as zeroes. Proxmox's QEMU says so with its own ``zeroinit:``
+    driver; Debian's qemu-img has ``--target-is-zero`` for it."""
     pve.call(f'PVE::Storage::activate_volumes($cfg, ["{VOLID}"]); return [];')
-    sh("qemu-img", "convert", "-p", "-n", "-f", "qcow2", "-O", "qcow2",
-       vg.lv_path(VOLNAME), f"zeroinit:{vg.lv_path(COPY_VOLNAME)}", timeout=600)
+    sh("qemu-img", "convert", "-p", "-n", "-f", "qcow2", "-O", "qcow2", "--target-is-zero",
+       vg.lv_path(VOLNAME), vg.lv_path(COPY_VOLNAME), timeout=600)
 
 
 def assert_reduced_copy(vg: VG, thick: int, out_dir: Path, flow: str) -> None:
