@@ -51,11 +51,7 @@ class WriterGuest:
         both debug ports to files."""
         return [
             "-m", "64",
-            # No image locks on the boot image, which sits on the shared 9p
-            # folder: releasing them at a migration's switchover failed the
-            # migration ("Bad address") under QEMU 10 and Debian 13's kernel.
-            # A VM's disks on shared LVM have none either (locking=off).
-            "-blockdev", f"driver=file,filename={self.boot_image},node-name=boot0,locking=off",
+            "-blockdev", f"driver=file,filename={self.boot_image},node-name=boot0",
             "-device", "ide-hd,drive=boot0,bus=ide.0,unit=0,bootindex=0,id=boot",
             "-device", f"virtio-blk-pci,drive={data_node},id=data0,"
                        "werror=enospc,rerror=report,share-rw=on",
