@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pvestord.policy import Reason
+from pvestord.policy.proxmox import vmid_from_text
 from pvestord.policy.queueformat import Entry, InvalidEntryError, check_block_node
 
-#: Proxmox VMIDs are 100..999999999; we accept any positive id that fits.
-_VMID = re.compile(r"[1-9][0-9]{0,9}")
+# Proxmox VMIDs are 100..999999999; we accept any positive id that fits
+# (pvestord.policy.proxmox.VMID_TEXT).
 
 #: QEMU's rule for ids (``id_wellformed``), which a job id follows; the
 #: length cap only keeps a hostile peer's string out of the journal.
@@ -177,6 +178,4 @@ def vzdump_vmid(message: object) -> int | None:
         return None
     if isinstance(vmid, int):
         vmid = str(vmid)
-    if isinstance(vmid, str) and _VMID.fullmatch(vmid):
-        return int(vmid)
-    return None
+    return vmid_from_text(vmid) if isinstance(vmid, str) else None

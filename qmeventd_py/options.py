@@ -18,6 +18,7 @@ from pathlib import Path
 from pvestord import paths
 from pvestord.adapters.queue import Entry, QueueError
 from pvestord.errors import ConfigError
+from pvestord.policy import proxmox
 from qmeventd_py import cleanup
 
 #: A peer must say who it is this soon after connecting (QEMU greets at once).
@@ -99,7 +100,7 @@ def make_options(args: argparse.Namespace) -> Options:
             raise ConfigError(f"--cleanup-cmd {args.cleanup_cmd!r}: {err}") from err
     else:
         command = cleanup.default_command()
-    origin = args.node or socket.gethostname().split(".")[0]
+    origin = args.node or proxmox.node_name(socket.gethostname())
     try:
         Entry(100, "probe", origin=origin)
     except QueueError as err:

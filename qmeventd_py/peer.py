@@ -16,7 +16,6 @@ qemu-server always passes and upstream QEMU understands.
 from __future__ import annotations
 
 import os
-import re
 import signal
 import socket
 import struct
@@ -25,12 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pvestord.errors import PvestordError
+from pvestord.policy.proxmox import pidfile_vmid, vmid_from_text
 
 #: ``SO_PEERPIDFD`` from <asm-generic/socket.h>; Python 3.11 does not name it.
 SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)
 
-_PIDFILE = re.compile(r"([1-9][0-9]{0,9})\.pid")
-_VMID = re.compile(r"[1-9][0-9]{0,9}")
 
 
 class PeerError(PvestordError):
@@ -107,12 +105,11 @@ def vmid_from_argv(argv: Sequence[str]) -> int | None:
     for flag in ("-id", "--id"):
         value = _option(argv, flag)
         if value is not None:
-            return int(value) if _VMID.fullmatch(value) else None
+            return vmid_from_text(value)
     for flag in ("-pidfile", "--pidfile"):
         value = _option(argv, flag)
         if value is not None:
-            m = _PIDFILE.fullmatch(Path(value).name)
-            return int(m.group(1)) if m else None
+            return pidfile_vmid(Path(value).name)
     return None
 
 

@@ -30,6 +30,7 @@ from types import MappingProxyType
 from pvestord.adapters.storagecfg import Section, parse_sections
 from pvestord.errors import ConfigError
 from pvestord.policy import capacity, vglocks
+from pvestord.policy.proxmox import is_vg_name
 from pvestord.policy.storageoptions import (
     CHUNK_PERCENTAGE,
     CHUNKSIZE,
@@ -38,9 +39,6 @@ from pvestord.policy.storageoptions import (
     sets_thin_option,
     thin_values,
 )
-
-# The pve-storage-vgname format.
-_VGNAME = re.compile(r"[a-zA-Z0-9.+_][a-zA-Z0-9.+_\-]*")
 
 #: The section type of pvestord's storage plugin (packaging/perl): an ``lvm``
 #: storage whose thin options Proxmox itself parses, keeps and writes back.
@@ -234,7 +232,7 @@ def _lvm_storage(section: Section, source: str, problems: list[OptionProblem],
     if section.type == "lvm" and chunksize_set:
         warnings.append(lvm_section_warning(source, section.line, sid))
     vgname = opts.get("vgname")
-    if vgname is None or not _VGNAME.fullmatch(vgname):
+    if vgname is None or not is_vg_name(vgname):
         reason = ("missing (an lvm storage needs its volume group)" if vgname is None
                   else "not a valid volume group name")
         if thin_enabled:

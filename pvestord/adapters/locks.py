@@ -75,15 +75,12 @@ from pvestord.adapters.lockheld import (
     LockTimeout,
 )
 from pvestord.adapters.vghealth import VgMarks
+from pvestord.policy.proxmox import is_storage_id
 
 log = logging.getLogger(__name__)
 
-# PVE::JSONSchema parse_storage_id.
-_STORAGE_ID = re.compile(r"[a-z][a-z0-9._-]*[a-z0-9]", re.IGNORECASE)
-
-
 def _check_storage_id(storeid: str) -> None:
-    if not _STORAGE_ID.fullmatch(storeid):
+    if not is_storage_id(storeid):
         raise LockError(f"invalid storage id {storeid!r}")
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +25,7 @@ from typing import Any
 from pvestord.adapters.command import Completed, binary
 from pvestord.adapters.lvmshell import LvmShellError, LvmShells, run_lvm_process
 from pvestord.errors import CommandError, PvestordError
+from pvestord.policy.proxmox import is_lvm_name
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +54,6 @@ FAST_CONFIG = (
     "global { use_lvmpolld = 0 }"
 )
 
-_NAME = re.compile(r"^[A-Za-z0-9+_.][A-Za-z0-9+_.-]*$")
-
 
 class LvmError(PvestordError):
     """An LVM command failed (the :class:`CommandError`, if any, is its ``__cause__``)."""
@@ -75,7 +73,7 @@ class LvmLockError(LvmError):
 
 def check_name(kind: str, name: str) -> str:
     """Refuse names LVM would refuse, before they reach a command line."""
-    if not _NAME.match(name) or name in (".", "..") or len(name) > 127:
+    if not is_lvm_name(name):
         raise LvmError(f"invalid {kind} name {name!r}")
     return name
 
@@ -102,7 +100,7 @@ def lv_from_path(path: str) -> tuple[str, str] | None:
     parts = path.split("/")
     if len(parts) == 4 and parts[0] == "" and parts[1] == "dev":
         vg, lv = parts[2], parts[3]
-        if _NAME.match(vg) and _NAME.match(lv) and vg not in ("mapper", "disk"):
+        if is_lvm_name(vg) and is_lvm_name(lv) and vg not in ("mapper", "disk"):
             return vg, lv
     return None
 

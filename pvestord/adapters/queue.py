@@ -50,12 +50,11 @@ from pvestord.adapters.atomicfile import (
     write_atomically,
 )
 from pvestord.adapters.locks import DEFAULT_TIMEOUT, Lock, queue_lock
+from pvestord.policy.proxmox import VMID_MAX, VMID_MIN
 from pvestord.policy.queueformat import (
     MAX_LINE,
     MAX_REJECTED_LINE,
     N_MAX,
-    VMID_MAX,
-    VMID_MIN,
     Contents,
     Entry,
     InvalidEntryError,

@@ -16,6 +16,7 @@ from pvestord import paths
 from pvestord.adapters import keptsections, locks, preparedjobs, vghealth
 from pvestord.adapters.command import KILL_WAIT
 from pvestord.errors import ConfigError
+from pvestord.policy import proxmox
 
 
 def _seconds(default: float) -> float:
@@ -25,7 +26,7 @@ def _seconds(default: float) -> float:
 
 def _short_hostname() -> str:
     # Proxmox node names are the short host name (PVE::INotify::nodename).
-    return socket.gethostname().split(".", 1)[0]
+    return proxmox.node_name(socket.gethostname())
 
 
 @dataclass(frozen=True)

@@ -26,10 +26,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from pvestord.policy.proxmox import is_storage_id
+
 _HEADER = re.compile(r"(\S+):\s*(\S+)\s*")
 _OPTION = re.compile(r"\s+(\S+)(?:\s+(.*\S))?\s*")
-# PVE::JSONSchema::parse_storage_id.
-_STOREID = re.compile(r"[a-z][a-z0-9\-_.]*[a-z0-9]", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ def parse_sections(text: str, source: str) -> tuple[list[Section], list[str]]:
             continue
         type_, sid = header.group(1).lower(), header.group(2)
         skip = None
-        if not _STOREID.fullmatch(sid):
+        if not is_storage_id(sid):
             skip = f"storage ID '{sid}' contains illegal characters"
         elif sid in seen:
             skip = f"duplicate storage ID '{sid}' (first on line {seen[sid]})"

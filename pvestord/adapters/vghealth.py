@@ -19,20 +19,19 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from pvestord.errors import PvestordError
+from pvestord.policy.proxmox import is_vg_name
 
 log = logging.getLogger(__name__)
 
 #: Where the marks live on a node.
 DEFAULT_DIR = Path("/run/pvestord/vg-unhealthy")
-#: LVM's VG name alphabet: a mark's file name is the VG name itself. A VG
-#: name never starts with a hyphen, so our temporary files do.
-_VG_NAME = re.compile(r"(?!\.\.?$)[a-zA-Z0-9.+_][a-zA-Z0-9.+_-]{0,127}")
+# A mark's file name is the VG name itself (pvestord.policy.proxmox.is_vg_name).
+# A VG name never starts with a hyphen, so our temporary files do.
 #: Bytes of a reason kept in the mark.
 REASON_LIMIT = 4096
 
@@ -69,7 +68,7 @@ class VgMarks:
         return self._path(vg)
 
     def _path(self, vg: str) -> Path:
-        if not _VG_NAME.fullmatch(vg):
+        if not is_vg_name(vg):
             raise PvestordError(f"not a VG name: {vg!r}")
         return self.folder / vg
 
@@ -108,7 +107,7 @@ class VgMarks:
             return {}
         marks = {}
         for name in names:
-            if not _VG_NAME.fullmatch(name):
+            if not is_vg_name(name):
                 continue
             mark = self.get(name)
             if mark is not None:

@@ -13,18 +13,16 @@ is then a floor, partial.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Collection, Mapping, Sequence
 
 from pvestord.adapters import lvm
 from pvestord.adapters.lvmshell import LvmShells
 from pvestord.policy import capacity
-
-_GUEST_VOLUME = re.compile(r"(?:vm|base)-\d+-.+")
+from pvestord.policy.proxmox import is_guest_volume
 
 
 def is_thin_lv(name: str) -> bool:
-    return _GUEST_VOLUME.fullmatch(name) is not None
+    return is_guest_volume(name)
 
 
 def _maximum(row: lvm.LvRow, measured: Mapping[str, int]) -> int | None:

@@ -9,12 +9,11 @@ file.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-_PIDFILE = re.compile(r"^(\d+)\.pid$")
+from pvestord.policy.proxmox import pidfile_name, pidfile_vmid
 
 
 @dataclass(frozen=True)
@@ -34,7 +33,7 @@ def _cmdline(pid: int) -> list[str] | None:
 
 def local_vm(run_dir: Path, vmid: int) -> LocalVm | None:
     """The VM ``vmid`` if it runs on this node, else None."""
-    pidfile = run_dir / f"{vmid}.pid"
+    pidfile = run_dir / pidfile_name(vmid)
     try:
         pid = int(pidfile.read_text().strip())
     except (OSError, ValueError):
@@ -65,7 +64,7 @@ def local_vms(run_dir: Path) -> Iterator[LocalVm]:
         names = sorted(p.name for p in run_dir.iterdir())
     except OSError:
         return
-    vmids = sorted(int(m.group(1)) for name in names if (m := _PIDFILE.match(name)))
+    vmids = sorted(vmid for name in names if (vmid := pidfile_vmid(name)) is not None)
     for vmid in vmids:
         vm = local_vm(run_dir, vmid)
         if vm is not None:

@@ -17,7 +17,7 @@ from typing import Any
 from pvestord.adapters.locks import DEFAULT_TIMEOUT, queue_lock
 from pvestord.adapters.queue import Entry, ExtendQueue, InvalidEntryError, RejectedLine, parse_key
 from pvestord.cli.options import SubCommands, add_command, add_json_option, argument_type
-from pvestord.policy import Reason
+from pvestord.policy import Reason, proxmox
 
 
 def register(sub: SubCommands) -> None:
@@ -67,7 +67,7 @@ def _queue(args: argparse.Namespace) -> ExtendQueue:
 
 
 def _local_node() -> str | None:
-    name = socket.gethostname().split(".")[0]
+    name = proxmox.node_name(socket.gethostname())
     try:
         Entry(100, "x", origin=name)
     except InvalidEntryError:

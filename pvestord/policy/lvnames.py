@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import re
 
-_DISK = re.compile(r"vm-([0-9]+)-[A-Za-z0-9_.\-]*\.qcow2")
+from pvestord.policy.proxmox import QCOW2_DISK
+
 #: The snapshot's name may hold ``_`` as the disk's may: only the VMID and
 #: the prefix are unambiguous.
 _SNAPSHOT = re.compile(r"snap_vm-([0-9]+)-[A-Za-z0-9_.\-]*_[A-Za-z0-9_\-]+\.qcow2")
@@ -20,7 +21,7 @@ _SNAPSHOT = re.compile(r"snap_vm-([0-9]+)-[A-Za-z0-9_.\-]*_[A-Za-z0-9_\-]+\.qcow
 def chain_vmid(lv: str) -> int | None:
     """The VMID of a qcow2 disk LV or of one of its snapshot LVs; None for
     any other name."""
-    match = _DISK.fullmatch(lv) or _SNAPSHOT.fullmatch(lv)
+    match = QCOW2_DISK.fullmatch(lv) or _SNAPSHOT.fullmatch(lv)
     return int(match.group(1)) if match else None
 
 

@@ -31,14 +31,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from pvestord.errors import PvestordError
+from pvestord.policy.proxmox import VMID_MAX, VMID_MIN, is_vmid
 from pvestord.policy.reason import Reason
 
 #: Longest line we accept as an entry; longer lines are rejected.
 MAX_LINE = 1024
 #: Longest part of a rejected line kept in the rejected file.
 MAX_REJECTED_LINE = 4096
-#: Proxmox's VMID range (PVE::JSONSchema pve_verify_vmid: ``^[1-9][0-9]{2,8}$``).
-VMID_MIN, VMID_MAX = 100, 999_999_999
 #: Largest ``n`` (and ``ts``) a line can hold: a signed 64-bit integer, as
 #: Proxmox's Perl tools would read it.
 N_MAX = 2**63 - 1
@@ -72,7 +71,7 @@ class InvalidEntryError(QueueError):
 
 
 def check_vmid(vmid: int) -> int:
-    if isinstance(vmid, bool) or not isinstance(vmid, int) or not VMID_MIN <= vmid <= VMID_MAX:
+    if not is_vmid(vmid):
         raise InvalidEntryError(f"invalid VMID {vmid!r}: must be {VMID_MIN}..{VMID_MAX}")
     return vmid
 

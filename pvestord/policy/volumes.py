@@ -28,18 +28,11 @@ import re
 from dataclasses import dataclass
 
 from pvestord.errors import PvestordError
+from pvestord.policy.proxmox import VMID_MAX, VMID_MIN, is_storage_id, qcow2_disk_vmid
 from pvestord.policy.sizes import align_up
 
 #: ``$MAX_VOLUMES_PER_GUEST`` in PVE::Storage::Plugin.
 MAX_VOLUMES_PER_GUEST = 1024
-#: pve-vmid: 100 .. 999999999.
-MIN_VMID = 100
-MAX_VMID = 999_999_999
-
-# Proxmox: parse_lvm_name (letters, digits, '-', '_', '.'; alphanumeric at both
-# ends), then LVMPlugin::parse_volname ``vm-<vmid>-...``, qcow2 by suffix.
-_QCOW2_VOLNAME = re.compile(r"vm-([0-9]+)-[A-Za-z0-9_.\-]*\.qcow2")
-_STOREID = re.compile(r"[a-z][a-z0-9\-_.]*[a-z0-9]", re.IGNORECASE)
 # Proxmox's snapshot names are configuration ids (pve-common JSONSchema
 # ``$CONFIGID_RE``); a hibernation's state is named ``suspend-<date>`` alike.
 _VMSTATE_NAME = re.compile(r"vm-([0-9]+)-state-[A-Za-z][A-Za-z0-9_\-]+")
@@ -73,8 +66,8 @@ class VolumeId:
 # --- names and ids ------------------------------------------------------------
 
 def check_vmid(vmid: int) -> int:
-    if not MIN_VMID <= vmid <= MAX_VMID:
-        raise VolumeError(f"invalid VMID {vmid}: Proxmox VMIDs are {MIN_VMID}..{MAX_VMID}")
+    if not VMID_MIN <= vmid <= VMID_MAX:
+        raise VolumeError(f"invalid VMID {vmid}: Proxmox VMIDs are {VMID_MIN}..{VMID_MAX}")
     return vmid
 
 
@@ -84,12 +77,12 @@ def parse_volname(volname: str) -> int:
     :raises VolumeError: not ``vm-<vmid>-<name>.qcow2`` (raw volumes, snapshot
         LVs ``snap_...``, anything LVM or Proxmox would refuse).
     """
-    match = _QCOW2_VOLNAME.fullmatch(volname)
-    if match is None or len(volname) > 127:
+    vmid = qcow2_disk_vmid(volname)
+    if vmid is None or len(volname) > 127:
         raise VolumeError(
             f"{volname!r} is not a Proxmox qcow2 volume name on LVM "
             "(expected vm-<vmid>-<name>.qcow2, e.g. vm-100-disk-0.qcow2)")
-    return check_vmid(int(match.group(1)))
+    return check_vmid(vmid)
 
 
 class VolumeRole(enum.Enum):
@@ -195,7 +188,7 @@ def parse_volume_id(text: str) -> VolumeId:
     :raises VolumeError: not a storage id, a colon, and a qcow2 volume name.
     """
     storeid, sep, volname = text.partition(":")
-    if not sep or not _STOREID.fullmatch(storeid):
+    if not sep or not is_storage_id(storeid):
         raise VolumeError(f"{text!r} is not a volume id (expected STORAGE:VOLNAME, "
                           "e.g. thin1:vm-100-disk-0.qcow2)")
     return VolumeId(storeid, volname, parse_volname(volname))
@@ -269,7 +262,7 @@ def copy_over(on_activation: bool, allocated_clusters: int | None) -> bool:
 
 
 __all__ = [
-    "MAX_VMID", "MAX_VOLUMES_PER_GUEST", "MIN_VMID", "NewVolume", "ShrinkRefused",
+    "MAX_VOLUMES_PER_GUEST", "NewVolume", "ShrinkRefused",
     "VolumeError", "VolumeId", "VolumeRole", "check_virtual_size", "check_vmid", "copy_over",
     "initial_lv_size", "new_volume", "next_disk_name", "parse_volname", "parse_volume_id",
     "shrink_target",

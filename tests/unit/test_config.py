@@ -156,6 +156,7 @@ def test_malformed_lines_warn_and_keep_the_rest() -> None:
     ("pvestord-initial-size", "big", "not a size"),
     ("shared", "maybe", "not a boolean"),
     ("vgname", "-vg", "not a valid volume group name"),
+    ("vgname", "..", "not a valid volume group name"),
 ])
 def test_invalid_values_name_storage_option_and_value(option: str, value: str,
                                                       reason: str) -> None:

@@ -160,7 +160,9 @@ class Storage:
 storages = st.builds(
     Storage,
     storeid=st.from_regex(r"[a-z][a-z0-9_.-]{0,12}[a-z0-9]", fullmatch=True),
-    vgname=st.from_regex(r"[a-zA-Z0-9.+_][a-zA-Z0-9.+_-]{0,20}", fullmatch=True),
+    # LVM's VG names: never "." or "..", which pve-storage's format lets through.
+    vgname=st.from_regex(r"[a-zA-Z0-9.+_][a-zA-Z0-9.+_-]{0,20}", fullmatch=True)
+    .filter(lambda name: name not in (".", "..")),
     chunksize=st.none() | sizes.filter(lambda s: s.bytes >= MIN_CHUNKSIZE),
     per_mille=st.none() | st.integers(1, 999),
     initial_size=st.none() | sizes.filter(lambda s: s.bytes >= 1),
