@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pvestord.adapters import tally
+from pvestord.adapters import budgets, tally
 from pvestord.errors import CommandError
 from pvestord.policy.procstat import fields_after_name
 
@@ -67,13 +67,8 @@ def run(argv: Sequence[str], *, timeout: float, check: bool = True,
 
 
 #: After SIGKILL, how long the command's process, and anything else holding its
-#: output pipes, get to go away. A killed process exits in milliseconds; one
-#: that is still there after this is in uninterruptible sleep (D state: I/O
-#: on a SAN path that queues while it has no path) or left a descendant
-#: outside its process group. Bounded so that no caller waits without end
-#: under the storage lock (the lock's budgets count this wait: see
-#: :mod:`pvestord.adapters.locks`).
-KILL_WAIT = 5.0
+#: output pipes, get to go away (:data:`pvestord.adapters.budgets.KILL_WAIT`).
+KILL_WAIT = budgets.KILL_WAIT
 
 
 @dataclass(frozen=True)

@@ -20,28 +20,26 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
+from pvestord.adapters import budgets
 from pvestord.errors import PvestordError
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+# The budgets and shares themselves, and why each is what it is, are
+# pvestord.adapters.budgets'; these are the names the lock modules know them by.
 #: How long a waiter tries before giving up (``cfs_lock``'s default).
-DEFAULT_TIMEOUT = 10.0
-#: pmxcfs expires a lock directory unchanged for longer than this
-#: (``CFS_LOCK_TIMEOUT`` in pmxcfs's memdb.c).
-PMXCFS_LOCK_EXPIRY = 120.0
+DEFAULT_TIMEOUT = budgets.STORAGE_LOCK_WAIT
+#: pmxcfs expires a lock directory unchanged for longer than this.
+PMXCFS_LOCK_EXPIRY = budgets.PMXCFS_LOCK_EXPIRY
 #: A holder should be done by then (``cfs_lock`` aborts its code after 60 s).
-HOLD_BUDGET = 60.0
+HOLD_BUDGET = budgets.HOLD_BUDGET
 #: A holder renews its lock directory (``utime(path, 0, now)``: pmxcfs then
-#: keeps it for another lifetime) every this share of the lifetime: 30 s on
-#: pmxcfs, so that three renewals in a row may fail before it can expire.
-RENEW_SHARE = 0.25
-#: :meth:`Held.require` keeps this share of the lifetime in reserve (10 s on
-#: pmxcfs): the judge of a lock's age is pmxcfs on the lowest-id node, with
-#: its own clock and message latency, and our renewal is timed from before
-#: the call, not from when pmxcfs saw it.
-MARGIN_SHARE = 1 / 12
+#: keeps it for another lifetime) every this share of the lifetime.
+RENEW_SHARE = budgets.RENEW_SHARE
+#: :meth:`Held.require` keeps this share of the lifetime in reserve.
+MARGIN_SHARE = budgets.MARGIN_SHARE
 #: Unlock requests go out at most this often (``cfs_lock`` sends one per ~1 s retry).
 UNLOCK_REQUEST_INTERVAL = 1.0
 #: Retry back-off of the ``mkdir``/``flock`` attempts: the first pause, then

@@ -20,8 +20,10 @@ LVM change starts that could outlive the lock. Budgets, all counted from a
 renewal: a change's command timeout plus the bounded wait after its kill
 (:data:`pvestord.adapters.command.KILL_WAIT`) plus :data:`MARGIN_SHARE` of the
 lifetime must fit in the ``1 - RENEW_SHARE`` of it that a renewal leaves at
-worst (30 + 5 + 10 s of 90 s on pmxcfs; :class:`pvestord.adapters.settings.DaemonSettings`
-refuses settings where it does not).
+worst (:func:`pvestord.adapters.budgets.guaranteed_hold`: 30 + 5 s of 80 s for the
+daemon's changes on pmxcfs, 40 + 5 s for a volume command's;
+:class:`pvestord.adapters.settings.DaemonSettings` refuses settings where the
+daemon's do not fit).
 
 :class:`VgLock` holds the locks of every storage on one VG (Proxmox locks
 by storage id, not VG), refuses a VG marked unhealthy, and when a command

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pvestord.adapters import budgets
 from pvestord.adapters.command import Completed, binary
 from pvestord.adapters.lvmshell import LvmShellError, LvmShells, run_lvm_process
 from pvestord.errors import CommandError, PvestordError
@@ -29,12 +30,11 @@ from pvestord.policy.proxmox import is_lvm_name
 
 log = logging.getLogger(__name__)
 
-#: Budget for a report (``lvs``/``vgs``): device scanning under emulation takes ~0.4 s.
-REPORT_TIMEOUT = 30.0
-#: Budget for a metadata change. It runs under the storage lock: with the
-#: wait after a kill (command.KILL_WAIT) and the lock's margin it must fit in
-#: the 90 s a renewed pmxcfs lock is surely ours (40 + 5 + 10 s; pvestord.adapters.locks).
-CHANGE_TIMEOUT = 40.0
+#: Budget for a report (``lvs``/``vgs``): :data:`pvestord.adapters.budgets.LVM_REPORT`.
+REPORT_TIMEOUT = budgets.LVM_REPORT
+#: Budget for a metadata change, run under the storage lock:
+#: :data:`pvestord.adapters.budgets.LVM_CHANGE`.
+CHANGE_TIMEOUT = budgets.LVM_CHANGE
 
 #: Settings that are safe for the linear LVs we read, create and resize, and
 #: skip work those commands do not need:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from pvestord import paths
-from pvestord.adapters import keptsections, locks, preparedjobs, vghealth
+from pvestord.adapters import budgets, keptsections, preparedjobs, vghealth
 from pvestord.adapters.command import KILL_WAIT
 from pvestord.errors import ConfigError
 from pvestord.policy import proxmox
@@ -60,11 +60,11 @@ class DaemonSettings:
     #: VM: threshold armed, headroom, not paused on ENOSPC). Events are the
     #: fast path; this is what makes correctness independent of them.
     reconcile_interval: float = _seconds(30.0)
-    #: Budget of one LVM command (``lvs``, ``lvextend``). It runs under the
-    #: storage lock, and a change starts only while the lock is guaranteed
-    #: for this plus the wait after a kill (checked below against
-    #: ``lock_lifetime``).
-    lvm_timeout: float = _seconds(30.0)
+    #: Budget of one LVM command (``lvs``, ``lvextend``, a migration's
+    #: refresh). It runs under the storage lock, and a change starts only
+    #: while the lock is guaranteed for this plus the wait after a kill
+    #: (checked below against ``lock_lifetime``; :mod:`pvestord.adapters.budgets`).
+    lvm_timeout: float = _seconds(budgets.LVM_DAEMON)
     #: Budget of one QMP session (connect, batch, disconnect). qemu-server
     #: shares the socket, so a connection may wait for its turn.
     qmp_timeout: float = _seconds(10.0)
@@ -94,7 +94,7 @@ class DaemonSettings:
     #: renewal. pmxcfs's is 120 s and cannot be made longer; on a plain
     #: folder (``lock_dir`` off pmxcfs: the two-node bed, tests) the emulated
     #: expiry uses this, so that tests can shorten it.
-    lock_lifetime: float = _seconds(locks.PMXCFS_LOCK_EXPIRY)
+    lock_lifetime: float = _seconds(budgets.PMXCFS_LOCK_EXPIRY)
     #: Seconds a pass over one VM may take before it is abandoned (cancelled,
     #: logged, the VG it was changing marked unhealthy). A normal pass takes
     #: well under a second; every wait in it has its own budget (QMP 10 s per
@@ -142,7 +142,10 @@ class DaemonSettings:
         # An LVM change starts only while the lock is guaranteed for its whole
         # budget (Held.require): with renewals every RENEW_SHARE of the
         # lifetime, that is at least (1 - RENEW_SHARE) of it, less the margin.
-        guaranteed = self.lock_lifetime * (1 - locks.RENEW_SHARE - locks.MARGIN_SHARE)
+        # lvm_timeout is the budget of every LVM change made under these
+        # settings' locks: the daemon's extensions and refreshes, and the
+        # migration hint's (pvestord.engine.migration, .incoming).
+        guaranteed = budgets.guaranteed_hold(self.lock_lifetime)
         if self.lvm_timeout + KILL_WAIT > guaranteed:
             raise ConfigError(
                 f"lvm-timeout = {self.lvm_timeout:g} s: with {KILL_WAIT:g} s to see a killed"

@@ -264,7 +264,8 @@ class Extender:
             # devices' sizes at the switchover, so catch up now with
             # whatever the source grew (docs/design.md, "Live migration").
             await catch_up_incoming(vm, look.found, gates=self.gates, figures=self.figures,
-                                    extending=self.extending, changes=self.lvm_changes)
+                                    extending=self.extending, changes=self.lvm_changes,
+                                    lvm_timeout=self.settings.lvm_timeout)
         if run.status in MIGRATION_STATES:
             raise VmBusyError(f"VM {vm.vmid} is in state {run.status}: later")
         if migration.extensions_defer(self.settings, vm.vmid, in_flight=look.in_flight,

@@ -8,13 +8,11 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 
+from pvestord.adapters.budgets import STORAGE_LOCK_WAIT
 from pvestord.adapters.config import StorageConfig, ThinStorage
 from pvestord.adapters.locks import Held, VgLock, vg_lock
 from pvestord.adapters.settings import DaemonSettings
 from pvestord.adapters.vghealth import VgMarks
-
-#: Budget for waiting on the storage lock: as ``cfs_lock``.
-STORAGE_LOCK_TIMEOUT = 10.0
 
 
 class VgGates:
@@ -46,7 +44,7 @@ class VgGates:
 
     @contextlib.asynccontextmanager
     async def locked(self, vg: str, storage: ThinStorage,
-                     budget: float = STORAGE_LOCK_TIMEOUT) -> AsyncIterator[Held]:
+                     budget: float = STORAGE_LOCK_WAIT) -> AsyncIterator[Held]:
         """``vg``'s gate, then the storage lock (waited for up to ``budget``
         seconds): what any LVM change runs under."""
         async with self.gate(vg), \

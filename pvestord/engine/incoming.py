@@ -11,12 +11,13 @@ import logging
 from collections.abc import Sequence
 
 from pvestord.adapters import lvm
+from pvestord.adapters.budgets import LVM_DAEMON, STORAGE_LOCK_WAIT
 from pvestord.adapters.command import KILL_WAIT
 from pvestord.adapters.lockheld import LockTimeout
 from pvestord.adapters.service import fields
 from pvestord.adapters.vms import LocalVm
 from pvestord.engine.drive import DriveCandidate
-from pvestord.engine.gates import STORAGE_LOCK_TIMEOUT, VgGates
+from pvestord.engine.gates import VgGates
 from pvestord.engine.lvfigures import LvFigures
 from pvestord.engine.lvmchanges import LvmChanges
 from pvestord.policy.sizes import format_size
@@ -26,8 +27,8 @@ log = logging.getLogger(__name__)
 
 async def catch_up_incoming(vm: LocalVm, drives: Sequence[DriveCandidate], *, gates: VgGates,
                             figures: LvFigures, extending: set[tuple[int, str]],
-                            changes: LvmChanges,
-                            budget: float = STORAGE_LOCK_TIMEOUT) -> None:
+                            changes: LvmChanges, lvm_timeout: float = LVM_DAEMON,
+                            budget: float = STORAGE_LOCK_WAIT) -> None:
     """Refresh every thin LV of an incoming VM that another node grew.
 
     Compared under the storage lock, on every look at a VM in ``inmigrate``
@@ -41,7 +42,9 @@ async def catch_up_incoming(vm: LocalVm, drives: Sequence[DriveCandidate], *, ga
     users: one lock round trip per VG and look, never one per
     drive; under it one ``lvs`` of the VG, and a refresh only for a drive
     whose table is behind, each started only while the lock stays ours for
-    the refresh's whole budget. A lock that stays busy past ``budget``
+    the refresh's whole budget (``lvm_timeout``, the daemon's
+    ``--lvm-timeout``, which the settings check against the lock's
+    lifetime). A lock that stays busy past ``budget``
     skips this look (said at info) instead of failing the pass: a failure's
     backoff (up to a minute) would space the looks out just when the
     switchover may come; the next look, seconds later, tries again.
@@ -69,12 +72,12 @@ async def catch_up_incoming(vm: LocalVm, drives: Sequence[DriveCandidate], *, ga
                     device = lvm.device_size(vg, drive.lv)
                     if device >= size:
                         continue
-                    held.require(lvm.CHANGE_TIMEOUT + KILL_WAIT)
+                    held.require(lvm_timeout + KILL_WAIT)
                     key = (vm.vmid, drive.view.file_node)
                     extending.add(key)
                     try:
                         with changes.running(vm.vmid, drive.view.file_node):
-                            await lvm.refresh(vg, drive.lv)
+                            await lvm.refresh(vg, drive.lv, timeout=lvm_timeout)
                     finally:
                         extending.discard(key)
                     figures.changed(vg)

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 
 from pvestord import policy
 from pvestord.adapters import lvm
+from pvestord.adapters.budgets import PAUSED_STORAGE_LOCK_WAIT, STORAGE_LOCK_WAIT
 from pvestord.adapters.command import KILL_WAIT
 from pvestord.adapters.lvmshell import LvmShells
 from pvestord.adapters.qmp import VmBusyError
@@ -20,7 +21,7 @@ from pvestord.adapters.vms import LocalVm
 from pvestord.engine import migration
 from pvestord.engine.binding import DeviceBindings
 from pvestord.engine.drive import Drive, RoundTimings, ms_since
-from pvestord.engine.gates import STORAGE_LOCK_TIMEOUT, VgGates
+from pvestord.engine.gates import VgGates
 from pvestord.engine.lvfigures import LvFigures
 from pvestord.engine.lvmchanges import LvmChanges
 from pvestord.engine.nodereport import LvmHealth
@@ -35,15 +36,6 @@ from pvestord.policy.vmconfig import ConfigLockRule, grows_while_renaming
 log = logging.getLogger(__name__)
 
 Growing = policy.Extend | policy.ExtendPastMaximum
-
-#: The storage lock's budget when the VM waits paused for the extension:
-#: Proxmox holds the storage lock for a whole allocation (tens of seconds with
-#: metadata preallocation on a SAN), and ``cfs_lock`` ends any holder's locked
-#: code after 60 s, so every holder lets go within its 10 s acquire plus 60 s.
-#: Waiting it out takes the lock the moment it is free; giving up and
-#: retrying would leave the guest paused through the gaps between tries.
-PAUSED_STORAGE_LOCK_TIMEOUT = 70.0
-
 
 class Grown(enum.Enum):
     """What one :meth:`LvGrowth.extend` did to its LV."""
@@ -117,7 +109,7 @@ class LvGrowth:
             raise VmBusyError(f"VM {vm.vmid} started migrating away: extension of "
                               f"{node} deferred")
         observed = time.monotonic()
-        budget = PAUSED_STORAGE_LOCK_TIMEOUT if state.paused_nospace else STORAGE_LOCK_TIMEOUT
+        budget = PAUSED_STORAGE_LOCK_WAIT if state.paused_nospace else STORAGE_LOCK_WAIT
         async with self.gates.locked(drive.vg, storage, budget) as held:
             locked = time.monotonic()
             # Under the lock only files, no QMP: a migration's begin marks the

@@ -47,6 +47,7 @@ from pathlib import Path
 
 from pvestord import policy
 from pvestord.adapters import lvm, qemu_img
+from pvestord.adapters.budgets import STORAGE_LOCK_WAIT
 from pvestord.adapters.command import KILL_WAIT
 from pvestord.adapters.config import StorageConfig, ThinStorage
 from pvestord.adapters.locks import Held, VgLock, vg_lock
@@ -62,7 +63,6 @@ from pvestord.adapters.service import fields
 from pvestord.adapters.settings import DaemonSettings
 from pvestord.adapters.vghealth import VgMarks
 from pvestord.adapters.vmconfig import migration_task_running, read_config_lock
-from pvestord.engine.gates import STORAGE_LOCK_TIMEOUT
 from pvestord.engine.oncelog import OncePerChange
 from pvestord.engine.pervm import forget_vm
 from pvestord.errors import PassDeferred, PvestordError
@@ -387,7 +387,7 @@ async def _thin_lvs(settings: DaemonSettings, config: StorageConfig,
     return vm_lvs(config, rows, vmid)
 
 
-async def catch_up(vg: str, lv: str, *, held: Held | None = None,
+async def catch_up(vg: str, lv: str, *, budget: float, held: Held | None = None,
                    changing: contextlib.AbstractContextManager[None] | None = None,
                    ) -> LvAction:
     """Refresh ``vg/lv`` if this node's table is smaller than the metadata.
@@ -395,15 +395,16 @@ async def catch_up(vg: str, lv: str, *, held: Held | None = None,
     The caller holds the storage lock (``held``): an extension in flight
     elsewhere has finished, so the metadata read here is the last word.
     ``changing`` is entered around the refresh alone (the daemon's record of
-    the LVM changes running).
+    the LVM changes running). ``budget``: the refresh's (the settings'
+    ``lvm_timeout``, which they check against the lock's lifetime).
     """
     info = await lvm.lv_info(vg, lv)
     device = lvm.device_size(vg, lv)
     if device < info.size:
         if held is not None:
-            held.require(lvm.CHANGE_TIMEOUT + KILL_WAIT)
+            held.require(budget + KILL_WAIT)
         with changing or contextlib.nullcontext():
-            await lvm.refresh(vg, lv)
+            await lvm.refresh(vg, lv, timeout=budget)
         return LvAction(vg, lv, device, info.size, "refreshed")
     return LvAction(vg, lv, device, device, "unchanged")
 
@@ -429,10 +430,11 @@ async def image_maximum(row: lvm.LvRow) -> int | None:
 
 
 async def pre_extend(storage: ThinStorage, row: lvm.LvRow, maximum: int | None, *,
-                     held: Held | None = None) -> LvAction:
+                     budget: float, held: Held | None = None) -> LvAction:
     """One more chunk for ``row``, never past ``maximum`` (:func:`image_maximum`).
 
     The caller holds the storage lock; the LV's size is read again under it.
+    ``budget``: the ``lvextend``'s, as :func:`catch_up`'s.
     """
     info = await lvm.lv_info(row.vg, row.lv)
     if maximum is None:
@@ -441,8 +443,8 @@ async def pre_extend(storage: ThinStorage, row: lvm.LvRow, maximum: int | None, 
     if target <= info.size:
         return LvAction(row.vg, row.lv, info.size, info.size, "at maximum")
     if held is not None:
-        held.require(lvm.CHANGE_TIMEOUT + KILL_WAIT)
-    await lvm.extend(row.vg, row.lv, target)
+        held.require(budget + KILL_WAIT)
+    await lvm.extend(row.vg, row.lv, target, timeout=budget)
     return LvAction(row.vg, row.lv, info.size, target, "extended")
 
 
@@ -461,11 +463,13 @@ async def begin(settings: DaemonSettings, config: StorageConfig, vmid: int,
     for storage, row in await _thin_lvs(settings, config, vmid):
         maximum = await image_maximum(row) if role is Role.OUTGOING else None
         async with _vg_lock(settings, config, storage).acquire_async(
-                STORAGE_LOCK_TIMEOUT) as held:
+                STORAGE_LOCK_WAIT) as held:
             if role is Role.INCOMING:
-                actions.append(await catch_up(row.vg, row.lv, held=held))
+                actions.append(await catch_up(row.vg, row.lv, budget=settings.lvm_timeout,
+                                              held=held))
                 continue
-            actions.append(await pre_extend(storage, row, maximum, held=held))
+            actions.append(await pre_extend(storage, row, maximum,
+                                            budget=settings.lvm_timeout, held=held))
     for a in actions:
         log.info("VM %d migration begin (%s): %s/%s %s %s -> %s", vmid, role.value, a.vg,
                  a.lv, a.action, format_size(a.old), format_size(a.new))
@@ -483,8 +487,9 @@ async def end(settings: DaemonSettings, config: StorageConfig, vmid: int,
     actions = []
     for storage, row in await _thin_lvs(settings, config, vmid):
         async with _vg_lock(settings, config, storage).acquire_async(
-                STORAGE_LOCK_TIMEOUT) as held:
-            actions.append(await catch_up(row.vg, row.lv, held=held))
+                STORAGE_LOCK_WAIT) as held:
+            actions.append(await catch_up(row.vg, row.lv, budget=settings.lvm_timeout,
+                                          held=held))
     return actions
 
 

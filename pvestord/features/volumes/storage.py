@@ -15,6 +15,7 @@ from pathlib import Path
 
 from pvestord import paths
 from pvestord.adapters import vghealth
+from pvestord.adapters.budgets import STORAGE_LOCK_WAIT
 from pvestord.adapters.config import StorageConfig, ThinStorage, load_storage_config
 from pvestord.adapters.locks import PMXCFS_LOCK_EXPIRY, Held, vg_lock
 from pvestord.adapters.vghealth import VgMarks
@@ -23,8 +24,6 @@ from pvestord.policy.volumes import VolumeError
 
 #: pmxcfs's mount: ``.members`` (quorum, node name), ``.vmlist`` (VM -> node), ``.rrd``.
 CLUSTER_DIR = Path("/etc/pve")
-#: Budget for waiting on the storage lock, as ``cfs_lock``.
-STORAGE_LOCK_TIMEOUT = 10.0
 
 
 @dataclass(frozen=True)
@@ -74,5 +73,5 @@ async def locked(settings: VolumeSettings, storage: ThinStorage,
     lock = vg_lock(storage.vgname, config.vg_users(storage.vgname),
                    lock_dir=settings.lock_dir, lifetime=settings.lock_lifetime,
                    health=VgMarks(settings.vg_health_dir))
-    async with lock.acquire_async(STORAGE_LOCK_TIMEOUT) as held:
+    async with lock.acquire_async(STORAGE_LOCK_WAIT) as held:
         yield held
