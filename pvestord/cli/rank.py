@@ -16,11 +16,11 @@ from pathlib import Path
 from pvestord import paths
 from pvestord.adapters import lvm
 from pvestord.adapters.config import StorageConfig, load_storage_config
+from pvestord.adapters.vmlvs import find_vm_lvs
 from pvestord.cli import options
 from pvestord.engine import nodereport
 from pvestord.errors import PvestordError
 from pvestord.features import ranking
-from pvestord.policy.lvnames import chain_vmid
 from pvestord.policy.volumes import check_vmid
 
 
@@ -60,18 +60,12 @@ def register(sub: options.SubCommands) -> None:
 async def vm_storages(config: StorageConfig, vmid: int) -> set[str]:
     """The thin storages holding an LV of ``vmid``'s qcow2 chains (its disks and
     their ``snap_vm-<vmid>-*`` snapshot LVs), by this node's LVM."""
-    found: set[str] = set()
-    listed: dict[str, list[lvm.LvRow]] = {}
-    for storeid, storage in config.thin_storages.items():
-        if storage.vgname not in listed:
-            try:
-                listed[storage.vgname] = await lvm.list_lvs(storage.vgname)
-            except lvm.LvmError as err:
-                raise RankError(f"cannot list VG {storage.vgname} of storage {storeid} here "
-                                f"({err}): name the VM's storages with --storages") from err
-        if any(chain_vmid(row.lv) == vmid for row in listed[storage.vgname]):
-            found.add(storeid)
-    return found
+    def failed(storeid: str, vgname: str, err: lvm.LvmError) -> RankError:
+        return RankError(f"cannot list VG {vgname} of storage {storeid} here "
+                         f"({err}): name the VM's storages with --storages")
+
+    lvs = await find_vm_lvs(config, vmid, active_only=False, failed=failed)
+    return {storage.storeid for storage, _ in lvs}
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -63,11 +63,11 @@ from pvestord.adapters.service import fields
 from pvestord.adapters.settings import DaemonSettings
 from pvestord.adapters.vghealth import VgMarks
 from pvestord.adapters.vmconfig import migration_task_running, read_config_lock
+from pvestord.adapters.vmlvs import find_vm_lvs
 from pvestord.engine.oncelog import OncePerChange
 from pvestord.engine.pervm import forget_vm
 from pvestord.errors import PassDeferred, PvestordError
 from pvestord.policy.blockjobs import WRITING, BlockJob, JobEdges
-from pvestord.policy.lvnames import chain_vmid
 from pvestord.policy.sizes import format_size
 from pvestord.policy.vmconfig import (
     MIGRATE_LOCK_GRACE,
@@ -365,28 +365,6 @@ class LvAction:
     action: str  # "refreshed", "extended", "at maximum", "unchanged"
 
 
-def vm_lvs(config: StorageConfig, rows: dict[str, list[lvm.LvRow]],
-           vmid: int) -> list[tuple[ThinStorage, lvm.LvRow]]:
-    """The active thin LVs of ``vmid``'s qcow2 chains, named as Proxmox names
-    them: its disks and their snapshot LVs, which a migration's target opens
-    as well (:func:`pvestord.policy.lvnames.chain_vmid`)."""
-    found = []
-    for storage in config.thin_storages.values():
-        for row in rows.get(storage.vgname, []):
-            if chain_vmid(row.lv) == vmid and row.active:
-                found.append((storage, row))
-    return found
-
-
-async def _thin_lvs(settings: DaemonSettings, config: StorageConfig,
-                    vmid: int) -> list[tuple[ThinStorage, lvm.LvRow]]:
-    rows: dict[str, list[lvm.LvRow]] = {}
-    for storage in config.thin_storages.values():
-        if storage.vgname not in rows:
-            rows[storage.vgname] = await lvm.list_lvs(storage.vgname)
-    return vm_lvs(config, rows, vmid)
-
-
 async def catch_up(vg: str, lv: str, *, budget: float, held: Held | None = None,
                    changing: contextlib.AbstractContextManager[None] | None = None,
                    ) -> LvAction:
@@ -460,7 +438,9 @@ async def begin(settings: DaemonSettings, config: StorageConfig, vmid: int,
         tmp.write_text(f"{role.value} {time.time():.3f}\n")
         tmp.rename(path)
     actions = []
-    for storage, row in await _thin_lvs(settings, config, vmid):
+    # The active LVs of the VM's chains: its disks and their snapshot LVs,
+    # which a migration's target opens as well.
+    for storage, row in await find_vm_lvs(config, vmid):
         maximum = await image_maximum(row) if role is Role.OUTGOING else None
         async with _vg_lock(settings, config, storage).acquire_async(
                 STORAGE_LOCK_WAIT) as held:
@@ -485,7 +465,7 @@ async def end(settings: DaemonSettings, config: StorageConfig, vmid: int,
             mark_path(settings.run_dir, vmid).unlink()
         return []
     actions = []
-    for storage, row in await _thin_lvs(settings, config, vmid):
+    for storage, row in await find_vm_lvs(config, vmid):
         async with _vg_lock(settings, config, storage).acquire_async(
                 STORAGE_LOCK_WAIT) as held:
             actions.append(await catch_up(row.vg, row.lv, budget=settings.lvm_timeout,

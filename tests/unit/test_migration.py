@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pvestord.adapters import vmlvs
 from pvestord.adapters.config import parse_storage_config
 from pvestord.adapters.lvm import LvRow
 from pvestord.engine import migration
@@ -48,7 +49,7 @@ def test_vm_lvs_are_the_active_thin_lvs_of_the_vms_chains() -> None:
         "other": [row("other", "vm-10-disk-0.qcow2")],   # not thin: never ours
         "san2": [row("san2", "vm-10-state-x.qcow2")],
     }
-    found = sorted((s.storeid, r.lv) for s, r in migration.vm_lvs(config, rows, 10))
+    found = sorted((s.storeid, r.lv) for s, r in vmlvs.vm_lvs(config, rows, 10))
     assert found == [("thin", "snap_vm-10-disk-0_before.qcow2"), ("thin", "vm-10-disk-0.qcow2"),
                      ("thin2", "vm-10-state-x.qcow2")]
 
