@@ -26,36 +26,46 @@ def register(sub: options.SubCommands) -> None:
     run = options.add_command(sub, "run", _run,
                               "run the extension daemon (what pvestord.service starts)")
     options.add_node_options(run)
-    run.add_argument("--poll-interval", type=float, default=2.0, metavar="SECONDS",
+    default = options.setting_default
+    run.add_argument("--poll-interval", type=float, metavar="SECONDS",
+                     default=default("poll_interval"),
                      help="read the queue at least this often, for other nodes' writes "
                      "(default: %(default)s)")
-    run.add_argument("--reconcile-interval", type=float, default=30.0, metavar="SECONDS",
+    run.add_argument("--reconcile-interval", type=float, metavar="SECONDS",
+                     default=default("reconcile_interval"),
                      help="check every thin drive this often (default: %(default)s)")
-    run.add_argument("--lvm-timeout", type=float, default=30.0, metavar="SECONDS",
+    run.add_argument("--lvm-timeout", type=float, metavar="SECONDS",
+                     default=default("lvm_timeout"),
                      help="budget of one LVM command; one that overruns it is killed and "
                      "retried later (default: %(default)s)")
-    run.add_argument("--qmp-timeout", type=float, default=10.0, metavar="SECONDS",
+    run.add_argument("--qmp-timeout", type=float, metavar="SECONDS",
+                     default=default("qmp_timeout"),
                      help="budget of a QMP greeting and of each QMP command, for a QEMU that "
                      "accepts and never answers (default: %(default)s)")
-    run.add_argument("--report-interval", type=float, default=10.0, metavar="SECONDS",
+    run.add_argument("--report-interval", type=float, metavar="SECONDS",
+                     default=default("report_interval"),
                      help="look at this node's thin storages this often, and publish the "
                      "view (for rank-nodes) when it changed or is two intervals old "
                      "(default: %(default)s)")
-    run.add_argument("--pass-deadline", type=float, default=180.0, metavar="SECONDS",
+    run.add_argument("--pass-deadline", type=float, metavar="SECONDS",
+                     default=default("pass_deadline"),
                      help="abandon a pass over one VM that takes longer than this, mark the "
                      "VG it was changing unhealthy and serve the other VMs (default: "
                      "%(default)s)")
-    run.add_argument("--nodes-dir", type=Path, default=None, metavar="DIR",
+    run.add_argument("--nodes-dir", type=Path, metavar="DIR",
+                     default=default("nodes_dir"),
                      help="where node reports are published (default: 'nodes' beside the "
                      "queue, /etc/pve/nodes)")
-    run.add_argument("--state-dir", type=Path, default=None, metavar="DIR",
+    run.add_argument("--state-dir", type=Path, metavar="DIR",
+                     default=default("state_dir"),
                      help="node-local state: the copy of storage.cfg's pvestord sections "
                      f"(default: {paths.STATE_DIR}, or 'state' beside --vg-health-dir"
                      " when that is given)")
     run.add_argument("--global-worker", action="store_true",
                      help="one extension at a time for all VGs, as the original proposal "
                      "(for comparison; default: one per VG)")
-    run.add_argument("--lvm-shell", action=argparse.BooleanOptionalAction, default=True,
+    run.add_argument("--lvm-shell", action=argparse.BooleanOptionalAction,
+                     default=default("lvm_shell"),
                      help="run an extension's LVM commands in a persistent lvm shell per VG, "
                      "which skips LVM's start-up; needs /etc/lvm/profile/pvestord.profile "
                      "and falls back to one process per command without it "

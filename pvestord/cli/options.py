@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeAlias, TypeVar
 
-from pvestord import paths
-from pvestord.adapters import vghealth
-from pvestord.adapters.locks import PMXCFS_LOCK_EXPIRY
 from pvestord.adapters.settings import DaemonSettings
 
 #: What each command module's ``register`` adds its commands to.
@@ -18,6 +16,17 @@ SubCommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 Handler = Callable[[argparse.Namespace], int]
 
 T = TypeVar("T")
+
+_SETTINGS = {setting.name: setting for setting in dataclasses.fields(DaemonSettings)}
+
+
+def setting_default(name: str) -> Any:
+    """:class:`DaemonSettings`' default for its field ``name``: what an option
+    left out gives, so ``--help`` shows the default the daemon really uses."""
+    default = _SETTINGS[name].default
+    if default is dataclasses.MISSING:
+        raise TypeError(f"DaemonSettings.{name} has no plain default")
+    return default
 
 
 def add_command(sub: SubCommands, name: str, handler: Handler, summary: str,
@@ -58,11 +67,11 @@ def argument_type(parse: Callable[[str], T],
 def add_lock_options(parser: argparse.ArgumentParser) -> None:
     """``--lock-lifetime`` and ``--vg-health-dir``: for every command that
     changes LVM metadata under the storage lock."""
-    parser.add_argument("--lock-lifetime", type=float, default=PMXCFS_LOCK_EXPIRY,
+    parser.add_argument("--lock-lifetime", type=float, default=setting_default("lock_lifetime"),
                         metavar="SECONDS", help="with --lock-dir off pmxcfs: how long a lock "
                         "directory lives after its holder's last renewal, as pmxcfs's 120 s "
                         "(for tests; pmxcfs's own cannot be made longer) (default: %(default)g)")
-    parser.add_argument("--vg-health-dir", type=Path, default=vghealth.DEFAULT_DIR,
+    parser.add_argument("--vg-health-dir", type=Path, default=setting_default("vg_health_dir"),
                         metavar="DIR", help="where VGs this node must not change are marked "
                         "(default: %(default)s)")
 
@@ -70,13 +79,14 @@ def add_lock_options(parser: argparse.ArgumentParser) -> None:
 def add_node_options(parser: argparse.ArgumentParser) -> None:
     """Where this node's configuration, QEMUs and locks are: for every command
     that looks at the VMs running here."""
-    parser.add_argument("--storage-config", type=Path, default=paths.STORAGE_CFG,
+    parser.add_argument("--storage-config", type=Path,
+                        default=setting_default("storage_config"),
                         metavar="PATH", help="storage.cfg to read thin options from "
                         "(default: %(default)s)")
-    parser.add_argument("--run-dir", type=Path, default=paths.QEMU_SERVER_RUN, metavar="DIR",
+    parser.add_argument("--run-dir", type=Path, default=setting_default("run_dir"), metavar="DIR",
                         help="where QEMU's <vmid>.pid and <vmid>.qmp live "
                         "(default: %(default)s)")
-    parser.add_argument("--lock-dir", type=Path, default=None, metavar="DIR",
+    parser.add_argument("--lock-dir", type=Path, default=setting_default("lock_dir"), metavar="DIR",
                         help="force pmxcfs-style lock directories in DIR (default: chosen by "
                         "where the queue lives)")
     add_lock_options(parser)
