@@ -17,6 +17,8 @@ needs from here; the submodules group them by question:
 - :mod:`~pvestord.policy.requests`: which drives a queue entry asks a pass
   to look at, and when the entry leaves the queue;
 - :mod:`~pvestord.policy.storageoptions`: the values of our storage options;
+- :mod:`~pvestord.policy.proxmox`: Proxmox's identifiers (VMID, storage id,
+  VG and LV names, pidfile, node name), each rule written once;
 - :mod:`~pvestord.policy.reason`, :mod:`~pvestord.policy.sizes`: the
   vocabulary (why a drive was queued, byte sizes).
 """
