@@ -21,37 +21,30 @@ from pvestord.errors import PvestordError
 from pvestord.policy import Reason
 from pvestord.policy.sizes import format_size
 
+#: ``pvestord run``'s options in seconds, by DaemonSettings field, with what
+#: each one bounds; the default shown is the field's.
+_SECONDS_OPTIONS = (
+    ("poll_interval", "read the queue at least this often, for other nodes' writes"),
+    ("reconcile_interval", "check every thin drive this often"),
+    ("lvm_timeout", "budget of one LVM command; one that overruns it is killed and "
+     "retried later"),
+    ("qmp_timeout", "budget of a QMP greeting and of each QMP command, for a QEMU that "
+     "accepts and never answers"),
+    ("report_interval", "look at this node's thin storages this often, and publish the "
+     "view (for rank-nodes) when it changed or is two intervals old"),
+    ("pass_deadline", "abandon a pass over one VM that takes longer than this, mark the "
+     "VG it was changing unhealthy and serve the other VMs"),
+)
+
 
 def register(sub: options.SubCommands) -> None:
     run = options.add_command(sub, "run", _run,
                               "run the extension daemon (what pvestord.service starts)")
     options.add_node_options(run)
     default = options.setting_default
-    run.add_argument("--poll-interval", type=float, metavar="SECONDS",
-                     default=default("poll_interval"),
-                     help="read the queue at least this often, for other nodes' writes "
-                     "(default: %(default)s)")
-    run.add_argument("--reconcile-interval", type=float, metavar="SECONDS",
-                     default=default("reconcile_interval"),
-                     help="check every thin drive this often (default: %(default)s)")
-    run.add_argument("--lvm-timeout", type=float, metavar="SECONDS",
-                     default=default("lvm_timeout"),
-                     help="budget of one LVM command; one that overruns it is killed and "
-                     "retried later (default: %(default)s)")
-    run.add_argument("--qmp-timeout", type=float, metavar="SECONDS",
-                     default=default("qmp_timeout"),
-                     help="budget of a QMP greeting and of each QMP command, for a QEMU that "
-                     "accepts and never answers (default: %(default)s)")
-    run.add_argument("--report-interval", type=float, metavar="SECONDS",
-                     default=default("report_interval"),
-                     help="look at this node's thin storages this often, and publish the "
-                     "view (for rank-nodes) when it changed or is two intervals old "
-                     "(default: %(default)s)")
-    run.add_argument("--pass-deadline", type=float, metavar="SECONDS",
-                     default=default("pass_deadline"),
-                     help="abandon a pass over one VM that takes longer than this, mark the "
-                     "VG it was changing unhealthy and serve the other VMs (default: "
-                     "%(default)s)")
+    for name, what in _SECONDS_OPTIONS:
+        run.add_argument(f"--{name.replace('_', '-')}", type=float, metavar="SECONDS",
+                         default=default(name), help=f"{what} (default: %(default)s)")
     run.add_argument("--nodes-dir", type=Path, metavar="DIR",
                      default=default("nodes_dir"),
                      help="where node reports are published (default: 'nodes' beside the "
