@@ -39,6 +39,9 @@ QCOW2_DISK = re.compile(r"vm-([0-9]+)-[A-Za-z0-9_.\-]*\.qcow2")
 #: Any volume Proxmox allocates for a guest (``vm-<vmid>-...``, ``base-<vmid>-...``).
 GUEST_VOLUME = re.compile(r"(?:vm|base)-\d+-.+")
 
+#: A Proxmox node name: a DNS label (PVE::JSONSchema ``pve-node``).
+NODE_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+
 #: qemu-server's pidfile, ``<run_dir>/<vmid>.pid``. Group 1 is the VMID.
 PIDFILE = re.compile(rf"({VMID_TEXT.pattern})\.pid")
 
@@ -88,6 +91,10 @@ def pidfile_vmid(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def is_node_name(name: str) -> bool:
+    return NODE_NAME.fullmatch(name) is not None
+
+
 def node_name(hostname: str) -> str:
     """The Proxmox node name of a host: its short host name, as
     PVE::INotify::nodename takes it (the part before the first dot)."""
@@ -95,7 +102,8 @@ def node_name(hostname: str) -> str:
 
 
 __all__ = [
-    "GUEST_VOLUME", "LVM_NAME", "PIDFILE", "QCOW2_DISK", "STORAGE_ID", "VMID_MAX", "VMID_MIN",
-    "VMID_TEXT", "is_guest_volume", "is_lvm_name", "is_storage_id", "is_vg_name", "is_vmid",
-    "node_name", "pidfile_name", "pidfile_vmid", "qcow2_disk_vmid", "vmid_from_text",
+    "GUEST_VOLUME", "LVM_NAME", "NODE_NAME", "PIDFILE", "QCOW2_DISK", "STORAGE_ID", "VMID_MAX",
+    "VMID_MIN", "VMID_TEXT", "is_guest_volume", "is_lvm_name", "is_node_name", "is_storage_id",
+    "is_vg_name", "is_vmid", "node_name", "pidfile_name", "pidfile_vmid", "qcow2_disk_vmid",
+    "vmid_from_text",
 ]

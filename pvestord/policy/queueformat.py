@@ -31,7 +31,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from pvestord.errors import PvestordError
-from pvestord.policy.proxmox import VMID_MAX, VMID_MIN, is_vmid
+from pvestord.policy.proxmox import VMID_MAX, VMID_MIN, is_node_name, is_vmid
 from pvestord.policy.reason import Reason
 
 #: Longest line we accept as an entry; longer lines are rejected.
@@ -48,8 +48,6 @@ N_MAX = 2**63 - 1
 # image it opened on its own: an active commit's base, a chain started
 # without names. A '#' is safe in a line (fields are split on whitespace).
 _NODE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9._-]{0,30}|#block[0-9]{1,25}")
-# A Proxmox node name is a DNS label (PVE::JSONSchema pve-node).
-_ORIGIN = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 _ID = re.compile(r"[0-9a-f]{1,32}")
 _EXTRA_KEY = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 _EXTRA_VALUE = re.compile(r"[\x21-\x7e]{1,256}")
@@ -112,7 +110,7 @@ class Entry:
         check_block_node(self.block_node)
         if not isinstance(self.reason, Reason):
             raise InvalidEntryError(f"invalid reason {self.reason!r}")
-        if self.origin is not None and not _ORIGIN.fullmatch(self.origin):
+        if self.origin is not None and not is_node_name(self.origin):
             raise InvalidEntryError(f"invalid origin {self.origin[:70]!r}: not a node name")
         if self.ts is not None and (isinstance(self.ts, bool) or not 0 <= self.ts <= N_MAX):
             raise InvalidEntryError(f"invalid ts {self.ts!r}: not a unix time")

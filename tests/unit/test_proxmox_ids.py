@@ -114,3 +114,13 @@ def test_qcow2_disk_names(lv: str, vmid: int | None) -> None:
 ])
 def test_node_name_is_the_short_host_name(hostname: str, node: str) -> None:
     assert proxmox.node_name(hostname) == node
+
+
+@pytest.mark.parametrize("name", ["pve1", "a", "PVE-node-2", "x" * 63])
+def test_node_names_are_dns_labels(name: str) -> None:
+    assert proxmox.is_node_name(name)
+
+
+@pytest.mark.parametrize("name", ["", "-a", "a-", "a.b", "a_b", "x" * 64, "a\n", "../a", "a/b"])
+def test_what_is_not_a_node_name(name: str) -> None:
+    assert not proxmox.is_node_name(name)
