@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from pvestord.adapters import devices, lvm
+from pvestord.adapters.settings import DaemonSettings
 from tests.harness.fakeqmp import GREETING
 
 MiB = 1024 * 1024
@@ -135,6 +136,15 @@ async def running(qemu: FakeQemu, socket: Path) -> AsyncIterator[None]:
     finally:
         server.close()
         await server.wait_closed()
+
+
+def bed_settings(bed: Path) -> DaemonSettings:
+    """The daemon's settings on the bed made by :func:`fake_lvm_bed`: node
+    ``pve1``, its queue, VM configs, lock directories and VG marks in ``bed``."""
+    (bed / "locks").mkdir(exist_ok=True)
+    return DaemonSettings(node="pve1", queue=bed / "extend-queue", nodes_dir=bed / "nodes",
+                          run_dir=bed, lock_dir=bed / "locks",
+                          vg_health_dir=bed / "marks", lvm_shell=False)
 
 
 def fake_lvm_bed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:

@@ -26,7 +26,6 @@ import pytest
 
 from pvestord.adapters.config import parse_storage_config
 from pvestord.adapters.qmp import VmBusyError
-from pvestord.adapters.settings import DaemonSettings
 from pvestord.adapters.vmconfig import config_path
 from pvestord.adapters.vms import LocalVm
 from pvestord.engine import migration
@@ -39,6 +38,7 @@ from tests.harness.extenderbed import (
     FakeQemu,
     GiB,
     MiB,
+    bed_settings,
     extensions,
     fake_lvm_bed,
     grown_to,
@@ -53,10 +53,7 @@ def bed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 async def test_a_left_over_snapshot_delete_lock_stops_refusing_extensions(
         bed: Path, caplog: pytest.LogCaptureFixture) -> None:
-    (bed / "locks").mkdir()
-    settings = DaemonSettings(node="pve1", queue=bed / "extend-queue", nodes_dir=bed / "nodes",
-                              run_dir=bed, lock_dir=bed / "locks",
-                              vg_health_dir=bed / "marks", lvm_shell=False)
+    settings = bed_settings(bed)
     config = config_path(bed / "nodes", "pve1", VMID)
     config.parent.mkdir(parents=True)
     config.write_text("lock: snapshot-delete\nscsi0: san1:vm-101-disk-0.qcow2,size=32G\n")

@@ -20,7 +20,6 @@ from typing import Any
 import pytest
 
 from pvestord.adapters.config import parse_storage_config
-from pvestord.adapters.settings import DaemonSettings
 from pvestord.adapters.vmconfig import config_path
 from pvestord.adapters.vms import LocalVm
 from pvestord.engine.extender import Extender
@@ -33,6 +32,7 @@ from tests.harness.extenderbed import (
     FakeQemu,
     GiB,
     MiB,
+    bed_settings,
     extensions,
     fake_lvm_bed,
     grown_to,
@@ -84,10 +84,7 @@ async def test_the_source_defers_while_it_mirrors_into_the_targets_nbd_export(
         bed: Path) -> None:
     """Failed on the old code: the lock past its grace with query-migrate
     empty was taken as left over, and the drive grown during the mirror."""
-    (bed / "locks").mkdir()
-    settings = DaemonSettings(node="pve1", queue=bed / "extend-queue", nodes_dir=bed / "nodes",
-                              run_dir=bed, lock_dir=bed / "locks",
-                              vg_health_dir=bed / "marks", lvm_shell=False)
+    settings = bed_settings(bed)
     config = config_path(bed / "nodes", "pve1", VMID)
     config.parent.mkdir(parents=True)
     config.write_text("lock: migrate\nscsi0: san1:vm-101-disk-0.qcow2,size=32G\n"

@@ -23,7 +23,6 @@ import pytest
 
 from pvestord.adapters import preparedjobs
 from pvestord.adapters.config import parse_storage_config
-from pvestord.adapters.settings import DaemonSettings
 from pvestord.adapters.vmconfig import config_path
 from pvestord.adapters.vms import LocalVm
 from pvestord.engine.extender import Extender
@@ -34,6 +33,7 @@ from tests.harness.extenderbed import (
     VMID,
     FakeQemu,
     GiB,
+    bed_settings,
     extensions,
     fake_lvm_bed,
     running,
@@ -64,10 +64,7 @@ class FakeQemuWithJobGraph(FakeQemu):
 @pytest.mark.parametrize("prepared", [False, True])
 async def test_a_snapshot_delete_job_the_plugin_did_not_prepare_is_said_once(
         bed: Path, caplog: pytest.LogCaptureFixture, prepared: bool) -> None:
-    (bed / "locks").mkdir()
-    settings = DaemonSettings(node="pve1", queue=bed / "extend-queue", nodes_dir=bed / "nodes",
-                              run_dir=bed, lock_dir=bed / "locks",
-                              vg_health_dir=bed / "marks", lvm_shell=False)
+    settings = bed_settings(bed)
     config = config_path(bed / "nodes", "pve1", VMID)
     config.parent.mkdir(parents=True)
     config.write_text("lock: snapshot-delete\nscsi0: san1:vm-101-disk-0.qcow2,size=32G\n")
@@ -105,10 +102,7 @@ async def test_a_snapshot_delete_job_the_plugin_did_not_prepare_is_said_once(
 
 async def test_another_vms_disk_attached_to_a_vm_is_grown_and_said_once(
         bed: Path, caplog: pytest.LogCaptureFixture) -> None:
-    (bed / "locks").mkdir()
-    settings = DaemonSettings(node="pve1", queue=bed / "extend-queue", nodes_dir=bed / "nodes",
-                              run_dir=bed, lock_dir=bed / "locks",
-                              vg_health_dir=bed / "marks", lvm_shell=False)
+    settings = bed_settings(bed)
     storage = parse_storage_config(STORAGE_CFG, "storage.cfg")
     extender = Extender(settings, lambda: storage)
     qemu = FakeQemu(bed)
