@@ -40,7 +40,7 @@ import logging
 from dataclasses import dataclass
 
 from pvestord.adapters import lvm
-from pvestord.adapters.vms import local_vm
+from pvestord.features.volumes.running import refuse_if_running_here
 from pvestord.features.volumes.shrinking import plan_reduction, reduce_planned
 from pvestord.features.volumes.storage import VolumeSettings, load_config, thin_storage
 from pvestord.policy.capacity import COPY_TAG
@@ -70,13 +70,6 @@ class CopyReduced:
     #: ``qemu-img check``'s image end; None when the image was not checked.
     image_end: int | None
     target: int | None
-
-
-def _refuse_if_running_here(settings: VolumeSettings, vmid: int, what: str) -> None:
-    vm = local_vm(settings.run_dir, vmid)
-    if vm is not None:
-        raise ShrinkRefused(f"{what}: VM {vmid} is running on this node (pid {vm.pid}); "
-                            "nothing changed")
 
 
 async def reduce_copy_target(settings: VolumeSettings, volid: VolumeId | str, *,
@@ -112,7 +105,7 @@ async def reduce_copy_target(settings: VolumeSettings, volid: VolumeId | str, *,
     if before.open:
         raise ShrinkRefused(f"{what}: the LV {vg}/{lv} is open on this node (a copy, a "
                             "mirror or a VM uses it); nothing changed")
-    _refuse_if_running_here(settings, vol.vmid, what)
+    refuse_if_running_here(settings, vol.vmid, prefix=f"{what}: ", outcome="nothing changed")
     plan = await plan_reduction(storage, before, what)
     if not copy_over(on_activation, plan.checked.allocated_clusters):
         return untouched("the image holds no data yet: its copy has not begun")
@@ -121,7 +114,7 @@ async def reduce_copy_target(settings: VolumeSettings, volid: VolumeId | str, *,
         if COPY_TAG not in fresh.tags:
             raise ShrinkRefused(f"{what}: no longer a copy target (its tag was dropped "
                                 "meanwhile); nothing changed")
-        _refuse_if_running_here(settings, vol.vmid, what)
+        refuse_if_running_here(settings, vol.vmid, prefix=f"{what}: ", outcome="nothing changed")
 
     after = await reduce_planned(settings, storage, plan, what, still_safe=still_safe,
                                  drop_tags=(COPY_TAG,))

@@ -54,13 +54,20 @@ def read_cluster_view(cluster_dir: Path) -> ClusterView:
                        (cluster_dir / "corosync.conf").exists())
 
 
+def refuse_if_running_here(settings: VolumeSettings, vmid: int, *, prefix: str = "",
+                           outcome: str = "stop it first") -> None:
+    """:raises ShrinkRefused: ``vmid`` runs on this node (its qemu-server pidfile
+    names a live QEMU); the message starts with ``prefix`` and ends with ``outcome``."""
+    vm = local_vm(settings.run_dir, vmid)
+    if vm is not None:
+        raise ShrinkRefused(f"{prefix}VM {vmid} is running on this node (pid {vm.pid}); "
+                            f"{outcome}")
+
+
 def refuse_if_running(settings: VolumeSettings, vmid: int) -> None:
     """:raises ShrinkRefused: the VM runs here, or this node cannot prove it runs nowhere
     else (:func:`cross_node_refusal`)."""
-    vm = local_vm(settings.run_dir, vmid)
-    if vm is not None:
-        raise ShrinkRefused(f"VM {vmid} is running on this node (pid {vm.pid}); "
-                            "stop it first")
+    refuse_if_running_here(settings, vmid)
     why = cross_node_refusal(read_cluster_view(settings.cluster_dir), vmid, time.time())
     if why is not None:
         raise ShrinkRefused(f"{why} (cluster folder {settings.cluster_dir})")

@@ -340,11 +340,15 @@ my $COPY_TAG = 'pvestord-copy';
 # (it reads every table), the wait for the storage locks (10 s) and lvreduce.
 my $REDUCE_TIMEOUT = 300;
 
+# $cache: the hash PVE::Storage::(de)activate_volumes hands each volume of one
+# call, so that activating a VM's disks lists their VG once, not once per disk.
 my sub is_copy_target {
-    my ($scfg, $lv) = @_;
+    my ($scfg, $lv, $cache) = @_;
 
     my $vg = $scfg->{vgname};
-    my $lvs = PVE::Storage::LVMPlugin::lvm_list_volumes($vg);
+    my $lvs = $cache
+        ? ($cache->{pvestord_lvs}->{$vg} //= PVE::Storage::LVMPlugin::lvm_list_volumes($vg))
+        : PVE::Storage::LVMPlugin::lvm_list_volumes($vg);
     my $tags = $lvs->{$vg}->{$lv}->{tags} // '';
     return scalar(grep { $_ eq $COPY_TAG } split(/,/, $tags));
 }
@@ -366,7 +370,7 @@ my sub is_copy_target {
 # deactivation asks again. Never asked under the storage locks (our own
 # activations while making a volume, snapshots): pvestord would wait for them.
 my sub reduce_copy_target {
-    my ($class, $storeid, $scfg, $volname, $snapname, $on_activation) = @_;
+    my ($class, $storeid, $scfg, $volname, $snapname, $cache, $on_activation) = @_;
 
     return if defined($snapname) || $HOLDING_LOCKS;
     return if ($class->parse_volname($volname))[6] ne 'qcow2';
@@ -374,7 +378,7 @@ my sub reduce_copy_target {
     my $errors = '';
     eval {
         my $lv = basename($class->path($scfg, $volname, $storeid));
-        return if !is_copy_target($scfg, $lv);
+        return if !is_copy_target($scfg, $lv, $cache);
         run_command(
             [
                 $PVESTORD, 'volume', 'reduce-copy',
@@ -399,14 +403,14 @@ sub activate_volume {
     my ($class, $storeid, $scfg, $volname, $snapname, $cache) = @_;
 
     $class->SUPER::activate_volume($storeid, $scfg, $volname, $snapname, $cache);
-    reduce_copy_target($class, $storeid, $scfg, $volname, $snapname, 1);
+    reduce_copy_target($class, $storeid, $scfg, $volname, $snapname, $cache, 1);
     return;
 }
 
 sub deactivate_volume {
     my ($class, $storeid, $scfg, $volname, $snapname, $cache) = @_;
 
-    reduce_copy_target($class, $storeid, $scfg, $volname, $snapname, 0);
+    reduce_copy_target($class, $storeid, $scfg, $volname, $snapname, $cache, 0);
     return $class->SUPER::deactivate_volume($storeid, $scfg, $volname, $snapname, $cache);
 }
 
