@@ -402,7 +402,8 @@ my sub reduce_copy_target {
 sub activate_volume {
     my ($class, $storeid, $scfg, $volname, $snapname, $cache) = @_;
 
-    $class->SUPER::activate_volume($storeid, $scfg, $volname, $snapname, $cache);
+    # Every argument on to LVMPlugin (PVE::Storage passes hints after $cache).
+    $class->SUPER::activate_volume(@_[1 .. $#_]);
     reduce_copy_target($class, $storeid, $scfg, $volname, $snapname, $cache, 1);
     return;
 }
@@ -411,7 +412,7 @@ sub deactivate_volume {
     my ($class, $storeid, $scfg, $volname, $snapname, $cache) = @_;
 
     reduce_copy_target($class, $storeid, $scfg, $volname, $snapname, $cache, 0);
-    return $class->SUPER::deactivate_volume($storeid, $scfg, $volname, $snapname, $cache);
+    return $class->SUPER::deactivate_volume(@_[1 .. $#_]);
 }
 
 # Under the storage lock, ask pvestord how large the LV at $path must be and
