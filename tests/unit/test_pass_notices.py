@@ -40,6 +40,18 @@ from tests.harness.extenderbed import (
 )
 
 
+async def two_threshold_passes(extender: Extender, qemu: FakeQemu, vm: LocalVm) -> None:
+    """The guest writes past its threshold and a pass follows, twice; then the
+    extender is closed."""
+    try:
+        async with running(qemu, vm.qmp_socket):
+            for _ in range(2):
+                qemu.fill()
+                await extender.handle(vm, {"e0": Reason.THRESHOLD})
+    finally:
+        await extender.close()
+
+
 @pytest.fixture
 def bed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return fake_lvm_bed(tmp_path, monkeypatch)
@@ -81,13 +93,7 @@ async def test_a_snapshot_delete_job_the_plugin_did_not_prepare_is_said_once(
                   "len": GiB, "offset": 0, "speed": 0}]
     vm = LocalVm(VMID, os.getpid(), bed / f"{VMID}.qmp")
     caplog.set_level(logging.DEBUG, logger="pvestord")
-    try:
-        async with running(qemu, vm.qmp_socket):
-            for _ in range(2):
-                qemu.fill()
-                await extender.handle(vm, {"e0": Reason.THRESHOLD})
-    finally:
-        await extender.close()
+    await two_threshold_passes(extender, qemu, vm)
     # Said at warning once; each pass after that repeats it at debug only.
     said = [r for r in caplog.records if hasattr(r, "UNPREPARED_JOB")]
     if prepared:
@@ -109,13 +115,7 @@ async def test_another_vms_disk_attached_to_a_vm_is_grown_and_said_once(
     # VM 202 has VM 101's disk attached (qm set 202 --scsi1 san1:vm-101-disk-0.qcow2).
     vm = LocalVm(202, os.getpid(), bed / "202.qmp")
     caplog.set_level(logging.DEBUG, logger="pvestord")
-    try:
-        async with running(qemu, vm.qmp_socket):
-            for _ in range(2):
-                qemu.fill()
-                await extender.handle(vm, {"e0": Reason.THRESHOLD})
-    finally:
-        await extender.close()
+    await two_threshold_passes(extender, qemu, vm)
     said = [r for r in caplog.records if hasattr(r, "OWNER")]
     assert [(r.levelno, r.__dict__["OWNER"], r.__dict__["LV"]) for r in said] == [
         (logging.INFO, str(VMID), LV), (logging.DEBUG, str(VMID), LV)]
