@@ -22,6 +22,7 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
+from pvestord.adapters.locks import storage_lock
 from pvestord.adapters.queue import Entry
 from tests.harness.daemons import Daemon, NodeBed, ThinStorageSpec, start_daemon, start_qmeventd
 from tests.harness.faults import LvmFaults
@@ -39,6 +40,8 @@ RECONCILE = 5.0
 #: Everything that waits for recovery: a restarted daemon's Python start-up
 #: over 9p plus an extension, under TCG.
 SETTLE_TIMEOUT = 180.0
+#: Waiting for the storage lock behind the daemon's changes (each bounded well below this).
+LOCK_WAIT = 120.0
 
 
 # -- the bed ---------------------------------------------------------------------
@@ -196,12 +199,18 @@ def dm_name(vg: VG, lv: str) -> str:
     return f"{vg.name.replace('-', '--')}-{lv.replace('-', '--')}"
 
 
-def grow_elsewhere(vg: VG, lv: str, size: int) -> None:
+def grow_elsewhere(vg: VG, lv: str, size: int, storeid: str = "thin1") -> None:
     """As if another node grew the LV: the metadata grows, and this node's
-    device-mapper table is put back to the old size (no refresh here yet)."""
+    device-mapper table is put back to the old size (no refresh here yet).
+
+    Under the storage lock, as another node's ``lvextend`` would be: a
+    running pvestord compares and refreshes tables under that lock, so it
+    can neither refresh between the ``lvextend`` and the reload (leaving the
+    old table after its refresh) nor before the lag is checked here."""
     name = dm_name(vg, lv)
-    table = sh("dmsetup", "table", name).strip()
-    sh("lvextend", "-q", "-L", f"{size}b", f"{vg.name}/{lv}")
-    sh("dmsetup", "load", name, "--table", table)
-    sh("dmsetup", "resume", name)
-    assert vg.lv_size(lv) == size and vg.device_size(lv) < size
+    with storage_lock(storeid, shared=False).acquire(LOCK_WAIT):
+        table = sh("dmsetup", "table", name).strip()
+        sh("lvextend", "-q", "-L", f"{size}b", f"{vg.name}/{lv}")
+        sh("dmsetup", "load", name, "--table", table)
+        sh("dmsetup", "resume", name)
+        assert vg.lv_size(lv) == size and vg.device_size(lv) < size
