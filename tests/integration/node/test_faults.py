@@ -25,24 +25,30 @@ to ``<results>/faults.jsonl``; ``python -m tests.harness.reliability`` turns
 them into ``docs/reliability.md``. Recovery times are recorded, never
 asserted (speed belongs to bench/).
 
-``make check`` runs the quick set; ``make faults`` (``--faults=full``) adds
-every timed kill moment, 20 in all.
+The kill moments of one extension are each held until pvestord is known to
+be there (an ``lvm_faulty`` rule and its marker, the storage lock held with
+pvestord's lock file open, the queue's lock held with the threshold re-armed),
+never slept into, so a slow machine still hits each one. ``make check`` runs
+five of them; ``make faults`` (``--faults=full``) all seven.
 """
 
 from __future__ import annotations
 
 import contextlib
+import enum
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from pvestord.adapters.locks import storage_lock
+from pvestord.adapters.locks import queue_lock, storage_lock
+from pvestord.paths import LOCAL_LOCK_DIR
 from tests.harness.daemonlog import extensions, records
 from tests.harness.daemons import Daemon, NodeBed
 from tests.harness.faultbed import (
@@ -69,7 +75,10 @@ from tests.harness.faults import (
 )
 from tests.harness.lvmbed import VG, MiB
 from tests.harness.polling import wait_until
-from tests.harness.qemu import pve9_disk
+from tests.harness.qemu import QemuVM, pve9_disk
+
+#: The fault bed's storage (:func:`tests.harness.faultbed.fault_bed`).
+STOREID = "thin1"
 
 
 @pytest.fixture
@@ -79,51 +88,118 @@ def bed(vg: VG, tmp_path: Path, out_dir: Path) -> NodeBed:
 
 # -- kill -9 of pvestord at many moments -------------------------------------------
 
+class Hold(enum.Enum):
+    """What holds pvestord at a moment, so the kill is known to land there."""
+
+    #: An ``lvm_faulty`` rule holds the LVM command; its marker says it is there.
+    LVM = "lvm"
+    #: The test holds the storage lock; pvestord has the lock file open, waiting.
+    STORAGE_LOCK = "storage lock"
+    #: Nothing: the kill lands as soon as the entry is in the queue.
+    NOTHING = "nothing"
+    #: The test holds the queue's lock; the threshold is re-armed for the new
+    #: size, so the pass has extended and armed and cannot drop the entry.
+    QUEUE_LOCK = "queue lock"
+
+
 @dataclass(frozen=True)
 class Moment:
-    """When pvestord is killed, relative to one extension."""
+    """Where pvestord is killed in one extension, and what holds it there."""
 
     name: str
-    #: ``lvm_faulty`` rule that holds the extension at the moment, and the
-    #: marker that says it is there; or None for a moment in time after the
-    #: queue entry appeared.
-    subcommand: str | None = None
+    hold: Hold
+    #: For :attr:`Hold.LVM`: the subcommand, the ``lvm_faulty`` rule that
+    #: holds it, and the marker that says it is there.
+    subcommand: str = ""
     rule: str = ""
     marker: str = "started"
-    delay: float = 0.0
     #: Kill the LVM command in flight too (OOM or cgroup kill), not just the daemon.
     with_children: bool = True
 
     @property
     def injection(self) -> str:
         who = "pvestord and its LVM command" if self.with_children else "pvestord alone"
-        if self.subcommand is None:
-            return f"SIGKILL to {who} {self.delay:.2f} s after the entry was queued"
-        if self.subcommand == "lock":
-            return "SIGKILL to pvestord while it waits for the storage lock; then released"
-        return f"SIGKILL to {who} ({self.subcommand} held by `{self.rule}`)"
+        if self.hold is Hold.LVM:
+            return f"SIGKILL to {who} ({self.subcommand} held by `{self.rule}`)"
+        if self.hold is Hold.STORAGE_LOCK:
+            return ("SIGKILL to pvestord while it waits for the storage lock (its lock file "
+                    "open), which another process holds; then released")
+        if self.hold is Hold.QUEUE_LOCK:
+            return ("SIGKILL to pvestord once the threshold is re-armed for the new size, "
+                    "while the queue's lock, held by another process, keeps the entry queued")
+        return f"SIGKILL to {who} as soon as the entry is in the queue"
 
 
 HOOKED = [
-    Moment(f"{where}, {who}", sub, rule, marker, with_children=children)
+    Moment(f"{where}, {who}", Hold.LVM, sub, rule, marker, with_children=children)
     for where, sub, rule, marker in [
         ("inside lvextend, before LVM ran", "lvextend", "before sleep 4", "started"),
         ("after lvextend, before the re-arm", "lvextend", "after sleep 4", "finished"),
     ]
     for who, children in [("with its LVM command", True), ("alone", False)]
-] + [Moment("waiting for the storage lock, which another process holds", "lock")]
-TIMED = [Moment(f"{quarter / 4:.2f} s after the entry was queued", delay=quarter / 4)
-         for quarter in range(15)]
+]
+WAITING = Moment("waiting for the storage lock, which another process holds", Hold.STORAGE_LOCK)
+QUEUED = Moment("the entry just queued", Hold.NOTHING)
+COMPLETING = Moment("re-armed, before the entry leaves the queue", Hold.QUEUE_LOCK,
+                    with_children=False)
 
 
 def moments(config: pytest.Config) -> list[Moment]:
     """Every moment for ``--faults=full`` (make faults). The quick set (make
-    check, which must fit CI's 45 minutes with both guest tiers) takes one
-    kill inside lvextend (with its LVM child), one between lvextend and the
-    re-arm (pvestord alone), the lock wait, and two timed moments."""
+    check) takes one kill inside lvextend (with its LVM child), one between
+    lvextend and the re-arm (pvestord alone), and the three moments before
+    and after the LVM command."""
     if config.getoption("--faults") == "full":
-        return HOOKED + TIMED
-    return [HOOKED[0], HOOKED[3], HOOKED[4], TIMED[0], TIMED[10]]
+        return [*HOOKED, WAITING, QUEUED, COMPLETING]
+    return [HOOKED[0], HOOKED[3], WAITING, QUEUED, COMPLETING]
+
+
+def has_open(pid: int, path: Path) -> bool:
+    """Whether process ``pid`` has ``path`` open (a flock waiter keeps its
+    lock file open between tries). Compared by inode: the path the kernel
+    shows for a descriptor is the resolved one (``/var/lock`` is a link to
+    ``/run/lock``)."""
+    try:
+        wanted = path.stat()
+    except FileNotFoundError:
+        return False
+    with contextlib.suppress(OSError):
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with contextlib.suppress(OSError):
+                opened = fd.stat()
+                if (opened.st_dev, opened.st_ino) == (wanted.st_dev, wanted.st_ino):
+                    return True
+    return False
+
+
+@contextlib.contextmanager
+def held_at(moment: Moment, bed: NodeBed, vm: QemuVM, faults: LvmFaults, pvestord: Daemon,
+            lv_size: int, workload: Workload) -> Iterator[None]:
+    """Cross the threshold and hold pvestord at ``moment``; return once it is
+    known to be there (never after a guessed delay). The hold ends after the
+    ``with`` body (the kill)."""
+    with contextlib.ExitStack() as held:
+        if moment.hold is Hold.STORAGE_LOCK:
+            held.enter_context(storage_lock(STOREID, shared=False).acquire(30))
+        elif moment.hold is Hold.LVM:
+            faults.rule(moment.subcommand, moment.rule)
+        workload.cross_threshold()
+        wait_until(lambda: entries_of(bed, vm.vmid), 60, "the entry queued")
+        if moment.hold is Hold.LVM:
+            wait_until(lambda: getattr(faults, moment.marker)(moment.subcommand), 60,
+                       f"{moment.subcommand} {moment.marker}")
+        elif moment.hold is Hold.STORAGE_LOCK:
+            lock_file = LOCAL_LOCK_DIR / f"pve-storage-{STOREID}"
+            wait_until(lambda: has_open(pvestord.proc.pid, lock_file), 60,
+                       "pvestord waiting for the storage lock")
+            assert not faults.started("lvextend")
+        elif moment.hold is Hold.QUEUE_LOCK:
+            held.enter_context(queue_lock(bed.queue_path).acquire(30))
+            armed = lv_size + CHUNK - HEADROOM
+            wait_until(lambda: threshold(vm) == armed, 60, "the threshold re-armed")
+            assert entries_of(bed, vm.vmid)  # the queue's lock keeps it there
+        yield
+        faults.clear()
 
 
 def test_pvestord_killed_at_every_moment_of_an_extension(
@@ -136,20 +212,8 @@ def test_pvestord_killed_at_every_moment_of_an_extension(
         settled(bed, vm, vg, lv, lv_size)
         for moment in moments(request.config):
             faults.forget_calls()
-            with contextlib.ExitStack() as held:
-                if moment.subcommand == "lock":
-                    held.enter_context(storage_lock("thin1", shared=False).acquire(30))
-                elif moment.subcommand:
-                    faults.rule(moment.subcommand, moment.rule)
-                workload.cross_threshold()
-                if moment.subcommand in (None, "lock"):
-                    wait_until(lambda: entries_of(bed, vm.vmid), 60, "the entry queued")
-                    time.sleep(1.0 if moment.subcommand == "lock" else moment.delay)
-                else:
-                    wait_until(lambda m=moment: getattr(faults, m.marker)(m.subcommand), 60,
-                               f"{moment.subcommand} {moment.marker}")
+            with held_at(moment, bed, vm, faults, running.pvestord, lv_size, workload):
                 kill_unit(running.pvestord, with_children=moment.with_children)
-                faults.clear()
             before = vg.lv_size(lv)
             clock = Stopwatch()
             restarted = running.start_pvestord()
