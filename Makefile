@@ -79,16 +79,10 @@ faults: deps
 # at 90 minutes, and the two guest tiers cannot share the cores: run together, each
 # took 2.4 times as long); CLUSTER=full adds the rest (both hint variants of every migration
 # test, 20 concurrent rounds, a clean stop seen by rank-nodes).
-# CLUSTER_BED: the two-node tier boots the host's root until its
-# fill-while-migrating test passes on Debian 13: there QEMU 10 fails that
-# migration at its switchover with "Error in migration completion: Bad address"
-# (EFAULT): three of four migrations tried, with the guest held in -S or
-# running, with or without image locks on its boot image; the fourth completed
-# at once (QEMU 10 migrates a VM stopped in -S without pre-copy, so the fill
-# could not run during it). Not yet understood.
-# CLUSTER_BED=trixie runs the tier there, where its other tests pass.
+# CLUSTER_BED: what both nodes boot, Debian 13 (Proxmox VE 9's QEMU 10, lvm2
+# and kernel) as the node tier; CLUSTER_BED=host boots the host's root.
 CLUSTER   ?= quick
-CLUSTER_BED ?= host
+CLUSTER_BED ?= trixie
 cluster: deps
 	PVESTORD_NODE_BED=$(CLUSTER_BED) $(PYTEST) tests/integration/cluster -q -p no:cacheprovider --durations=0 \
 		--cluster=$(CLUSTER)

@@ -15,6 +15,10 @@
 ;   -DSECTORS=n     how many sectors (at most 127 per INT 13h call, EDD's limit)
 ;   -DPATTERN=0xNN  the byte every written sector is filled with
 ;   -DDATA_DISK=0xNN  the BIOS drive to write (default 81h, the second disk)
+;   -DGATE_LBA=n -DGATE_BYTE=0xNN  optional: before writing, read sector n of
+;                   the data disk until its first byte is GATE_BYTE. The guest
+;                   runs meanwhile (a migration of it keeps iterating, as for
+;                   a busy guest) and writes only once the test wrote there.
 ;
 ; Progress and result on the isa-debugcon port 0E9h (one byte each):
 ;   'G'             the program runs (SeaBIOS booted it)
@@ -43,6 +47,7 @@ DEBUGCON  equ 0xe9
 %endif
 CHUNK     equ 127              ; EDD: at most 127 sectors per call
 BUF_SEG   equ 0x1000           ; 64 KiB buffer at 0x10000, clear of us and the stack
+GATE_SEG  equ 0x2000           ; the gate sector's buffer, past the write buffer
 
 start:
         cli
@@ -71,6 +76,22 @@ start:
         jc no_edd
         cmp bx, 0xaa55
         jne no_edd
+
+%ifdef GATE_LBA
+gate:
+        mov ah, 0x42               ; EDD extended read of the gate sector
+        mov dl, DATA_DISK
+        mov si, gate_dap
+        int 0x13
+        jc failure
+        push es
+        mov ax, GATE_SEG
+        mov es, ax
+        mov al, [es:0]
+        pop es
+        cmp al, GATE_BYTE
+        jne gate
+%endif
 
 next:
         mov eax, [remaining]
@@ -142,6 +163,12 @@ dap:                               ; EDD disk address packet
 dap_count:  dw 0                   ; sectors this call
             dw 0, BUF_SEG          ; buffer offset, segment
 dap_lba:    dq START_LBA
+%ifdef GATE_LBA
+gate_dap:   db 0x10, 0
+            dw 1                   ; one sector
+            dw 0, GATE_SEG
+            dq GATE_LBA
+%endif
 
         times 510 - ($ - $$) db 0
         dw 0xaa55

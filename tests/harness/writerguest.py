@@ -82,16 +82,25 @@ class WriterGuest:
 
 
 def build_writer(tmp: Path, logs: Path, name: str, *, start: int, length: int,
-                 pattern: int, data_disk: int = 0x81) -> WriterGuest:
+                 pattern: int, data_disk: int = 0x81,
+                 gate: tuple[int, int] | None = None) -> WriterGuest:
+    """Assemble the writer. ``gate`` (a byte offset on the data disk, a byte):
+    the guest runs, reading that sector, and writes only once its first byte
+    reads as the given one (the test writes it when the guest may go)."""
     nasm = shutil.which("nasm")
     if nasm is None:
         pytest.fail("nasm not found: scripts/install-deps installs it")
     assert start % SECTOR == 0 and length % SECTOR == 0
+    gated = []
+    if gate is not None:
+        offset, byte = gate
+        assert offset % SECTOR == 0 and 0 < byte < 256
+        gated = [f"-DGATE_LBA={offset // SECTOR}", f"-DGATE_BYTE={byte:#x}"]
     boot_bin = tmp / f"{name}.bin"
     subprocess.run(  # noqa: S603 - argument list
         [nasm, "-f", "bin", f"-DSTART_LBA={start // SECTOR}",
          f"-DSECTORS={length // SECTOR}", f"-DPATTERN={pattern:#x}",
-         f"-DDATA_DISK={data_disk:#x}", "-o", str(boot_bin),
+         f"-DDATA_DISK={data_disk:#x}", *gated, "-o", str(boot_bin),
          str(ASM)], check=True, timeout=60, capture_output=True)
     code = boot_bin.read_bytes()
     assert len(code) == SECTOR and code[-2:] == b"\x55\xaa"
