@@ -374,19 +374,28 @@ def test_qemu_servers_wait_is_judged_against_a_fifth_of_its_budget() -> None:
 
 
 def test_block_job_figures_are_thick_time_over_pvestords_and_count_failures() -> None:
-    def side(p50: float, failed: int) -> dict[str, object]:
+    def side(p50: float, failed: int, lv_after: int) -> dict[str, object]:
         return {"job_seconds": summary([p50]), "prepare_seconds": summary([0.5]),
+                "reduce_seconds": summary([1.5]), "lv_after_bytes": lv_after,
                 "failed": failed}
 
     result = {"rounds": 2, "data_bytes": 256 * MiB, "interleaved": True,
-              "commit": {"pvestord": side(2.0, 0), "thick": side(1.9, 0)},
-              "mirror": {"pvestord": side(2.0, 1), "thick": side(1.6, 0)}}
+              "commit": {"pvestord": side(2.0, 0, 352 * MiB), "thick": side(1.9, 0, 4100 * MiB)},
+              "mirror": {"pvestord": side(2.0, 1, 352 * MiB), "thick": side(1.6, 0, 4100 * MiB)},
+              "convert": {"pvestord": side(2.0, 0, 320 * MiB),
+                          "thick": side(1.92, 0, 4100 * MiB)}}
     figures = by_name(blockjobs.figures(result))
     assert figures["commit speed pvestord/thick"].value == pytest.approx(0.95)
-    assert figures["commit speed pvestord/thick"].status == "met"
+    assert figures["commit speed pvestord/thick"].status == "met"  # 0.9 for a commit
     assert figures["mirror speed pvestord/thick"].value == pytest.approx(0.8)
     assert figures["mirror speed pvestord/thick"].status == "missed"
-    assert figures["commit failed jobs"].status == "met"
-    assert figures["mirror failed jobs"].status == "missed"
+    assert figures["convert speed pvestord/thick"].value == pytest.approx(0.96)
+    assert figures["convert speed pvestord/thick"].status == "met"  # 0.95 for a copy
+    assert figures["commit failed"].status == "met"
+    assert figures["mirror failed"].status == "missed"
     assert figures["commit plugin preparation p50"].value == pytest.approx(0.5)
+    assert figures["convert reduction p50"].value == pytest.approx(1.5)
+    assert "commit reduction p50" not in figures
+    assert figures["convert LV after, pvestord"].value == pytest.approx(320)
+    assert figures["mirror LV after, thick"].value == pytest.approx(4100)
     assert {f.status for f in blockjobs.figures(None) if f.target} == {"not measured"}
