@@ -4,7 +4,10 @@ Real LVM on a loop device, Proxmox's own storage code from ``../shared/upstream`
 with the stand-ins of ``tests/proxmox``, and the plugin asking the venv's
 ``pvestord plugin``; the helpers read what LVM and qemu-img say, never the
 plugin's own view. Used by the node tests of the plugin's offline flows
-(test_proxmox_plugin.py) and of a running VM's (test_proxmox_live.py).
+(test_proxmox_plugin.py) and of a running VM's (test_proxmox_live.py,
+test_block_jobs.py, test_lv_identity.py): those share :func:`live_storage`
+(16 MiB chunks, 32 MiB new LVs, so a few MiB of writes cross a threshold) and
+:func:`daemons_bed` (the daemons reading the same storage.cfg as Proxmox's code).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.harness import lvmbed
-from tests.harness.daemons import VENV_BIN
+from tests.harness.daemons import VENV_BIN, NodeBed
 from tests.harness.lvmbed import VG, GiB, MiB, loop_vg, sh
 from tests.harness.qemu import Pve9Disk, QemuVM, image_io
 from tests.proxmox import upstream
@@ -30,6 +33,9 @@ VOLID = f"{STORE}:{VOLNAME}"
 SNAP1 = "snap_vm-100-disk-0_snap1.qcow2"
 SNAP2 = "snap_vm-100-disk-0_snap2.qcow2"
 QEMU_IO_TIMEOUT = 300.0
+#: The live tests' storage: chunk and new LV size.
+CHUNK = 16 * MiB
+INITIAL = 32 * MiB
 
 
 @contextlib.contextmanager
@@ -65,6 +71,20 @@ def thin_storage(sources: upstream.Upstream, out_dir: Path, *, chunksize: int,
             yield session, vg
         finally:
             session.close()
+
+
+def live_storage(sources: upstream.Upstream, out_dir: Path
+                 ) -> contextlib.AbstractContextManager[tuple[upstream.PerlSession, VG]]:
+    """:func:`thin_storage` with the live tests' :data:`CHUNK` and :data:`INITIAL`."""
+    return thin_storage(sources, out_dir, chunksize=CHUNK, initial_size=INITIAL)
+
+
+def daemons_bed(sources: upstream.Upstream, out_dir: Path, root: Path) -> NodeBed:
+    """A node bed in ``root`` whose daemons read the storage.cfg that
+    Proxmox's code in ``sources`` reads (:func:`thin_storage` wrote it)."""
+    bed = NodeBed(root, logs_dir=out_dir)
+    bed.storage_cfg.write_text((sources.pve_dir / "storage.cfg").read_text())
+    return bed
 
 
 def alloc_disk(pve: upstream.PerlSession) -> str:

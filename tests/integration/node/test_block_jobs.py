@@ -39,24 +39,25 @@ from tests.harness.daemons import NodeBed, daemons, start_pvestord, start_qmeven
 from tests.harness.lvmbed import VG, GiB, MiB, qcow2_check, sh
 from tests.harness.polling import wait_until
 from tests.harness.pvestorage import (
+    CHUNK,
+    INITIAL,
     SNAP1,
     SNAP2,
     VMID,
     VOLID,
     VOLNAME,
     alloc_disk,
+    daemons_bed,
     image,
+    live_storage,
     lv_sizes,
     overlay_maximum,
     qemu_io,
     snapshot,
-    thin_storage,
 )
 from tests.harness.qemu import Pve9Disk, QemuVM
 from tests.proxmox import upstream
 
-CHUNK = 16 * MiB
-INITIAL = 32 * MiB
 BASE_DATA = 4 * MiB
 #: What the top holds: twice what the base LV can still take, so the commit
 #: fills the base at least once before pvestord runs.
@@ -70,12 +71,6 @@ def _file_node_on(vm: QemuVM, path: str) -> dict[str, Any]:
     [node] = [n for n in vm.qmp("query-named-block-nodes", flat=True)
               if n.get("drv") == "host_device" and n.get("file") == path]
     return dict(node)
-
-
-def _bed(sources: upstream.Upstream, out_dir: Path, tmp_path: Path) -> NodeBed:
-    bed = NodeBed(tmp_path / "bed", logs_dir=out_dir)
-    bed.storage_cfg.write_text((sources.pve_dir / "storage.cfg").read_text())
-    return bed
 
 
 def _chain(pve: upstream.PerlSession, vg: VG, *, top_data: int) -> None:
@@ -128,12 +123,12 @@ def _base_holds_every_byte(vg: VG, *, top_data: int) -> None:
 @pytest.mark.node_full
 def test_a_job_that_starts_has_its_thin_target_armed_at_once(
         sources: upstream.Upstream, out_dir: Path, tmp_path: Path) -> None:
-    with thin_storage(sources, out_dir, chunksize=CHUNK, initial_size=INITIAL) as (pve, vg):
+    with live_storage(sources, out_dir) as (pve, vg):
         _chain(pve, vg, top_data=INITIAL // 2)
         # Room for the whole commit in the base, as the plugin gives it before
         # qemu-server's job: the job (on-error report) must never fail.
         sh("lvextend", "-q", "--size", f"{4 * INITIAL}b", vg.lv_path(SNAP1))
-        bed = _bed(sources, out_dir, tmp_path)
+        bed = daemons_bed(sources, out_dir, tmp_path / "bed")
         disk = Pve9Disk.for_volume(vg.lv_path(VOLNAME), VOLID)
         # No reconcile after the first: only the job's entry can arm the base.
         with daemons(bed, pvestord_args=("--reconcile-interval", "3600"),
@@ -198,11 +193,12 @@ def test_an_active_commit_has_its_base_grown_ahead_of_it(
     daemon stands back from the VM's LVs while the lock is there, but not
     from the job's target: the job, and so the delete, must not fail.
     """
-    with thin_storage(sources, out_dir, chunksize=CHUNK, initial_size=INITIAL) as (pve, vg):
+    with live_storage(sources, out_dir) as (pve, vg):
         _chain(pve, vg, top_data=AHEAD_DATA)
         assert lv_sizes(vg)[SNAP1] == INITIAL
         disk = Pve9Disk.for_volume(vg.lv_path(VOLNAME), VOLID)
-        with _armed_then_locked(_bed(sources, out_dir, tmp_path), disk, out_dir, lock) as vm:
+        bed = daemons_bed(sources, out_dir, tmp_path / "bed")
+        with _armed_then_locked(bed, disk, out_dir, lock) as vm:
             job = _start_commit(vm, disk, vg.lv_path(SNAP1), speed=SLOW)
             progress = _grown_while_it_runs(vm, vg, job, SNAP1, BASE_DATA + AHEAD_DATA)
             # Grown while the job had most of its work ahead: chunk by chunk
@@ -232,13 +228,13 @@ def test_a_stream_under_snapshot_delete_is_served_through_the_lock(
     must answer it: standing back, it left the job paused for the lock's
     whole length (qemu-server's own stream, on ``report``, failed instead).
     """
-    with thin_storage(sources, out_dir, chunksize=CHUNK, initial_size=INITIAL) as (pve, vg):
+    with live_storage(sources, out_dir) as (pve, vg):
         _chain(pve, vg, top_data=TOP_DATA)
         snapshot(pve, "snap2")  # the top with TOP_DATA becomes snap2; a new, empty top
         assert lv_sizes(vg)[VOLNAME] == INITIAL
         disk = Pve9Disk.for_volume(vg.lv_path(VOLNAME), VOLID)
-        with _armed_then_locked(_bed(sources, out_dir, tmp_path), disk, out_dir,
-                                "snapshot-delete") as vm:
+        bed = daemons_bed(sources, out_dir, tmp_path / "bed")
+        with _armed_then_locked(bed, disk, out_dir, "snapshot-delete") as vm:
             vm.qmp("block-stream", {"job-id": "stream0", "device": disk.block_node,
                                     "base-node": vm.format_node_on(vg.lv_path(SNAP1)),
                                     "on-error": "enospc"})
@@ -310,12 +306,13 @@ def test_a_copy_of_layers_has_its_target_grown_ahead_of_it(
     of the storage (an admin's, or a tool's: the plugin makes the target of
     qemu-server's own thick), which starts at its initial size.
     """
-    with thin_storage(sources, out_dir, chunksize=CHUNK, initial_size=INITIAL) as (pve, vg):
+    with live_storage(sources, out_dir) as (pve, vg):
         _chain(pve, vg, top_data=AHEAD_DATA)
         snapshot(pve, "snap2")  # AHEAD_DATA is snap2's now, under a new, empty top
         assert lv_sizes(vg)[VOLNAME] == lv_sizes(vg)[SNAP1] == INITIAL
         disk = Pve9Disk.for_volume(vg.lv_path(VOLNAME), VOLID)
-        with _armed_then_locked(_bed(sources, out_dir, tmp_path), disk, out_dir, lock) as vm:
+        bed = daemons_bed(sources, out_dir, tmp_path / "bed")
+        with _armed_then_locked(bed, disk, out_dir, lock) as vm:
             job, target, held = _start_chain_copy(pve, vm, disk, vg, kind)
             progress = _grown_while_it_runs(vm, vg, job, target, held + AHEAD_DATA)
             # The data starts at GiB: chunk by chunk behind threshold events,
@@ -342,11 +339,11 @@ def _paused_on_enospc(vm: QemuVM, job: str) -> bool:
 
 def test_an_active_commit_paused_on_enospc_is_given_room_and_resumed(
         sources: upstream.Upstream, out_dir: Path, tmp_path: Path) -> None:
-    with thin_storage(sources, out_dir, chunksize=CHUNK, initial_size=INITIAL) as (pve, vg):
+    with live_storage(sources, out_dir) as (pve, vg):
         _chain(pve, vg, top_data=TOP_DATA)
         assert lv_sizes(vg) == {SNAP1: INITIAL, VOLNAME: 3 * INITIAL}
 
-        bed = _bed(sources, out_dir, tmp_path)
+        bed = daemons_bed(sources, out_dir, tmp_path / "bed")
         disk = Pve9Disk.for_volume(vg.lv_path(VOLNAME), VOLID)
         qmeventd = start_qmeventd(bed, timeout=START_TIMEOUT)
         pvestord = None

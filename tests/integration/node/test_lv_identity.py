@@ -18,26 +18,27 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.harness.daemonlog import extensions
-from tests.harness.daemons import NodeBed, daemons
+from tests.harness.daemons import daemons
 from tests.harness.lvmbed import MiB
 from tests.harness.polling import wait_until
 from tests.harness.pvestorage import (
+    CHUNK,
+    INITIAL,
     SNAP1,
     VMID,
     VOLID,
     VOLNAME,
     alloc_disk,
+    daemons_bed,
+    live_storage,
     lv_sizes,
     reopen_onto_snapshot,
     snapshot,
-    thin_storage,
 )
 from tests.harness.qemu import Pve9Disk, QemuVM
 from tests.harness.writerguest import build_writer
 from tests.proxmox import upstream
 
-CHUNK = 16 * MiB
-INITIAL = 32 * MiB
 #: More than INITIAL: the guest fills the renamed LV and pauses on ENOSPC.
 GUEST_WRITE = 48 * MiB
 GUEST_START = 512 * MiB
@@ -49,10 +50,9 @@ WRITER_TIMEOUT = 600.0
 
 def test_a_guest_paused_between_rename_and_reopen_is_grown_on_the_lv_qemu_writes(
         sources: upstream.Upstream, out_dir: Path, tmp_path: Path) -> None:
-    with thin_storage(sources, out_dir, chunksize=CHUNK, initial_size=INITIAL) as (pve, vg):
+    with live_storage(sources, out_dir) as (pve, vg):
         alloc_disk(pve)
-        bed = NodeBed(tmp_path / "bed", logs_dir=out_dir)
-        bed.storage_cfg.write_text((sources.pve_dir / "storage.cfg").read_text())
+        bed = daemons_bed(sources, out_dir, tmp_path / "bed")
         bed.write_vm_config(VMID, VOLID)
         disk = Pve9Disk.for_volume(vg.lv_path(VOLNAME), VOLID)
         writer = build_writer(tmp_path, out_dir, "writer", start=GUEST_START,

@@ -27,8 +27,10 @@ from pvestord.features import plugin
 from tests.harness.lvmbed import GiB, MiB, measured_maximum, qcow2_check, sh
 from tests.harness.polling import wait_until
 from tests.harness.pvestorage import (
+    CHUNK,
     DISK,
     EXTENT,
+    INITIAL,
     SNAP1,
     SNAP2,
     VMID,
@@ -37,19 +39,17 @@ from tests.harness.pvestorage import (
     alloc_disk,
     image,
     image_end,
+    live_storage,
     lv_sizes,
     overlay_maximum,
     qemu_io,
     reopen_onto_snapshot,
     snapshot,
-    thin_storage,
 )
 from tests.harness.qemu import Pve9Disk, QemuVM
 from tests.harness.writerguest import build_writer
 from tests.proxmox import upstream
 
-CHUNK = 16 * MiB
-INITIAL = 32 * MiB
 WRITE = 4 * MiB
 #: The writing guest's range: it and the test's writes before the snapshot
 #: fit in INITIAL, so no write meets ENOSPC (no daemon would resume the guest).
@@ -102,7 +102,7 @@ def test_live_snapshot_then_live_delete_as_qemu_server_makes_them(
     """A guest writes all through a live snapshot (its writes slowed by the
     drive's own throttle group so that the snapshot lands mid-write); then
     the snapshot is deleted live by an active commit at full speed."""
-    with thin_storage(sources, out_dir, chunksize=CHUNK, initial_size=INITIAL) as (pve, vg):
+    with live_storage(sources, out_dir) as (pve, vg):
         alloc_disk(pve)
         disk = Pve9Disk.for_volume(vg.lv_path(VOLNAME), VOLID)
         writer = build_writer(tmp_path, out_dir, "writer", start=GUEST_START,
@@ -178,7 +178,7 @@ def test_live_delete_of_a_later_snapshot_has_room_before_the_stream(
     """A running VM's later snapshot is deleted by ``block-stream``: its data
     goes into its child, here the top the guest writes. The plugin grows the
     top before the job, by the deleted snapshot's LV plus a chunk."""
-    with thin_storage(sources, out_dir, chunksize=CHUNK, initial_size=INITIAL) as (pve, vg):
+    with live_storage(sources, out_dir) as (pve, vg):
         alloc_disk(pve)
         qemu_io(vg, VOLNAME, f"write -P 0x11 0 {WRITE}")
         snapshot(pve, "snap1")
