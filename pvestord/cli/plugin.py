@@ -42,7 +42,7 @@ def _op(text: str) -> Any:
 def _answer(args: argparse.Namespace) -> int:
     """Read one request of pvestord's Proxmox storage plugin
     (PVE::Storage::Custom::PvestordPlugin) as JSON on stdin: op locks (which
-    storage locks to take for a change on the VG), alloc, resize or commit,
+    storage locks to take for a change on the VG), alloc, resize, commit or base,
     with the storage's options; print the answer as JSON. Changes nothing
     itself."""
     text = sys.stdin.read()

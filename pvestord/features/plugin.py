@@ -12,8 +12,9 @@ Requests (sizes in bytes; ``storage`` is ``{"storeid", "vgname", "shared",
 "options": {pvestord-chunksize, ...}}`` as Proxmox parsed them, former names too):
 
 ``alloc``: ``{"vmid", "format", "name", "virtual_size", "backing": bool,
-    "callers": [perl sub names], "replaces": name}`` -> ``{"name", "format", "tags", "lv_size",
-    "maximum", "kind": "thin"|"thick"|"plain", "preallocation": "off"}``.
+    "callers": [perl sub names], "replaces": name, "parent": base}`` ->
+    ``{"name", "format", "tags", "lv_size", "maximum",
+    "kind": "thin"|"thick"|"plain", "preallocation": "off"}``.
     A new volume named ``name`` (Proxmox's, or the plugin's next free disk
     name) in ``format``, as Proxmox asked for it: a disk, a snapshot overlay
     (``backing``: Proxmox formats overlays with
@@ -37,6 +38,21 @@ Requests (sizes in bytes; ``storage`` is ``{"storeid", "vgname", "shared",
     :data:`~pvestord.policy.capacity.COPY_TAG`: the plugin has it reduced
     to its data plus a chunk once the copy is over
     (:mod:`pvestord.features.volumes.copies`).
+    ``parent`` (optional, a base's LV, ``base-<vmid>-...qcow2``): the overlay
+    is a linked clone of that base (``clone_image``; ``backing`` must be
+    set). It is thin whoever calls: qemu-server's ``clone_disk`` is among
+    the copy flows, but nothing is copied into a linked clone, its guest
+    writes it and the daemon grows it. Its LV carries
+    :func:`~pvestord.policy.templates.parent_tag`, which keeps the base from
+    being freed on every node (the VG is shared).
+``base``: ``{"lv": name}`` -> ``{"name", "deltags", "addtags"}``. ``qm
+    template`` makes the disk ``lv`` a read-only base: the plugin renames it
+    ``name`` (:func:`~pvestord.policy.templates.base_name`) and retags it.
+    Refused while the disk has snapshot LVs (a base is one image; qemu-server
+    refuses templates with snapshots too). A base is never written again, so
+    the maximum it records is its LV size: the capacity figures count what it
+    holds, not room it could grow into. A copy target's tag is dropped: the
+    base is never reduced (it is read-only), it keeps the size it has.
 ``resize``: ``{"lv": name, "virtual_size": new}`` -> ``{"lv_size", "extend": bool}``.
     The qcow2 grows; the LV keeps its size (it is never made thick), except
     that it is never left below the initial size the storage gives new disks.
@@ -79,7 +95,9 @@ from pvestord.adapters import lvm, preparedjobs, qemu_img
 from pvestord.adapters.config import ThinStorage, thin_from_options
 from pvestord.errors import PvestordError
 from pvestord.features import capacity
+from pvestord.policy import templates
 from pvestord.policy.capacity import COPY_TAG, maximum_tag, retag_maximum
+from pvestord.policy.lvnames import is_snapshot
 from pvestord.policy.sizes import KiB, align_up
 from pvestord.policy.volumes import NewVolume, VolumeRole, initial_lv_size, new_volume
 
@@ -211,6 +229,20 @@ class Request:
                                      f" its own ({volume.name!r}), not {replaced!r}")
         return replaced
 
+    def parent(self, backing: bool) -> str | None:
+        """The base an ``alloc`` makes a linked clone of: an overlay's only.
+
+        :raises TemplateError: not a base's LV name."""
+        if self.body.get("parent") is None:
+            return None
+        parent = self.name("parent")
+        if not backing:
+            raise PluginRequestError(f"{self.op}: a linked clone is an overlay ('backing')")
+        if not templates.is_base(parent):
+            raise templates.TemplateError(f"{parent!r} is not a base"
+                                          " (base-<vmid>-<name>.qcow2)")
+        return parent
+
     def name(self, key: str) -> str:
         value = self.body.get(key)
         if not isinstance(value, str):
@@ -227,8 +259,8 @@ def parse_request(text: str) -> Request:
     if not isinstance(data, dict):
         raise PluginRequestError("the request must be a JSON object")
     op = data.get("op")
-    if op not in ("alloc", "resize", "commit"):
-        raise PluginRequestError(f"unknown op {op!r} (alloc, resize or commit)")
+    if op not in ("alloc", "resize", "commit", "base"):
+        raise PluginRequestError(f"unknown op {op!r} (alloc, resize, commit or base)")
     storage = data.get("storage")
     if not isinstance(storage, dict):
         raise PluginRequestError(f"{op}: 'storage' must be an object")
@@ -292,8 +324,11 @@ async def _decide(request: Request) -> dict[str, Any]:
         if not isinstance(callers, list):
             raise PluginRequestError("alloc: 'callers' must be a list of names")
         replaces = request.replaces(volume, backing)
+        parent = request.parent(backing)
         extent = (await lvm.vg_info(vg)).extent_size
-        kind = allocation_kind((str(c) for c in callers), volume.role)
+        # A linked clone is written by its guest, never copied into: thin.
+        kind = (Kind.THIN if parent is not None
+                else allocation_kind((str(c) for c in callers), volume.role))
         if kind is Kind.PLAIN:
             maximum = align_up(virtual_size, extent)
         else:
@@ -310,9 +345,13 @@ async def _decide(request: Request) -> dict[str, Any]:
         tags = [*volume.tags, maximum_tag(maximum)]
         if kind is Kind.THICK:
             tags.append(COPY_TAG)
+        if parent is not None:
+            tags.append(templates.parent_tag(parent))
         return {"name": volume.name, "format": volume.format, "tags": tags,
                 "lv_size": lv_size, "maximum": maximum, "kind": kind.value,
                 "preallocation": "off"}
+    if request.op == "base":
+        return await _base(vg, request.name("lv"))
     if request.op == "resize":
         lv = request.name("lv")
         virtual_size = request.integer("virtual_size")
@@ -335,6 +374,32 @@ async def _decide(request: Request) -> dict[str, Any]:
     # the target, which becomes the top, records the maximum it now has.
     return {"lv_size": target, "extend": target > info.size, "maximum": maximum,
             **_retag(info.tags, maximum)}
+
+
+async def _base(vg: str, lv: str) -> dict[str, Any]:
+    """The name and tags the disk ``lv`` takes as a base (the ``base`` op).
+
+    :raises TemplateError: ``lv`` is no qcow2 disk, or it has snapshot LVs."""
+    name = templates.base_name(lv)
+    rows = {row.lv: row for row in await lvm.list_lvs(vg)}
+    if lv not in rows:
+        raise lvm.LvMissingError(f"reading LV {vg}/{lv}: no such LV")
+    snapshots = sorted(n for n in rows if is_snapshot(n) and n.startswith(
+        f"snap_{lv.removesuffix('.qcow2')}_"))
+    if snapshots:
+        raise templates.TemplateError(
+            f"{vg}/{lv} has snapshots ({', '.join(snapshots)}): a base is one image;"
+            " delete them first")
+    if name in rows:
+        raise templates.TemplateError(f"{vg}/{name} exists already")
+    tags = rows[lv].tags
+    stale, new = retag_maximum(tags, rows[lv].size)
+    # Proxmox tags a qcow2 volume with its own name (LVMPlugin rename_volume
+    # retags it the same way on a rename); lvcreate is given it as
+    # '@pve-<name>', which LVM stores without the '@'.
+    own = {f"pve-{lv}", f"@pve-{lv}", COPY_TAG}
+    deltags = sorted({*stale, *(t for t in tags if t in own)})
+    return {"name": name, "deltags": deltags, "addtags": [*new, f"pve-{name}"]}
 
 
 def _retag(tags: tuple[str, ...], maximum: int) -> dict[str, list[str]]:
