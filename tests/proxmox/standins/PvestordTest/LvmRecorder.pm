@@ -9,9 +9,10 @@ package PvestordTest::LvmRecorder;
 # The VG lives in $ENV{PVESTORD_TEST_LVM_STATE}, a JSON file shared with the
 # fake 'lvm' pvestord runs (PVESTORD_LVM, tests/proxmox/fake_lvm.py):
 # {"vg", "size", "extent", "lvs": {name: {"size", "tags": [...],
-# "virtual-size", "backing", "active"}}} ("virtual-size" and "backing" once
-# qemu-img made an image on it; "active": false for an LV active on another
-# node only, which fake_lvm.py reports inactive). Each command is appended to $ENV{PVESTORD_TEST_LVM_LOG}, one JSON array
+# "virtual-size", "backing", "active", "permission"}}} ("virtual-size" and
+# "backing" once qemu-img made an image on it; "active": false for an LV not
+# active on this node, which both report inactive; "permission": "r" once
+# made read-only). Each command is appended to $ENV{PVESTORD_TEST_LVM_LOG}, one JSON array
 # a line; with $ENV{PVESTORD_TEST_LVM_LOCKS_LOG} also there, with the stand-in
 # locks (PvestordTest::StandIns) held while it ran, by any process:
 # {"command": [...], "locks": [lock ids]}.
@@ -129,7 +130,9 @@ my sub simulate {
         for my $name (sort keys %$lvs) {
             my $lv = $lvs->{$name};
             my $tags = join(',', $lv->{tags}->@*);
-            $out->("  $vg:$name:$lv->{size}:-wi-a-----:::::uuid-$name:${tags}::1700000000");
+            my $attr = '-' . (($lv->{permission} // 'rw') eq 'r' ? 'r' : 'w') . 'i-'
+                . (($lv->{active} // 1) ? 'a' : '-') . '-----';
+            $out->("  $vg:$name:$lv->{size}:${attr}:::::uuid-$name:${tags}::1700000000");
         }
     } elsif ($tool eq 'lvcreate') {
         my ($name) = option_values($cmd, '--name');
@@ -158,10 +161,13 @@ my sub simulate {
         my ($old, $new) = $cmd->@[2, 3];
         $lvs->{$new} = delete $lvs->{$old} or die "lvrename: no LV '$old'\n";
     } elsif ($tool eq 'qemu-img' && $cmd->[1] eq 'create') {
-        my ($path) = grep { m{^/dev/\Q$vg\E/} } @$cmd;
+        my ($backing) = option_values($cmd, '-b');
+        # The image made: the LV path that is not the backing file's.
+        my ($path) = grep { m{^/dev/\Q$vg\E/} && $_ ne ($backing // '') } @$cmd;
         my ($name) = $path =~ m{^/dev/\Q$vg\E/(.+)$};
         die "qemu-img create: no LV '$path'\n" if !$lvs->{$name};
-        my ($backing) = option_values($cmd, '-b');
+        # A linked clone names its base by its device path.
+        $backing =~ s{^/dev/\Q$vg\E/}{} if defined($backing);
         if (defined($backing)) {
             # An overlay: the backing file's name, relative to the overlay's folder.
             my $base = $lvs->{$backing} or die "qemu-img create: no backing '$backing'\n";
@@ -191,8 +197,18 @@ my sub simulate {
         my ($name) = $path =~ m{^/dev/\Q$vg\E/(.+)$};
         die "blkdiscard: no LV '$path'\n" if !$name || !$lvs->{$name};
     } elsif ($tool eq 'lvchange') {
-        # Activation changes nothing here; tags are VG metadata, kept. LVM
-        # deletes before it adds, and keeps a tag once.
+        # Activation by a selection changes nothing here; named LVs are
+        # (de)activated ("active") and made read-only or writable
+        # ("permission"). Tags are VG metadata, kept. LVM deletes before it
+        # adds, and keeps a tag once.
+        my @named = map { m{^(?:/dev/)?\Q$vg\E/(.+)$} ? ($1) : () } $cmd->@[1 .. $#$cmd];
+        for my $name (@named) {
+            my $lv = $lvs->{$name} or die "lvchange: no LV '$vg/$name'\n";
+            $lv->{active} = JSON::true if grep { m/^-a[els]?y$/ } @$cmd;
+            $lv->{active} = JSON::false if grep { m/^-al?n$/ } @$cmd;
+            my ($permission) = option_values($cmd, '--permission');
+            $lv->{permission} = $permission if defined($permission);
+        }
         my @del = option_values($cmd, '--deltag');
         my @add = option_values($cmd, '--addtag');
         if (@del || @add) {

@@ -374,6 +374,8 @@ my sub reduce_copy_target {
 
     return if defined($snapname) || $HOLDING_LOCKS;
     return if ($class->parse_volname($volname))[6] ne 'qcow2';
+    # A base or a linked clone is never a copy target.
+    return if $volname =~ m/^base-/;
     my $volid = "$storeid:$volname";
     my $errors = '';
     eval {
@@ -399,20 +401,274 @@ my sub reduce_copy_target {
     return;
 }
 
+# --- Templates and linked clones -------------------------------------------
+#
+# 'qm template' makes a disk a base: its LV renamed base-<vmid>-disk-<n>.qcow2
+# and made read-only (create_base below). A linked clone is an overlay LV of
+# its own whose backing file is the base's LV, tagged with the base's name
+# ($PARENT_TAG, PARENT_TAG_PREFIX in pvestord/policy/templates.py): the VG is
+# shared, so every node reads which LVs use a base, and a base one of them
+# names is never freed (free_image, under the storage lock). Proxmox knows a
+# clone as '<base>/<own LV>' (parse_volname), the name RBD and the directory
+# plugins give linked clones, from which PVE::Storage's vdisk_free reads the
+# base (volume_is_base_and_used) and refuses to free it too.
+
+my $PARENT_TAG = 'pvestord-parent-';
+
+# The base's LV a linked clone's LV uses, from its tags (lvm_list_volumes'
+# entry $info); undef for any other LV.
+my sub parent_of {
+    my ($info) = @_;
+    for my $tag (split(/,/, ($info // {})->{tags} // '')) {
+        return $1 if $tag =~ m/^\Q$PARENT_TAG\E(base-\d+-[A-Za-z0-9_.\-]*\.qcow2)$/;
+    }
+    return undef;
+}
+
+# The linked clones of $base among the VG's LVs $lvs (lvm_list_volumes' entries
+# of the VG). An LV saferemove set aside for zeroing ('del-...') reads nothing.
+my sub clones_of {
+    my ($lvs, $base) = @_;
+    return sort grep {
+        !/^del-/ && (parent_of($lvs->{$_}) // '') eq $base
+    } keys %$lvs;
+}
+
+# $base and the bases it is itself a linked clone of (a template made of a
+# linked clone), nearest first.
+my sub bases_from {
+    my ($lvs, $base, $vg) = @_;
+    my @bases;
+    my %seen;
+    while (defined($base)) {
+        die "base '$vg/$base' of a linked clone does not exist\n" if !$lvs->{$base};
+        die "bases of '$vg/$bases[0]' name each other\n" if $seen{$base}++;
+        push @bases, $base;
+        $base = parent_of($lvs->{$base});
+    }
+    return @bases;
+}
+
+my sub list_vg {
+    my ($scfg) = @_;
+    my $vg = $scfg->{vgname};
+    return PVE::Storage::LVMPlugin::lvm_list_volumes($vg)->{$vg} // {};
+}
+
+# A base is activated with every clone of it that is activated on this node,
+# and deactivated when the last of them is: one node-local lock orders the
+# (de)activations of bases on a VG, so that a clone activated here meanwhile
+# never finds its base gone. (The storage lock is not taken: Proxmox
+# activates and deactivates volumes without it.)
+our $BASES_LOCK_DIR = '/run/lock';
+my $BASES_LOCK_TIMEOUT = 60;
+
+my sub with_bases_lock {
+    my ($scfg, $code) = @_;
+    my $file = "$BASES_LOCK_DIR/pvestord-bases-$scfg->{vgname}.lck";
+    my $result = PVE::Tools::lock_file($file, $BASES_LOCK_TIMEOUT, $code);
+    die $@ if $@;
+    return $result;
+}
+
+# The base $base and the bases below it, active on this node: shared (every
+# node running a clone of it has it active) and, as create_base left them,
+# read-only.
+my sub activate_bases {
+    my ($scfg, $base) = @_;
+    my $vg = $scfg->{vgname};
+    my @paths = map {"$vg/$_"} bases_from(list_vg($scfg), $base, $vg);
+    run_command(
+        ['/sbin/lvchange', '-asy', @paths],
+        errmsg => "can't activate base '$paths[0]'",
+    );
+}
+
+# Deactivate $base on this node, and the bases below it, unless an LV active
+# here still uses it: another clone (a running VM, or one being started),
+# or a base made of a clone of it. One still open (a copy reading it) stays
+# active, quietly: the next deactivation tries again.
+my sub release_bases {
+    my ($scfg, $base) = @_;
+    my $vg = $scfg->{vgname};
+    my $lvs = list_vg($scfg);
+    for my $name (bases_from($lvs, $base, $vg)) {
+        my @users = grep { ($lvs->{$_}->{lv_state} // '') eq 'a' } clones_of($lvs, $name);
+        return if @users;
+        next if ($lvs->{$name}->{lv_state} // '') ne 'a';
+        my $errors = '';
+        eval {
+            run_command(
+                ['/sbin/lvchange', '-aln', "$vg/$name"],
+                errfunc => sub { $errors .= "$_[0]\n" },
+            );
+        };
+        if (my $err = $@) {
+            return if $errors =~ m/in use|open/i;
+            die "can't deactivate base '$vg/$name': " . ($errors || $err);
+        }
+        $lvs->{$name}->{lv_state} = '-';
+    }
+}
+
+# (base, whether $volname is a base) of a volume name, for the methods below:
+# a linked clone's base, or the volume itself when it is a base; undef for a
+# volume that is neither.
+my sub base_of_volume {
+    my ($class, $volname) = @_;
+    my ($name, $basename, $isBase) = ($class->parse_volname($volname))[1, 3, 5];
+    return ($name, 1) if $isBase;
+    return ($basename, 0);
+}
+
 sub activate_volume {
     my ($class, $storeid, $scfg, $volname, $snapname, $cache) = @_;
 
-    # Every argument on to LVMPlugin (PVE::Storage passes hints after $cache).
-    $class->SUPER::activate_volume(@_[1 .. $#_]);
-    reduce_copy_target($class, $storeid, $scfg, $volname, $snapname, $cache, 1);
+    my ($base, $is_base) = base_of_volume($class, $volname);
+    if (!defined($base)) {
+        # Every argument on to LVMPlugin (PVE::Storage passes hints after $cache).
+        $class->SUPER::activate_volume(@_[1 .. $#_]);
+        reduce_copy_target($class, $storeid, $scfg, $volname, $snapname, $cache, 1);
+        return;
+    }
+    die "a base has no snapshots: '$volname', snapshot '$snapname'\n"
+        if $is_base && defined($snapname);
+    my @args = @_[1 .. $#_];
+    with_bases_lock(
+        $scfg,
+        sub {
+            activate_bases($scfg, $base);
+            $class->SUPER::activate_volume(@args) if !$is_base;
+        },
+    );
     return;
 }
 
 sub deactivate_volume {
     my ($class, $storeid, $scfg, $volname, $snapname, $cache) = @_;
 
-    reduce_copy_target($class, $storeid, $scfg, $volname, $snapname, $cache, 0);
-    return $class->SUPER::deactivate_volume(@_[1 .. $#_]);
+    my ($base, $is_base) = base_of_volume($class, $volname);
+    if (!defined($base)) {
+        reduce_copy_target($class, $storeid, $scfg, $volname, $snapname, $cache, 0);
+        return $class->SUPER::deactivate_volume(@_[1 .. $#_]);
+    }
+    my @args = @_[1 .. $#_];
+    with_bases_lock(
+        $scfg,
+        sub {
+            $class->SUPER::deactivate_volume(@args) if !$is_base;
+            release_bases($scfg, $base);
+        },
+    );
+    return;
+}
+
+# A linked clone ('<base>/<LV>') and a base are named as LVMPlugin does not
+# know them; every other name is LVMPlugin's. A base's name keeps its disk's
+# number, so LVMPlugin's find_free_diskname never hands it out again.
+sub parse_volname {
+    my ($class, $volname) = @_;
+
+    if ($volname =~ m!^(base-(\d+)-[^/\s]+\.qcow2)/((vm|base)-(\d+)-[^/\s]+\.qcow2)$!) {
+        my ($basename, $basevmid, $name, $kind, $vmid) = ($1, $2, $3, $4, $5);
+        PVE::Storage::Plugin::parse_lvm_name($_) for $basename, $name;
+        return ('images', $name, $vmid, $basename, $basevmid, $kind eq 'base' ? 1 : undef, 'qcow2');
+    }
+    if ($volname =~ m!^(base-(\d+)-\S+\.qcow2)$!) {
+        PVE::Storage::Plugin::parse_lvm_name($1);
+        return ('images', $1, $2, undef, undef, 1, 'qcow2');
+    }
+    return $class->SUPER::parse_volname($volname);
+}
+
+# Templates of qcow2 disks, linked clones of bases (never of a snapshot). A
+# linked clone's snapshots are not offered yet (its chain would need the base
+# below its oldest snapshot), nor is renaming one (its name holds its base's).
+sub volume_has_feature {
+    my ($class, $scfg, $feature, $storeid, $volname, $snapname, $running, $opts) = @_;
+
+    my ($basename, $isBase, $format) = ($class->parse_volname($volname))[3, 5, 6];
+    if ($feature eq 'template') {
+        return !$snapname && !$isBase && $format eq 'qcow2' ? 1 : undef;
+    }
+    if ($feature eq 'clone') {
+        return !$snapname && $isBase ? 1 : undef;
+    }
+    return undef
+        if ($isBase || defined($basename)) && ($feature eq 'snapshot' || $feature eq 'rename');
+    return $class->SUPER::volume_has_feature(@_[1 .. $#_]);
+}
+
+# LVMPlugin lists 'vm-*' LVs only, by their LV names: a linked clone is listed
+# under its volume name, with its base as 'parent' (the volume id, as
+# Proxmox's content listing describes it), and the bases are added.
+sub list_images {
+    my ($class, $storeid, $scfg, $vmid, $vollist, $cache) = @_;
+
+    $cache //= {};
+    $cache->{lvs} = PVE::Storage::LVMPlugin::lvm_list_volumes() if !$cache->{lvs};
+    my $lvs = $cache->{lvs}->{ $scfg->{vgname} } // {};
+    # The volume list is matched below, against the names given here.
+    my $listed = $class->SUPER::list_images($storeid, $scfg, $vollist ? undef : $vmid, undef,
+        $cache);
+    my @images;
+    for my $entry (@$listed) {
+        my (undef, $lv) = PVE::Storage::Plugin::parse_volume_id($entry->{volid});
+        if (defined(my $base = parent_of($lvs->{$lv}))) {
+            $entry->{volid} = "$storeid:$base/$lv";
+            $entry->{parent} = "$storeid:$base";
+        }
+        push @images, $entry;
+    }
+    for my $lv (sort keys %$lvs) {
+        next if $lv !~ m/^base-(\d+)-\S+\.qcow2$/;
+        my $owner = $1;
+        next if !$vollist && defined($vmid) && $owner ne $vmid;
+        my $info = $lvs->{$lv};
+        next if $scfg->{tagged_only} && ($info->{tags} // '') !~ m/(?:^|,)pve-vm-\d+(?:,|$)/;
+        next if $info->{lv_type} !~ m/^[-mMrR]$/;
+        my $base = parent_of($info);
+        my $volname = defined($base) ? "$base/$lv" : $lv;
+        my $entry =
+            { volid => "$storeid:$volname", format => 'qcow2', vmid => $owner, ctime => $info->{ctime} };
+        $entry->{parent} = "$storeid:$base" if defined($base);
+        my $size = $info->{lv_state} eq 'a'
+            ? $class->volume_size_info($scfg, $storeid, $volname)
+            : undef;
+        if (defined($size)) {
+            $entry->{size} = $size;
+        } else {
+            $entry->{'approximate-size'} = $info->{lv_size};
+        }
+        push @images, $entry;
+    }
+    if ($vollist) {
+        my %wanted = map { $_ => 1 } @$vollist;
+        @images = grep { $wanted{ $_->{volid} } } @images;
+    }
+    return \@images;
+}
+
+# LVMPlugin's free, on the LV. A base is refused while an LV of the VG, on
+# any node, is a linked clone of it: PVE::Storage's vdisk_free checks the
+# volume names first; this reads the tags under the same storage lock (and
+# covers every other caller). A base is read-only: saferemove's zeroing needs
+# it writable again. A linked clone's chain is read with its base active.
+sub free_image {
+    my ($class, $storeid, $scfg, $volname, $isBase, $format) = @_;
+
+    my ($name, $basename) = ($class->parse_volname($volname))[1, 3];
+    if ($isBase) {
+        my @clones = clones_of(list_vg($scfg), $name);
+        die "base volume '$volname' is still in use by linked clones (@clones)\n" if @clones;
+        run_command(
+            ['/sbin/lvchange', '--permission', 'rw', "$scfg->{vgname}/$name"],
+            errmsg => "can't make base '$scfg->{vgname}/$name' writable to zero it",
+        ) if $scfg->{saferemove};
+    } elsif (defined($basename)) {
+        $class->activate_volume($storeid, $scfg, $volname);
+    }
+    return $class->SUPER::free_image($storeid, $scfg, $name, $isBase, $format);
 }
 
 # Under the storage lock, ask pvestord how large the LV at $path must be and
@@ -447,14 +703,15 @@ my sub grow_as_asked {
 }
 
 # What pvestord answers for a new volume Proxmox asked for as $name in $fmt,
-# of $virtual_size bytes, on top of snapshot $backing_snap when given (an
-# overlay): the LV to create (name, size, tags) and what goes on it. Asking
-# changes nothing: every refusal of pvestord's (its capacity guards, a name
-# or format it does not hold, an answer too late) comes before any change.
+# of $virtual_size bytes, an overlay when $backing is true (on a snapshot or,
+# with $parent, on the base $parent: a linked clone): the LV to create (name,
+# size, tags) and what goes on it. Asking changes nothing: every refusal of
+# pvestord's (its capacity guards, a name or format it does not hold, an
+# answer too late) comes before any change.
 # $replaces: the volume replaces the LV of its name (a rollback's new top).
 my sub plan_volume {
-    my ($class, $storeid, $scfg, $vmid, $fmt, $name, $virtual_size, $backing_snap, $replaces) =
-        @_;
+    my ($class, $storeid, $scfg, $vmid, $fmt, $name, $virtual_size, $backing, $replaces, $parent)
+        = @_;
 
     my @callers;
     for (my $depth = 1; my @frame = caller($depth); $depth++) {
@@ -469,20 +726,22 @@ my sub plan_volume {
             format => $fmt,
             name => $name,
             virtual_size => int($virtual_size),
-            backing => $backing_snap ? JSON::true : JSON::false,
+            backing => $backing ? JSON::true : JSON::false,
             callers => \@callers,
             ($replaces ? (replaces => $name) : ()),
+            (defined($parent) ? (parent => $parent) : ()),
         },
     );
 }
 
 # Carry out $plan (plan_volume's answer): the LV, sized and tagged as it says;
-# a qcow2 image on it without preallocation, of $virtual_size bytes or on top
-# of snapshot $backing_snap (laid out as Proxmox lays overlays out). A raw
-# volume (a VM's RAM state) is the LV alone, as LVMPlugin makes it. On a
-# failure the LV made is removed again. Returns the volume name made.
+# a qcow2 image on it without preallocation, of $virtual_size bytes or, an
+# overlay, on top of the image $backing names (laid out as Proxmox lays
+# overlays out). A raw volume (a VM's RAM state) is the LV alone, as
+# LVMPlugin makes it. On a failure the LV made is removed again. Returns the
+# volume name made.
 my sub make_volume {
-    my ($class, $storeid, $scfg, $plan, $virtual_size, $backing_snap) = @_;
+    my ($class, $storeid, $scfg, $plan, $virtual_size, $backing) = @_;
 
     my $vg = $scfg->{vgname};
     my $name = $plan->{name};
@@ -492,8 +751,7 @@ my sub make_volume {
         $class->activate_volume($storeid, $scfg, $name);
         my $path = $class->path($scfg, $name, $storeid);
         my $options = { preallocation => $plan->{preallocation} };
-        if ($backing_snap) {
-            my $backing = basename($class->path($scfg, $name, $storeid, $backing_snap));
+        if (defined($backing)) {
             PVE::Storage::Common::qemu_img_create_qcow2_backed($path, $backing, 'qcow2', $options);
         } else {
             PVE::Storage::Common::qemu_img_create('qcow2', $virtual_size / 1024, $path, $options);
@@ -509,12 +767,20 @@ my sub make_volume {
 }
 
 my sub create_volume {
-    my ($class, $storeid, $scfg, $vmid, $fmt, $name, $virtual_size, $backing_snap) = @_;
+    my ($class, $storeid, $scfg, $vmid, $fmt, $name, $virtual_size, $backing) = @_;
 
     my $plan = plan_volume(
-        $class, $storeid, $scfg, $vmid, $fmt, $name, $virtual_size, $backing_snap,
+        $class, $storeid, $scfg, $vmid, $fmt, $name, $virtual_size, defined($backing),
     );
-    return make_volume($class, $storeid, $scfg, $plan, $virtual_size, $backing_snap);
+    return make_volume($class, $storeid, $scfg, $plan, $virtual_size, $backing);
+}
+
+# The backing file of an overlay on snapshot $snap of $volname: the snapshot
+# LV's name, relative to the overlay's folder (/dev/<vg>), as Proxmox's LVM
+# plugin writes it.
+my sub snapshot_backing {
+    my ($class, $storeid, $scfg, $volname, $snap) = @_;
+    return basename($class->path($scfg, $volname, $storeid, $snap));
 }
 
 # A new top for $volname on top of its snapshot $snap, at the snapshot's
@@ -538,7 +804,10 @@ my sub create_top {
     my ($class, $storeid, $scfg, $volname, $snap) = @_;
 
     my ($plan, $size) = plan_top($class, $storeid, $scfg, $volname, $snap);
-    make_volume($class, $storeid, $scfg, $plan, $size, $snap);
+    make_volume(
+        $class, $storeid, $scfg, $plan, $size,
+        snapshot_backing($class, $storeid, $scfg, $volname, $snap),
+    );
 }
 
 my sub assert_qcow2 {
@@ -563,6 +832,9 @@ sub volume_snapshot {
     my ($class, $scfg, $storeid, $volname, $snap) = @_;
 
     assert_qcow2($class, $volname);
+    die "storage type 'pvestord' has no snapshots of templates or linked clones yet,"
+        . " not of '$volname'\n"
+        if $volname =~ m/^base-/;
     return $class->cluster_lock_storage(
         $storeid,
         $scfg->{shared},
@@ -612,7 +884,12 @@ my sub volume_snapshot_rollback_locked {
     # lvrename refuses, changing nothing, when $replaced is left from a rollback
     # that did not finish: that LV may be the only copy of a top.
     PVE::Storage::LVMPlugin::lvrename($scfg, $volname, $replaced);
-    eval { make_volume($class, $storeid, $scfg, $plan, $size, $snap) };
+    eval {
+        make_volume(
+            $class, $storeid, $scfg, $plan, $size,
+            snapshot_backing($class, $storeid, $scfg, $volname, $snap),
+        );
+    };
     if (my $err = $@) {
         eval { PVE::Storage::LVMPlugin::lvrename($scfg, $replaced, $volname) };
         warn "rollback of '$volname' failed and its top was not put back,"
@@ -726,10 +1003,33 @@ my sub snapshot_deleted_online {
     return undef;
 }
 
+# LVMPlugin's chain of $volname, read by its LV name: LVMPlugin knows the top
+# ('current') only by a name equal to the volume's, which a linked clone's
+# ('<base>/<LV>') is not. A linked clone's oldest image is backed by its base,
+# which is no snapshot: LVMPlugin records that parent as undef, and the undef
+# as an entry of its own (with a Perl warning); both are dropped, so the chain
+# ends at the clone's oldest image and QEMU opens the base from its header.
+my sub chain_info {
+    my ($class, $scfg, $storeid, $volname) = @_;
+
+    my ($name, $basename, $isBase) = ($class->parse_volname($volname))[1, 3, 5];
+    return $class->SUPER::volume_snapshot_info($scfg, $storeid, $volname)
+        if !$isBase && !defined($basename);
+    my $snapshots = do {
+        local $SIG{__WARN__} = sub { warn @_ if $_[0] !~ m/uninitialized value \$parentname/ };
+        $class->SUPER::volume_snapshot_info($scfg, $storeid, $name);
+    };
+    delete $snapshots->{''};
+    for my $snap (values %$snapshots) {
+        delete $snap->{parent} if !defined($snap->{parent});
+    }
+    return $snapshots;
+}
+
 sub volume_snapshot_info {
     my ($class, $scfg, $storeid, $volname) = @_;
 
-    my $snapshots = $class->SUPER::volume_snapshot_info($scfg, $storeid, $volname);
+    my $snapshots = chain_info($class, $scfg, $storeid, $volname);
     my $snap = snapshot_deleted_online("$storeid:$volname");
     make_room_for_delete($class, $scfg, $storeid, $snapshots, $snap, 1) if defined($snap);
     return $snapshots;
@@ -748,6 +1048,77 @@ sub volume_snapshot_delete {
         make_room_for_delete($class, $scfg, $storeid, $snapshots, $snap, 0);
     }
     return $class->SUPER::volume_snapshot_delete($scfg, $storeid, $volname, $snap, $running);
+}
+
+# 'qm template': the disk becomes a base. pvestord names and retags it (the
+# 'base' op: refused while the disk has snapshot LVs; its maximum becomes its
+# LV size, as it never grows again); here it is renamed, retagged and made
+# read-only in LVM, so that no node writes it again. Called under the storage
+# lock (vdisk_create_base), for a stopped VM. A failure puts the LV back as it
+# was. A base made of a linked clone keeps its parent tag: it still reads its
+# own base.
+sub create_base {
+    my ($class, $storeid, $scfg, $volname) = @_;
+
+    my ($name, $basename, $isBase, $format) = ($class->parse_volname($volname))[1, 3, 5, 6];
+    die "create_base not possible with base image\n" if $isBase;
+    die "storage type 'pvestord' makes templates of qcow2 disks only, not '$volname'\n"
+        if $format ne 'qcow2';
+    my $plan = ask($scfg, $storeid, { op => 'base', lv => $name });
+    my ($vg, $newname) = ($scfg->{vgname}, $plan->{name});
+    my @retag = (
+        (map { ('--deltag', $_) } $plan->{deltags}->@*),
+        (map { ('--addtag', $_) } $plan->{addtags}->@*),
+    );
+    PVE::Storage::LVMPlugin::lvrename($scfg, $name, $newname);
+    my $retagged = 0;
+    eval {
+        run_command(['/sbin/lvchange', @retag, "$vg/$newname"],
+            errmsg => "can't retag base '$vg/$newname'");
+        $retagged = 1;
+        run_command(['/sbin/lvchange', '--permission', 'r', "$vg/$newname"],
+            errmsg => "can't make base '$vg/$newname' read-only");
+    };
+    if (my $err = $@) {
+        eval {
+            run_command([
+                '/sbin/lvchange',
+                (map { ('--deltag', $_) } $plan->{addtags}->@*),
+                (map { ('--addtag', $_) } $plan->{deltags}->@*),
+                "$vg/$newname",
+            ]) if $retagged;
+            PVE::Storage::LVMPlugin::lvrename($scfg, $newname, $name);
+        };
+        warn "'$vg/$name' was not put back as it was, it is '$vg/$newname': $@" if $@;
+        die $err;
+    }
+    return defined($basename) ? "$basename/$newname" : $newname;
+}
+
+# 'qm clone' of a template, linked: a new qcow2 overlay LV whose backing file
+# is the base's LV, by its device path. It is thin (pvestord's plan: the
+# storage's initial size, tagged with its base), and the pvestord daemon grows
+# it as its guest writes, as any disk. Under the storage lock (vdisk_clone).
+sub clone_image {
+    my ($class, $scfg, $storeid, $volname, $vmid, $snap) = @_;
+
+    die "storage type 'pvestord' makes linked clones of templates only, not of snapshot"
+        . " '$snap'\n"
+        if $snap;
+    my ($base, $isBase) = ($class->parse_volname($volname))[1, 5];
+    die "clone_image only works on base images\n" if !$isBase;
+    # The base (and any base below it) active here: its size is read, and the
+    # new image is made on top of it.
+    $class->activate_volume($storeid, $scfg, $volname);
+    my $base_path = $class->path($scfg, $volname, $storeid);
+    my $size = PVE::Storage::Plugin::file_size_info($base_path, 5, 'qcow2');
+    die "file_size_info on '$base_path' failed\n" if !defined($size);
+    my $name = $class->find_free_diskname($storeid, $scfg, $vmid, 'qcow2');
+    my $plan = plan_volume(
+        $class, $storeid, $scfg, $vmid, 'qcow2', $name, $size, 1, undef, $base,
+    );
+    $name = make_volume($class, $storeid, $scfg, $plan, $size, $base_path);
+    return "$base/$name";
 }
 
 1;
