@@ -22,26 +22,22 @@ from typing import Any
 import pytest
 
 from pvestord.policy.capacity import COPY_TAG, maximum_from_tags, maximum_tag
-from pvestord.policy.sizes import GiB, MiB
 from pvestord.policy.templates import parent_tag
 from tests.proxmox import upstream
-from tests.proxmox.recorded import Bed, lvcreates, make_bed
+from tests.proxmox.recorded import (
+    SHARED_INITIAL_SIZE,
+    SHARED_VG,
+    THIN_AND_THICK_CFG,
+    Bed,
+    lvcreates,
+    thin_and_thick_bed,
+)
 
-VG = "vg_san1"
-EXTENT = 4 * MiB
-INITIAL = 1 * GiB
+VG = SHARED_VG
+INITIAL = SHARED_INITIAL_SIZE
 DISK_KIB = 4 * 1024 * 1024
 BASE = "base-100-disk-0.qcow2"
 CLONE = f"{BASE}/vm-101-disk-0.qcow2"
-STORAGE_CFG = f"""\
-pvestord: thin1
-\tvgname {VG}
-\tcontent images
-\tshared 1
-\tsnapshot-as-volume-chain 1
-\tpvestord-chunksize 256M
-\tpvestord-initial-size 1G
-"""
 #: qemu-server's subs, so that the plugin sees the callers it sees in a real
 #: clone: vdisk_clone and vdisk_alloc from clone_disk, vdisk_create_base from
 #: template_create.
@@ -55,13 +51,13 @@ package main;
 
 @pytest.fixture(scope="module")
 def proxmox(proxmox: upstream.Upstream) -> upstream.Upstream:
-    proxmox.write_storage_cfg(STORAGE_CFG)
+    proxmox.write_storage_cfg(THIN_AND_THICK_CFG)
     return proxmox
 
 
 @pytest.fixture
 def bed(proxmox: upstream.Upstream, tmp_path: Path) -> Bed:
-    return make_bed(proxmox, tmp_path, vg=VG, vg_size=100 * GiB, extent=EXTENT)
+    return thin_and_thick_bed(proxmox, tmp_path)
 
 
 def run(bed: Bed, code: str) -> Any:

@@ -17,6 +17,7 @@ from pvestord.errors import PvestordError
 from pvestord.features import plugin
 from pvestord.features.capacity import CapacityRefusedError
 from pvestord.features.plugin import Kind
+from pvestord.policy import templates
 from pvestord.policy.capacity import COPY_TAG, maximum_tag
 from pvestord.policy.sizes import GiB, MiB
 from pvestord.policy.volumes import VolumeRole
@@ -425,3 +426,51 @@ def test_a_running_vms_commit_is_recorded_as_prepared_for_the_daemon(
     recorded = preparedjobs.age(folder, "vg_san1", TARGET, now=since)
     assert (recorded is not None) is running
     assert recorded is None or recorded <= 1
+
+
+TEMPLATE_BASE = "base-100-disk-0.qcow2"
+CLONE = {"vmid": 101, "format": "qcow2", "name": "vm-101-disk-1.qcow2"}
+CLONE_DISK = ["PVE::Storage::Plugin::clone_image", "PVE::Storage::vdisk_clone",
+              "PVE::QemuServer::clone_disk"]
+
+
+def test_a_linked_clone_is_thin_and_tagged_with_its_base(world: FakeWorld) -> None:
+    answer = _answer(_request(op="alloc", virtual_size=4 * GiB, backing=True, parent=TEMPLATE_BASE,
+                              callers=CLONE_DISK, lock_seconds_left=60, **CLONE))
+    # clone_disk is a copy flow, yet nothing is copied into a linked clone.
+    assert answer["kind"] == "thin"
+    assert answer["lv_size"] == 1 * GiB
+    assert answer["tags"] == ["pve-vm-101", "@pve-vm-101-disk-1.qcow2", maximum_tag(5 * GiB),
+                              templates.parent_tag(TEMPLATE_BASE)]
+    assert COPY_TAG not in answer["tags"]
+
+
+@pytest.mark.parametrize(("body", "error"), [
+    ({"backing": False, "parent": TEMPLATE_BASE}, plugin.PluginRequestError),
+    ({"backing": True, "parent": "vm-100-disk-0.qcow2"}, templates.TemplateError),
+    ({"backing": True, "parent": "base-100-disk-0.qcow2/x"}, lvm.LvmError),
+])
+def test_a_linked_clone_is_an_overlay_on_a_base(world: FakeWorld, body: dict[str, object],
+                                                  error: type[Exception]) -> None:
+    with pytest.raises(error):
+        _answer(_request(op="alloc", virtual_size=4 * GiB, lock_seconds_left=60,
+                         **body, **CLONE))
+
+
+def test_a_base_is_renamed_and_records_its_size_as_its_maximum(world: FakeWorld) -> None:
+    lv = "vm-101-disk-0.qcow2"
+    world.tags = {lv: ("pve-vm-101", "@pve-vm-101-disk-0.qcow2", maximum_tag(5 * GiB),
+                       COPY_TAG)}
+    answer = _answer(_request(op="base", lv=lv, lock_seconds_left=60))
+    assert answer == {
+        "name": "base-101-disk-0.qcow2",
+        "deltags": sorted(["@pve-vm-101-disk-0.qcow2", maximum_tag(5 * GiB), COPY_TAG]),
+        "addtags": [maximum_tag(2 * GiB), "pve-base-101-disk-0.qcow2"]}
+
+
+def test_a_disk_with_snapshot_lvs_is_no_base(world: FakeWorld) -> None:
+    # The world holds snap_vm-100-disk-0_s1.qcow2, a snapshot of SOURCE.
+    with pytest.raises(templates.TemplateError, match=r"snap_vm-100-disk-0_s1\.qcow2"):
+        _answer(_request(op="base", lv=SOURCE, lock_seconds_left=60))
+    with pytest.raises(templates.TemplateError):
+        _answer(_request(op="base", lv="vm-100-state-s1", lock_seconds_left=60))
