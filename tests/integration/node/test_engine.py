@@ -23,11 +23,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import logging
 import subprocess
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -45,19 +42,9 @@ from tests.harness.lvmbed import (
     qcow2_check,
     qcow2_create,
 )
+from tests.harness.pacedwrite import EXTEND_TIMEOUT, paced_write
 from tests.harness.polling import wait_until
 from tests.harness.qemu import Pve9Disk, QemuVM, pve9_disk
-
-WRITE = 4 * MiB
-#: Bytes per second the paced writer aims at (see the module docstring).
-PACE = 48 * MiB
-EXTEND_TIMEOUT = 60.0
-#: What qemu-io prints for a write past the end of the LV.
-ENOSPC = "No space left on device"
-#: Between tries of a write that met the end of the LV.
-RETRY_PAUSE = 0.5
-
-log = logging.getLogger(__name__)
 
 
 @pytest.fixture
@@ -86,47 +73,6 @@ def file_node(vm: QemuVM) -> str:
 def fmt_node(vm: QemuVM) -> str:
     """The qcow2 node of the VM's disk: where the writer writes."""
     return pve9_disk(vm).block_node
-
-
-@dataclass
-class WriteOutcome:
-    """What a paced writer met: errors it could not get past, and its stalls."""
-
-    errors: list[str] = field(default_factory=list)
-    #: Offsets whose first try met the end of the LV and went through once
-    #: the daemon had grown it (a guest would have paused there, then resumed).
-    stalls: list[int] = field(default_factory=list)
-
-
-def paced_write(vm: QemuVM, node: str, start: int, total: int, pattern: int) -> WriteOutcome:
-    """Write ``total`` bytes from ``start`` at most at ``PACE``.
-
-    A write that fails with ENOSPC is tried again every ``RETRY_PAUSE`` until
-    it goes through (see the module docstring); any other failure, or one
-    still failing after ``EXTEND_TIMEOUT``, is an error. Retrying, rather than
-    waiting for the LV's size to change, has no race with an extension that
-    lands between the failure and a look at the size.
-    """
-    outcome = WriteOutcome()
-    began = time.monotonic()
-    with vm.io_session() as io:
-        for offset in range(start, start + total, WRITE):
-            result = io.write_pattern(node, offset, WRITE, pattern, check=False)
-            if not result.ok and result.error == ENOSPC:
-                outcome.stalls.append(offset)
-                deadline = time.monotonic() + EXTEND_TIMEOUT
-                while not result.ok and result.error == ENOSPC and time.monotonic() < deadline:
-                    time.sleep(RETRY_PAUSE)
-                    result = io.write_pattern(node, offset, WRITE, pattern, check=False)
-            if not result.ok:
-                outcome.errors.append(f"offset {offset}: {result.error}")
-            ahead = (offset + WRITE - start) / PACE - (time.monotonic() - began)
-            if ahead > 0:
-                time.sleep(ahead)
-    if outcome.stalls:
-        log.info("writer met the end of the LV at %d of %d writes", len(outcome.stalls),
-                 total // WRITE)
-    return outcome
 
 
 def test_thin_disk_grows_chunk_by_chunk_to_its_maximum(bed: NodeBed, vg: VG) -> None:
