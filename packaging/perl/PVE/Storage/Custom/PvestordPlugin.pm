@@ -12,9 +12,10 @@ package PVE::Storage::Custom::PvestordPlugin;
 # the lock of every storage on the VG (cluster_lock_storage below), and none is
 # taken on a VG pvestord has marked unhealthy on this node.
 #
-# Every method not overridden here is LVMPlugin's: listing, size information,
-# free (with saferemove), rename, export and import; so is the resize of a raw
-# disk an 'lvm:' storage left.
+# Every method not overridden here is LVMPlugin's: size information, rename,
+# export and import; so is the resize of a raw disk an 'lvm:' storage left.
+# Listing and free are LVMPlugin's with templates and linked clones added
+# (create_base and clone_image below, which LVMPlugin refuses).
 # volume_snapshot_info is LVMPlugin's too, with one addition: called by
 # qemu-server's online snapshot delete, it grows the LV the block job will
 # write into before the job starts. Volume activation and deactivation are
