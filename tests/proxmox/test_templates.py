@@ -16,6 +16,7 @@ Perl modules.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -60,17 +61,18 @@ def bed(proxmox: upstream.Upstream, tmp_path: Path) -> Bed:
     return thin_and_thick_bed(proxmox, tmp_path)
 
 
-def run(bed: Bed, code: str) -> Any:
-    """``code`` with qemu-server's subs and the bases' lock in the bed; prints JSON."""
+def run(bed: Bed, code: str, **extra: str) -> Any:
+    """``code`` with qemu-server's subs and the bases' lock in the bed; prints JSON.
+    ``extra``: more environment (a fault to inject)."""
     lock_dir = bed.state.parent
     return bed.run(f"{QEMU_SERVER} $PVE::Storage::Custom::PvestordPlugin::BASES_LOCK_DIR ="
-                   f" '{lock_dir}'; {code}")
+                   f" '{lock_dir}'; {code}", **extra)
 
 
-def attempt(bed: Bed, expression: str) -> dict[str, Any]:
+def attempt(bed: Bed, expression: str, **extra: str) -> dict[str, Any]:
     """``expression``'s value, or its error."""
     return run(bed, f"my $r = eval {{ {expression} }};"  # type: ignore[no-any-return]
-                    ' print encode_json({result => $r, error => "$@"});')
+                    ' print encode_json({result => $r, error => "$@"});', **extra)
 
 
 def template(bed: Bed) -> None:
@@ -113,6 +115,21 @@ def test_a_template_renames_the_disk_to_a_read_only_base(bed: Bed) -> None:
     features = run(bed, "print encode_json([map { PVE::Storage::volume_has_feature($cfg, $_,"
                         f" 'thin1:{BASE}') }} qw(template snapshot rename clone copy)]);")
     assert features == [None, None, None, 1, 1]
+
+
+def test_a_template_that_fails_half_way_leaves_the_disk_as_it_was(bed: Bed) -> None:
+    assert attempt(bed, "PVE::Storage::vdisk_alloc($cfg, 'thin1', 100, 'qcow2', '',"
+                        f" {DISK_KIB})")["error"] == ""
+    before = bed.lvs()
+    failed = attempt(bed, "PVE::QemuServer::template_create($cfg, 'thin1:vm-100-disk-0.qcow2')",
+                     PVESTORD_TEST_LVM_FAIL=json.dumps(["/sbin/lvchange", "--permission", "r"]))
+    assert "read-only" in failed["error"]
+    after = bed.lvs()
+    assert list(after) == ["vm-100-disk-0.qcow2"]
+    # The tags are put back (LVM stores '@pve-<name>' without its '@').
+    assert sorted(t.lstrip("@") for t in after["vm-100-disk-0.qcow2"]["tags"]) == sorted(
+        t.lstrip("@") for t in before["vm-100-disk-0.qcow2"]["tags"])
+    assert "permission" not in after["vm-100-disk-0.qcow2"]
 
 
 def test_a_disk_with_snapshots_stays_a_disk(bed: Bed) -> None:
