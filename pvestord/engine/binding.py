@@ -19,8 +19,7 @@ from pvestord.adapters import devices
 from pvestord.adapters.service import fields
 from pvestord.adapters.vms import LocalVm
 from pvestord.engine.drive import DriveCandidate
-from pvestord.engine.oncelog import OncePerChange
-from pvestord.engine.pervm import forget_vm
+from pvestord.engine.memory import OncePerChange, forget_vm
 from pvestord.errors import PassDeferred
 from pvestord.policy.binding import BindingKind, bind
 

@@ -70,10 +70,9 @@ from pvestord.engine.jobroom import room_for_chain_copies, say_unprepared_delete
 from pvestord.engine.lvfigures import LvFigures
 from pvestord.engine.lvgrowth import Grown, LvGrowth
 from pvestord.engine.lvmchanges import LvmChanges
+from pvestord.engine.memory import OncePerChange, forget_vm
 from pvestord.engine.nodereport import LvmHealth
 from pvestord.engine.notices import Notices, silent
-from pvestord.engine.oncelog import OncePerChange
-from pvestord.engine.pervm import forget_vm
 from pvestord.engine.settle import (
     PausedJobs,
     arm_or_disarm,

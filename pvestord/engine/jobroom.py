@@ -29,7 +29,7 @@ from pvestord.adapters.settings import DaemonSettings
 from pvestord.adapters.vmconfig import read_config_lock
 from pvestord.adapters.vms import LocalVm
 from pvestord.engine.drive import Drive
-from pvestord.engine.oncelog import OncePerChange
+from pvestord.engine.memory import OncePerChange
 from pvestord.errors import PvestordError
 from pvestord.policy import ChainCopy
 

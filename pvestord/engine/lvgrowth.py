@@ -24,8 +24,8 @@ from pvestord.engine.drive import Drive, RoundTimings, ms_since
 from pvestord.engine.gates import VgGates
 from pvestord.engine.lvfigures import LvFigures
 from pvestord.engine.lvmchanges import LvmChanges
+from pvestord.engine.memory import OncePerChange
 from pvestord.engine.nodereport import LvmHealth
-from pvestord.engine.oncelog import OncePerChange
 from pvestord.engine.status import Activity, Extension
 from pvestord.engine.tables import Tables
 from pvestord.policy import DriveState, TableState

@@ -64,8 +64,7 @@ from pvestord.adapters.settings import DaemonSettings
 from pvestord.adapters.vghealth import VgMarks
 from pvestord.adapters.vmconfig import migration_task_running, read_config_lock
 from pvestord.adapters.vmlvs import find_vm_lvs
-from pvestord.engine.oncelog import OncePerChange
-from pvestord.engine.pervm import forget_vm
+from pvestord.engine.memory import OncePerChange, forget_vm
 from pvestord.errors import PassDeferred, PvestordError
 from pvestord.policy.blockjobs import WRITING, BlockJob, JobEdges
 from pvestord.policy.sizes import format_size

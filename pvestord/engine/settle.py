@@ -12,8 +12,7 @@ from pvestord.adapters.qmp import RunState, VmMonitor
 from pvestord.adapters.service import fields
 from pvestord.adapters.vms import LocalVm
 from pvestord.engine.drive import Drive, VmOutcome
-from pvestord.engine.oncelog import OncePerChange
-from pvestord.engine.pervm import forget_vm
+from pvestord.engine.memory import OncePerChange, forget_vm
 from pvestord.policy import Decision
 from pvestord.policy.sizes import format_size
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pvestord.adapters import atomicfile, tally
-from pvestord.engine.pervm import forget_vm
+from pvestord.engine.memory import forget_vm
 from pvestord.policy import capacity
 from pvestord.policy.extension import ExtensionState
 from pvestord.policy.vanished import Kept, restore_command

@@ -22,7 +22,7 @@ from pvestord.engine.drive import Drive, StaleTableError, VmOutcome
 from pvestord.engine.gates import VgGates
 from pvestord.engine.lvfigures import LvFigures
 from pvestord.engine.lvmchanges import LvmChanges
-from pvestord.engine.oncelog import OncePerChange
+from pvestord.engine.memory import OncePerChange
 from pvestord.errors import PvestordError
 from pvestord.policy import TableState
 from pvestord.policy.sizes import format_size

@@ -16,7 +16,7 @@ from pvestord.adapters.config import parse_storage_config
 from pvestord.adapters.qmp import RunState, ThinDriveView, VmMonitor
 from pvestord.adapters.vms import LocalVm
 from pvestord.engine.drive import Drive, VmOutcome
-from pvestord.engine.oncelog import OncePerChange
+from pvestord.engine.memory import OncePerChange
 from pvestord.engine.settle import PausedJobs, rearm_and_resume
 from pvestord.policy import BlockDevice
 

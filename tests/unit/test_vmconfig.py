@@ -167,8 +167,8 @@ def test_the_engine_lets_a_commit_under_snapshot_delete_through(tmp_path: Path) 
     the job's target, as for a paused guest, and refuses a VM with neither."""
     from pvestord.adapters.qmp import VmBusyError
     from pvestord.adapters.settings import DaemonSettings
+    from pvestord.engine.memory import OncePerChange
     from pvestord.engine.migration import QuietRenamingLocks, renaming
-    from pvestord.engine.oncelog import OncePerChange
 
     settings = DaemonSettings(node="pve1", queue=tmp_path / "extend-queue",
                               nodes_dir=tmp_path / "nodes", run_dir=tmp_path / "run")

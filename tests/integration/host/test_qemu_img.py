@@ -17,7 +17,7 @@ from pvestord.adapters.qemu_img import Bitmap, CheckStatus, QemuImgError
 from pvestord.adapters.qmp import VmMonitor
 from pvestord.adapters.vms import LocalVm
 from pvestord.engine.jobroom import room_for_chain_copies
-from pvestord.engine.oncelog import OncePerChange
+from pvestord.engine.memory import OncePerChange
 from pvestord.errors import CommandError
 from pvestord.policy import EVERY_LAYER, BlockJob, ChainCopy, chain_copy, maximum_size
 from pvestord.policy.sizes import GiB, MiB
