@@ -15,8 +15,7 @@ from pvestord.cli import options
 from pvestord.engine import daemon, status
 from pvestord.engine.configsource import StorageConfigSource
 from pvestord.engine.drive import DriveRow
-from pvestord.engine.drivereport import drive_reports
-from pvestord.engine.extender import Extender
+from pvestord.engine.extender import Extender, drive_reports
 from pvestord.errors import PvestordError
 from pvestord.policy import Reason
 from pvestord.policy.sizes import format_size

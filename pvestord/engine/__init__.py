@@ -10,5 +10,6 @@ lock), ``tables`` (this node's device-mapper tables), ``lvgrowth`` (one
 extension), ``settle`` (re-arm and resume) and ``incoming`` (a migration's
 destination catching up). ``migration`` holds the rules of live migration
 both ends follow; ``nodereport`` publishes this node's view of each thin
-storage; ``drivereport`` and ``configsource`` serve the commands too.
+storage; ``configsource`` serves the commands too, and ``extender`` the fresh
+look of ``pvestord drives``.
 """

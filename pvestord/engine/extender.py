@@ -4,8 +4,8 @@ One :meth:`Extender.handle` call is one pass over one VM: observe its drives
 through QMP, decide per drive (:func:`pvestord.policy.decide`), grow LVs under
 the storage lock, re-arm thresholds, and resume the VM if it paused on ENOSPC
 and every drive it paused on has room again. The daemon, ``pvestord extend``
-and ``pvestord drives`` all come through here, so a manual extension takes
-exactly the daemon's path.
+and ``pvestord drives`` (:func:`drive_reports`) all come through here, so a
+manual extension takes exactly the daemon's path.
 
 Order of work for an extension, and why:
 
@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from pvestord import policy
+from pvestord.adapters import lvm
 from pvestord.adapters.config import StorageConfig
 from pvestord.adapters.lvmshell import LvmShells
 from pvestord.adapters.qmp import (
@@ -58,6 +59,7 @@ from pvestord.engine.binding import DeviceBindings
 from pvestord.engine.drive import (
     Drive,
     DriveCandidate,
+    DriveRow,
     RoundTimings,
     VmOutcome,
     candidates,
@@ -80,10 +82,10 @@ from pvestord.engine.settle import (
     rearm_and_resume,
 )
 from pvestord.engine.status import Activity
-from pvestord.engine.tables import Tables
-from pvestord.engine.werror import WerrorWatch
+from pvestord.engine.tables import Tables, table_problem
+from pvestord.engine.werror import WerrorWatch, werror_problem, werror_risks
 from pvestord.errors import PvestordError
-from pvestord.policy import Decision, DriveState, Reason
+from pvestord.policy import Decision, DriveState, ExtensionState, Reason, TableState
 from pvestord.policy.lvnames import chain_vmid
 from pvestord.policy.notices import VmPaused, paused_key
 from pvestord.policy.resume import BlockedBecause
@@ -447,3 +449,36 @@ def _note_requests_for_no_thin_drive(vm: LocalVm, requests: dict[str, Reason],
             log.warning("VM %d: entry %s (%s) names no thin drive: nothing done", vm.vmid,
                         name, reason.value,
                         extra=fields(VMID=vm.vmid, BLOCK_NODE=name, REASON=reason.value))
+
+
+async def drive_reports(extender: Extender, vm: LocalVm) -> list[DriveRow]:
+    """``pvestord drives``: every thin-drive candidate of ``vm``, its LV read
+    afresh from LVM."""
+    async with extender.monitor(vm) as monitor:
+        found = extender.found((await monitor.block_nodes()).drives)
+        run = await monitor.run_state()
+        werror = await werror_risks(monitor, found)
+    # LVM and qemu-img after the session: the VM's QMP socket serves one client.
+    drives = await extender.figures.drives(found, fresh=True)
+    reports = []
+    for drive in drives:
+        info = await lvm.lv_info(drive.vg, drive.lv, timeout=extender.settings.lvm_timeout)
+        table = lvm.device_size(drive.vg, drive.lv)
+        verdict = policy.table_state(info.size, table)
+        paused = policy.paused_out_of_room(
+            device_says_nospace=run.nospace_on(drive.view.path, drive.identity.block_nodes),
+            unowned_pause=run.paused_on_unowned_error, lv_size=info.size,
+            allocation=drive.view.allocation,
+            chunksize=drive.storage.chunksize if drive.storage else 1)
+        state = drive.state(lv_size=info.size, paused_nospace=paused)
+        reports.append(DriveRow(
+            vm.vmid, drive.view.file_node, drive.view.format_node, drive.view.path,
+            drive.storage.storeid if drive.storage else None, info.size,
+            table, drive.view.allocation, drive.view.threshold,
+            drive.maximum, drive.view.virtual_size,
+            policy.classify(state, extending=(vm.vmid, drive.view.file_node)
+                            in extender.extending, failed=verdict is TableState.AHEAD)
+            if drive.storage else ExtensionState.IDLE,
+            table_problem(verdict, info.size, table) or werror_problem(
+                werror.get(drive.view.file_node)) if drive.storage else None))
+    return reports
