@@ -1,7 +1,7 @@
 """The daemon: turns queue entries and reconciles into extensions.
 
 ``daemon`` owns the loops (queue, reconcile, watchdog, node report in
-``reportloop``); ``passes`` supervises the passes in flight and their
+``nodereport``); ``passes`` supervises the passes in flight and their
 deadlines; ``failures`` their backoffs and error lines. ``extender`` runs one
 pass over a VM (observe through QMP, decide with :mod:`pvestord.policy`, grow
 under the locks, re-arm, resume), composed of ``drive`` (the model),

@@ -15,7 +15,9 @@ Why each node publishes its own view: a shared VG looks the same from every
 node *that sees it*. What differs per node is sight: a failed path, a missing
 multipath map, an LVM filter, a node whose LVM hangs. Only that node can say,
 and only while its pvestord runs: so every report carries its time, and a
-reader treats an old one as "unknown", not as "fine".
+reader treats an old one as "unknown", not as "fine". The daemon's report
+loop (:func:`report_loop`) probes and publishes; a stopping daemon marks its
+report stopped (:func:`publish_stopped`).
 
 The files are small (one line per storage), written atomically as the queue
 is (:func:`pvestord.adapters.atomicfile.write_atomically`), so a reader never sees half of one.
@@ -23,11 +25,12 @@ is (:func:`pvestord.adapters.atomicfile.write_atomically`), so a reader never se
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -37,6 +40,8 @@ from pvestord.adapters.atomicfile import write_atomically
 from pvestord.adapters.config import StorageConfig
 from pvestord.adapters.lvmshell import LvmShells
 from pvestord.adapters.service import fields
+from pvestord.adapters.settings import DaemonSettings
+from pvestord.engine.failures import Failures
 from pvestord.errors import PvestordError
 from pvestord.policy.lvmetadata import extensions_left, metadata_low
 
@@ -289,3 +294,44 @@ async def make_report(node: str, config: StorageConfig, health: LvmHealth, *,
             probes[storage.vgname] = view
     storages = {storeid: probes[s.vgname] for storeid, s in sorted(thin.items())}
     return NodeReport(node=node, time=time.time(), interval=interval, storages=storages)
+
+
+async def report_loop(settings: DaemonSettings, config: Callable[[], StorageConfig],
+                      health: LvmHealth, failures: Failures, stop: asyncio.Event, *,
+                      shells: LvmShells | None = None) -> None:
+    """Probe every ``report_interval`` and publish this node's report when it
+    changed or its heartbeat is due (:func:`publish_due`) until
+    ``stop``; problems said once per change. Its ``vgs`` run in the VGs' lvm
+    ``shells`` when there are any."""
+    published: NodeReport | None = None
+    while not stop.is_set():
+        try:
+            report = await make_report(
+                settings.node, config(), health, interval=settings.report_interval,
+                lvm_timeout=settings.lvm_timeout, shells=shells)
+            if publish_due(published, report):
+                publish(settings.reports_dir, report)
+                published = report
+        except (OSError, PvestordError) as err:
+            failures.note_error((0, "report"), f"cannot publish this node's report in "
+                                f"{settings.reports_dir}: {err}", logging.WARNING)
+        else:
+            failures.clear_error((0, "report"), "node report published again")
+            for storeid, view in report.storages.items():
+                problem = view.problem()
+                if problem is None:
+                    failures.clear_error((0, f"vg {view.vg}"), f"VG {view.vg} healthy again")
+                else:
+                    failures.note_error((0, f"vg {view.vg}"), f"storage {storeid}: {problem}",
+                                        logging.WARNING, VG=view.vg)
+        await asyncio.sleep(settings.report_interval)
+
+
+def publish_stopped(settings: DaemonSettings) -> None:
+    """Tell rank-nodes at once that this node extends nothing now."""
+    report = NodeReport(node=settings.node, time=time.time(),
+                                   interval=settings.report_interval, stopped=True)
+    try:
+        publish(settings.reports_dir, report)
+    except (OSError, PvestordError) as err:
+        log.warning("cannot mark this node's report stopped: %s", err)
