@@ -33,6 +33,10 @@ coroutine, the one awaiting it), and a *stack*: the modules of every
   an earlier one is a return to a module already left (``stays`` minus
   ``modules entered``).
 
+Each figure is given twice: over all of ``pvestord``, and over the engine
+alone (``pvestord.engine``: its modules only, the rest of ``pvestord``
+looked through as the standard library is).
+
 Sizes: every ``.py`` file under ``pvestord/`` (and under
 ``pvestord/engine/``) but ``__init__.py``, counted in lines.
 """
@@ -56,6 +60,10 @@ PRODUCT = "pvestord"
 ENGINE = "pvestord.engine"
 #: Modules under this many lines count as small (issue 40's "satellites").
 SMALL = 60
+
+
+def _within(module: str, scope: str) -> bool:
+    return module == scope or module.startswith(scope + ".")
 
 
 def _module(frame: FrameType) -> str | None:
@@ -86,13 +94,19 @@ class Trace:
             below = below.f_back
         self.starts.append((tuple(reversed(stack)), module))
 
-    def figures(self) -> dict[str, int]:
-        modules = {module for _, module in self.starts}
+    def figures(self, scope: str = PRODUCT) -> dict[str, int]:
+        """The figures of the module docstring, over the modules under
+        ``scope`` alone (``pvestord.engine``: the engine's own back and
+        forth, the rest of the product looked through as the standard
+        library is)."""
+        starts = [(tuple(m for m in stack if _within(m, scope)), module)
+                  for stack, module in self.starts if _within(module, scope)]
+        modules = {module for _, module in starts}
         hops = climbs = 0
         pairs: set[tuple[str, str]] = set()
         climb_pairs: set[tuple[str, str]] = set()
         stays: list[str] = []
-        for stack, module in self.starts:
+        for stack, module in starts:
             caller = stack[-1] if stack else None
             for name in (caller, module):
                 if name is not None and (not stays or stays[-1] != name):
@@ -105,7 +119,7 @@ class Trace:
                 climbs += 1
                 climb_pairs.add((caller, module))
         return {"modules entered": len(modules),
-                "engine modules": sum(m.startswith(ENGINE + ".") for m in modules),
+                "engine modules": sum(_within(m, ENGINE) for m in modules),
                 "hops": hops, "module pairs": len(pairs),
                 "climbs": climbs, "climb pairs": len(climb_pairs),
                 "stays": len(stays), "returns": len(stays) - len(modules)}
@@ -174,8 +188,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="passtrace-") as folder:
         trace = trace_one_pass(Path(folder))
     print("one threshold pass (Extender.handle):")
-    for name, value in trace.figures().items():
-        print(f"  {name}: {value}")
+    for scope in (PRODUCT, ENGINE):
+        figures = trace.figures(scope)
+        if scope == ENGINE:
+            del figures["engine modules"]
+        print(f"  {scope}/: " + ", ".join(f"{k} {v}" for k, v in figures.items()))
     modules = sorted({module for _, module in trace.starts})
     print("  modules: " + " ".join(m.removeprefix(PRODUCT + ".") for m in modules))
     for (caller, module), times in sorted(trace.climb_pairs().items()):
