@@ -85,7 +85,8 @@ class Daemon:
         self._stop = asyncio.Event()
         self._reconcile_due: set[int] = set()
         self.failures = Failures(reconcile=self._reconcile_due.add, wake=self._wake.set)
-        self.passes = Passes(settings, config=self.config.get, changing=self._changing,
+        self.passes = Passes(settings, config=self.config.get,
+                             changing=self.extender.lvm_changes.of_vm,
                              abandon=self._abandoned, notices=self.notices)
         # LVs a killed change of ours left suspended, hanging their guest's
         # I/O: looked for at start, every reconcile interval, and at once
@@ -112,7 +113,7 @@ class Daemon:
     def _status_view(self) -> publisher.DaemonView:
         shells = self.extender.lvm_shells
         return publisher.DaemonView(
-            self._queue_depth, set(self.extender.extending), self.failures.errors,
+            self._queue_depth, self.failures.errors,
             self.failures.busy,
             max(shells.starts - len(shells.pids()), 0) if shells is not None else 0)
 
@@ -287,9 +288,6 @@ class Daemon:
         finally:
             self.passes.ended(vm.vmid, this)
             self._wake.set()
-
-    def _changing(self, vmid: int) -> bool:
-        return self.extender.lvm_changes.of_vm(vmid)
 
     def _abandoned(self, vmid: int) -> None:
         self.failures.backoff(vmid)

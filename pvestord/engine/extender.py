@@ -134,12 +134,6 @@ class Extender:
         self.jobs = PausedJobs(self._said)
 
     @property
-    def extending(self) -> set[tuple[int, str]]:
-        """File nodes being extended right now, by (vmid, node), lock wait
-        included (what ``drives`` and status show)."""
-        return self.growth.extending
-
-    @property
     def lvm_health(self) -> LvmHealth:
         """Our LVM commands' failures per VG, for this node's report."""
         return self.growth.lvm_health
@@ -265,7 +259,7 @@ class Extender:
             # devices' sizes at the switchover, so catch up now with
             # whatever the source grew (docs/design.md, "Live migration").
             await catch_up_incoming(vm, look.found, gates=self.gates, figures=self.figures,
-                                    extending=self.extending, changes=self.lvm_changes,
+                                    activity=self.activity, changes=self.lvm_changes,
                                     lvm_timeout=self.settings.lvm_timeout)
         if run.status in MIGRATION_STATES:
             raise VmBusyError(f"VM {vm.vmid} is in state {run.status}: later")
@@ -476,8 +470,8 @@ async def drive_reports(extender: Extender, vm: LocalVm) -> list[DriveRow]:
             drive.storage.storeid if drive.storage else None, info.size,
             table, drive.view.allocation, drive.view.threshold,
             drive.maximum, drive.view.virtual_size,
-            policy.classify(state, extending=(vm.vmid, drive.view.file_node)
-                            in extender.extending, failed=verdict is TableState.AHEAD)
+            policy.classify(state, extending=extender.activity.is_extending(
+                vm.vmid, drive.view.file_node), failed=verdict is TableState.AHEAD)
             if drive.storage else ExtensionState.IDLE,
             table_problem(verdict, info.size, table) or werror_problem(
                 werror.get(drive.view.file_node)) if drive.storage else None))

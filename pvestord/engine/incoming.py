@@ -20,13 +20,14 @@ from pvestord.engine.drive import DriveCandidate
 from pvestord.engine.gates import VgGates
 from pvestord.engine.lvfigures import LvFigures
 from pvestord.engine.lvmchanges import LvmChanges
+from pvestord.engine.status import Activity
 from pvestord.policy.sizes import format_size
 
 log = logging.getLogger(__name__)
 
 
 async def catch_up_incoming(vm: LocalVm, drives: Sequence[DriveCandidate], *, gates: VgGates,
-                            figures: LvFigures, extending: set[tuple[int, str]],
+                            figures: LvFigures, activity: Activity,
                             changes: LvmChanges, lvm_timeout: float = LVM_DAEMON,
                             budget: float = STORAGE_LOCK_WAIT) -> None:
     """Refresh every thin LV of an incoming VM that another node grew.
@@ -51,7 +52,7 @@ async def catch_up_incoming(vm: LocalVm, drives: Sequence[DriveCandidate], *, ga
 
     ``drives``: the VM's thin drives as the look found them, bound to the
     LVs QEMU has open; their sizes are read under the lock alone, so a look
-    costs no LVM read (nor ``qemu-img``) outside it. ``extending`` shows a drive
+    costs no LVM read (nor ``qemu-img``) outside it. ``activity`` shows a drive
     as being extended (status) while its refresh runs, as ``changes`` does
     for the pass deadline: never during a lock wait, which changes nothing.
     """
@@ -73,13 +74,9 @@ async def catch_up_incoming(vm: LocalVm, drives: Sequence[DriveCandidate], *, ga
                     if device >= size:
                         continue
                     held.require(lvm_timeout + KILL_WAIT)
-                    key = (vm.vmid, drive.view.file_node)
-                    extending.add(key)
-                    try:
-                        with changes.running(vm.vmid, drive.view.file_node):
-                            await lvm.refresh(vg, drive.lv, timeout=lvm_timeout)
-                    finally:
-                        extending.discard(key)
+                    node = drive.view.file_node
+                    with activity.extending(vm.vmid, node), changes.running(vm.vmid, node):
+                        await lvm.refresh(vg, drive.lv, timeout=lvm_timeout)
                     figures.changed(vg)
                     log.info("VM %d %s: incoming migration: LV %s refreshed %s -> %s",
                              vm.vmid, drive.view.file_node, drive.view.path,

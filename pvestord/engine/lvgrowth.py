@@ -65,10 +65,6 @@ class LvGrowth:
         self._migrating_away = migrating_away
         self.activity = activity
         self._said = said
-        #: File nodes being extended right now, by (vmid, node), for
-        #: ``drives``/status: from the migration check through the lock wait
-        #: to the ``lvextend``. Only :attr:`changes` says an LVM change runs.
-        self.extending: set[tuple[int, str]] = set()
         self.changes = changes
         #: Our LVM commands' failures per VG, for this node's report.
         self.lvm_health = LvmHealth()
@@ -83,18 +79,17 @@ class LvGrowth:
         ``vm_paused_for_room``: the VM is paused for room, so any of its
         drives may take the VG's reserve."""
         assert drive.storage is not None  # the policy never extends a drive that is not thin
-        key = (vm.vmid, drive.view.file_node)
         started = time.monotonic()
-        self.extending.add(key)
         try:
-            return await self._extend_locked(vm, drive, decision, state, timings, started,
-                                             job_writing=job_writing,
-                                             vm_paused_for_room=vm_paused_for_room)
+            # Status shows it extending from the migration check on; only
+            # :attr:`changes` says an LVM change runs.
+            with self.activity.extending(vm.vmid, drive.view.file_node):
+                return await self._extend_locked(vm, drive, decision, state, timings, started,
+                                                 job_writing=job_writing,
+                                                 vm_paused_for_room=vm_paused_for_room)
         except lvm.LvmError as err:
             self.lvm_health.record(drive.vg, str(err))
             raise
-        finally:
-            self.extending.discard(key)
 
     async def _extend_locked(self, vm: LocalVm, drive: Drive, decision: Growing,
                              state: DriveState, timings: RoundTimings, started: float,

@@ -42,7 +42,6 @@ class DaemonView:
     """What only the daemon knows, handed to each publication."""
 
     queue_length: int
-    extending: set[tuple[int, str]]
     errors: dict[tuple[int, str], str]
     deferred: set[int]
     lvm_shell_restarts: int
@@ -109,8 +108,7 @@ class Publisher:
             del self._accounts[gone]
 
     def publish(self, view: DaemonView) -> dict[str, Any]:
-        drives = status.drive_rows(self.activity, extending=view.extending, errors=view.errors,
-                                   deferred=view.deferred)
+        drives = status.drive_rows(self.activity, errors=view.errors, deferred=view.deferred)
         paused = len({d.vmid for d in drives if d.paused_nospace})
         snap = status.snapshot(
             node=self.node, pid=os.getpid(), now=time.time(), activity=self.activity,

@@ -13,11 +13,12 @@ its decision points); :func:`snapshot` joins it with the daemon's own state
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,6 +85,25 @@ class Activity:
     latency_sum_ms: int = 0
     #: Drives whose extension waits for the VG's reserve: their reason.
     held: dict[tuple[int, str], str] = field(default_factory=dict)
+    #: Drives being extended right now, by (vmid, file node): an extension
+    #: from its migration check through the lock wait to the ``lvextend``, a
+    #: migration destination's refresh (:meth:`extending`). Which LVM
+    #: command runs is :class:`~pvestord.engine.lvmchanges.LvmChanges`'s.
+    _extending: set[tuple[int, str]] = field(default_factory=set, init=False, repr=False)
+
+    @contextlib.contextmanager
+    def extending(self, vmid: int, block_node: str) -> Iterator[None]:
+        """Around the extension (or refresh) of ``block_node`` of ``vmid``:
+        what ``drives`` and status show as ``extending`` meanwhile."""
+        key = (vmid, block_node)
+        self._extending.add(key)
+        try:
+            yield
+        finally:
+            self._extending.discard(key)
+
+    def is_extending(self, vmid: int, block_node: str) -> bool:
+        return (vmid, block_node) in self._extending
 
     def seen(self, vmid: int, block_node: str, lv: str, vg: str, state: ExtensionState, *,
              paused_nospace: bool, maximum: int) -> None:
@@ -115,16 +135,16 @@ class Activity:
         forget_vm(self.held, vmid)
 
 
-def drive_rows(activity: Activity, *, extending: Iterable[tuple[int, str]],
-               errors: Mapping[tuple[int, str], str], deferred: Iterable[int]) -> list[DriveView]:
+def drive_rows(activity: Activity, *, errors: Mapping[tuple[int, str], str],
+               deferred: Iterable[int]) -> list[DriveView]:
     """Each drive's state as ``status`` shows it: what the daemon is doing now
     (extending, deferred, failed, held by the reserve) over what it last saw."""
-    now_extending, deferred_vms = set(extending), set(deferred)
+    deferred_vms = set(deferred)
     rows: list[DriveView] = []
     for key, seen in sorted(activity.drives.items()):
         row = DriveView(**asdict(seen))
         failed = errors.get(key) or errors.get((key[0], ""))
-        if key in now_extending:
+        if activity.is_extending(*key):
             row.state = "extending"
         elif failed is not None:
             row.state, row.reason = "failed", failed

@@ -31,6 +31,7 @@ from pvestord.engine.gates import VgGates
 from pvestord.engine.incoming import catch_up_incoming
 from pvestord.engine.lvfigures import LvFigures
 from pvestord.engine.lvmchanges import LvmChanges
+from pvestord.engine.status import Activity
 from tests.harness.extenderbed import FAKE_LVM, LV, FakeQemu, running
 
 MiB = 1024 * 1024
@@ -114,7 +115,7 @@ async def run(gates: StandInGates, drives: list[Drive],
     await catch_up_incoming(
         LocalVm(VMID, 1, Path("/nonexistent.qmp")), drives,
         gates=cast(VgGates, gates), figures=cast(LvFigures, figures or StandInFigures()),
-        extending=set(), changes=LvmChanges())
+        activity=Activity(), changes=LvmChanges())
 
 
 async def test_an_extension_committed_during_the_look_is_refreshed_now(

@@ -131,9 +131,9 @@ async def test_a_pass_that_waits_for_the_storage_lock_is_in_no_lvm_change(
                                    "the migration check before the lock")
             # Past the QMP check, the extension waits for the lock the other node holds.
             assert not growth.done()
-            assert (VMID, NODE) in engine._status_view().extending, \
+            assert engine.extender.activity.is_extending(VMID, NODE), \
                 "status no longer shows the drive being extended"
-            assert not engine._changing(VMID), \
+            assert not engine.extender.lvm_changes.of_vm(VMID), \
                 "a pass waiting for the storage lock counted as in the middle of an LVM change"
         finally:
             growth.cancel()

@@ -37,8 +37,9 @@ def busy_activity() -> status.Activity:
 
 
 def busy_view(activity: status.Activity) -> dict[str, object]:
-    drives = status.drive_rows(activity, extending={(100, "f0")},
-                               errors={(101, "f1"): "lvextend failed"}, deferred={102})
+    with activity.extending(100, "f0"):
+        drives = status.drive_rows(activity, errors={(101, "f1"): "lvextend failed"},
+                                   deferred={102})
     samples = [Sample(0, 50 * GiB), Sample(1800, 60 * GiB)]
     account = capacity.account("vg0", 100 * GiB, 40 * GiB,
                                [LvUsage(2 * GiB, 11 * GiB), LvUsage(GiB)], samples, 1800)
@@ -109,7 +110,7 @@ def test_publisher_writes_status_and_metrics_atomically(tmp_path: Path) -> None:
     (tmp_path / "prom").mkdir()
     pub = Publisher("n1", busy_activity(), lambda: config, status_file=tmp_path / "s.json",
                     metrics_file=tmp_path / "prom" / "pvestord.prom")
-    pub.publish(DaemonView(0, set(), {}, set(), 0))
+    pub.publish(DaemonView(0, {}, set(), 0))
     assert json.loads((tmp_path / "s.json").read_text())["pid"] == os.getpid()
     families = list(text_string_to_metric_families(
         (tmp_path / "prom" / "pvestord.prom").read_text()))
@@ -131,7 +132,7 @@ def test_metrics_are_not_written_through_a_link_planted_in_the_exporters_folder(
     before = tally.snapshot()
     pub = Publisher("n1", busy_activity(), lambda: config, status_file=tmp_path / "s.json",
                     metrics_file=metrics_file)
-    pub.publish(DaemonView(0, set(), {}, set(), 0))
+    pub.publish(DaemonView(0, {}, set(), 0))
     assert victim.read_text() == "precious\n"
     assert not metrics_file.is_symlink()
     assert oct(metrics_file.stat().st_mode & 0o777) == oct(0o644)  # node_exporter reads it
