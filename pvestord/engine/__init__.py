@@ -7,9 +7,9 @@ pass over a VM (observe through QMP, decide with :mod:`pvestord.policy`, grow
 under the locks, re-arm, resume), composed of ``drive`` (the model),
 ``lvfigures`` (what is remembered of LVM), ``gates`` (per-VG gate and storage
 lock), ``tables`` (this node's device-mapper tables), ``lvgrowth`` (one
-extension), ``settle`` (re-arm and resume) and ``incoming`` (a migration's
-destination catching up). ``migration`` holds the rules of live migration
-both ends follow; ``nodereport`` publishes this node's view of each thin
-storage; ``configsource`` serves the commands too, and ``extender`` the fresh
-look of ``pvestord drives``.
+extension) and ``settle`` (re-arm and resume). ``migration`` holds the rules
+of live migration both ends follow, and what they mean for a pass
+(``MigrationWatch``, a destination catching up included); ``nodereport``
+publishes this node's view of each thin storage; ``configsource`` serves the
+commands too, and ``extender`` the fresh look of ``pvestord drives``.
 """

@@ -48,7 +48,6 @@ from pvestord.adapters.qmp import (
     MIGRATION_STATES,
     RunState,
     ThinDriveView,
-    VmBusyError,
     VmMonitor,
 )
 from pvestord.adapters.service import fields
@@ -67,7 +66,6 @@ from pvestord.engine.drive import (
     thin_block_nodes,
 )
 from pvestord.engine.gates import VgGates
-from pvestord.engine.incoming import catch_up_incoming
 from pvestord.engine.jobroom import room_for_chain_copies, say_unprepared_deletes
 from pvestord.engine.lvfigures import LvFigures
 from pvestord.engine.lvgrowth import Grown, LvGrowth
@@ -111,21 +109,22 @@ class Extender:
         self.gates = VgGates(settings, storage_config)
         #: Conditions that last many passes, logged once per change.
         self._said = OncePerChange()
-        #: How long each VM's renaming lock has been seen with no block job
-        #: (given: a test's own clock).
-        self.quiet_locks = migration.QuietRenamingLocks() if quiet_locks is None else quiet_locks
         #: What ``pvestord status`` and the metrics show (engine/status.py).
         self.activity = Activity()
         #: The LVM commands that change a VG running now: the pass deadline's mark.
         self.lvm_changes = LvmChanges()
+        #: What a migration or a rename of the VM's LVs means for the pass and
+        #: its extensions (``quiet_locks``: a test's own clock for renaming locks).
+        self.migrations = migration.MigrationWatch(
+            settings, said=self._said, gates=self.gates, figures=self.figures,
+            activity=self.activity, changes=self.lvm_changes, quiet_locks=quiet_locks)
         self.tables = Tables(settings, self.figures, self.gates, self._said, self.lvm_shells,
                              self.lvm_changes)
         self.bindings = DeviceBindings(self._said)
         self.growth = LvGrowth(settings, figures=self.figures, gates=self.gates,
                                tables=self.tables, shells=self.lvm_shells,
-                               migrating_away=self._migrating_away,
-                               activity=self.activity, said=self._said,
-                               changes=self.lvm_changes, quiet_locks=self.quiet_locks)
+                               migrations=self.migrations, activity=self.activity,
+                               said=self._said, changes=self.lvm_changes)
         #: The LV size we left after answering a drive's ENOSPC, by (vmid,
         #: QEMU pid, file node): a ``nospace`` that stays (a VM whose resume is
         #: blocked, sticky io-status) is answered once (policy.enospc_is_new).
@@ -152,7 +151,7 @@ class Extender:
         forget_vm(self._answered, vmid)
         self._said.forget(vmid)
         self.notices.over(paused_key(vmid))  # a VM that stopped is no longer paused
-        self.quiet_locks.forget(vmid)
+        self.migrations.forget(vmid)
         self.bindings.forget(vmid)
         self.werror.forget(vmid)
         self.jobs.forget(vmid)
@@ -254,23 +253,9 @@ class Extender:
         # A block job's id names its queue entry (reason job).
         outcome.known_nodes |= look.names | {job.id for job in look.run.jobs}
         run = look.run
-        if run.status == "inmigrate":
-            # The destination of a live migration: its QEMU takes the
-            # devices' sizes at the switchover, so catch up now with
-            # whatever the source grew (docs/design.md, "Live migration").
-            await catch_up_incoming(vm, look.found, gates=self.gates, figures=self.figures,
-                                    activity=self.activity, changes=self.lvm_changes,
-                                    lvm_timeout=self.settings.lvm_timeout)
-        if run.status in MIGRATION_STATES:
-            raise VmBusyError(f"VM {vm.vmid} is in state {run.status}: later")
-        if migration.extensions_defer(self.settings, vm.vmid, in_flight=look.in_flight,
-                                      said=self._said):
-            raise migration.ExtensionsDeferred(vm.vmid, paused=run.paused_for_room)
         job_writing = any(policy.writes_drives(job) for job in run.jobs)
-        renaming = migration.renaming(self.settings, vm.vmid,
-                                      paused_for_room=run.paused_for_room,
-                                      job_writing=job_writing, job_running=bool(run.jobs),
-                                      quiet=self.quiet_locks, said=self._said)
+        renaming = await self.migrations.before_round(
+            vm, run, look.found, in_flight=look.in_flight, job_writing=job_writing)
         fresh = requests is None
         drives = await self.figures.drives(look.found, fresh=fresh, shared=shared)
         job_room = await room_for_chain_copies(vm, look.copies, look.job_room,
@@ -400,16 +385,6 @@ class Extender:
         answered = self._answered.get((vm.vmid, vm.pid, drive.view.file_node))
         chunksize = drive.storage.chunksize if drive.storage else 1
         return policy.enospc_is_new(answered, drive.lv_size, drive.view.allocation, chunksize)
-
-    async def _migrating_away(self, vm: LocalVm) -> bool:
-        """Whether ``vm`` is the source of a live migration now, or is about to
-        be: its LVs must not grow here (the destination could miss the new size;
-        :func:`pvestord.engine.migration.extensions_defer`). Asked again under
-        the storage lock, in a session of its own."""
-        async with self.monitor(vm) as monitor:
-            in_flight = await migration.migrating_away(monitor)
-        return migration.extensions_defer(self.settings, vm.vmid, in_flight=in_flight,
-                                          said=self._said)
 
 
 @dataclass(frozen=True)

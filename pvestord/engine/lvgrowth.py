@@ -7,7 +7,6 @@ import dataclasses
 import enum
 import logging
 import time
-from collections.abc import Awaitable, Callable
 
 from pvestord import policy
 from pvestord.adapters import lvm
@@ -31,7 +30,6 @@ from pvestord.engine.tables import Tables
 from pvestord.policy import DriveState, TableState
 from pvestord.policy.capacity import extension_refusal
 from pvestord.policy.sizes import format_size
-from pvestord.policy.vmconfig import ConfigLockRule, grows_while_renaming
 
 log = logging.getLogger(__name__)
 
@@ -53,16 +51,14 @@ class LvGrowth:
 
     def __init__(self, settings: DaemonSettings, *, figures: LvFigures, gates: VgGates,
                  tables: Tables, shells: LvmShells | None,
-                 migrating_away: Callable[[LocalVm], Awaitable[bool]],
-                 activity: Activity, said: OncePerChange, changes: LvmChanges,
-                 quiet_locks: migration.QuietRenamingLocks) -> None:
+                 migrations: migration.MigrationWatch, activity: Activity,
+                 said: OncePerChange, changes: LvmChanges) -> None:
         self.settings = settings
-        self._quiet_locks = quiet_locks
         self.figures = figures
         self.gates = gates
         self.tables = tables
         self.shells = shells
-        self._migrating_away = migrating_away
+        self.migrations = migrations
         self.activity = activity
         self._said = said
         self.changes = changes
@@ -100,32 +96,21 @@ class LvGrowth:
         node = drive.view.file_node
         # QMP before the lock, never under it: a slow QEMU must not hold the
         # cluster-wide lock, which every node's change of the VG waits for.
-        if await self._migrating_away(vm):
+        if await self.migrations.away_now(vm):
             raise VmBusyError(f"VM {vm.vmid} started migrating away: extension of "
                               f"{node} deferred")
         observed = time.monotonic()
         budget = PAUSED_STORAGE_LOCK_WAIT if state.paused_nospace else STORAGE_LOCK_WAIT
         async with self.gates.locked(drive.vg, storage, budget) as held:
             locked = time.monotonic()
-            # Under the lock only files, no QMP: a migration's begin marks the
-            # VM and then takes this lock, and qemu-server writes lock: migrate
-            # before the target activates the LVs (itself under no lock, but
-            # the target's catch-up takes this one): both are barriers for us.
-            # A rename stops all but a paused guest and a VM whose block job
-            # writes; those grow the LV QEMU has open, by its name as of now:
-            # Proxmox renames under this very lock. A renaming lock the pass
-            # judged left over is judged again on the config as it is now.
-            # ``in_flight=False`` here does not age out a lock: what QEMU
-            # shows (query-migrate, a mirror into the target's NBD export)
-            # was asked just before the lock and deferred already.
-            lock_rule = migration.config_lock(self.settings, vm.vmid, in_flight=False,
-                                              quiet=self._quiet_locks)
-            if migration.outgoing_marked(self.settings.run_dir, vm.vmid) or \
-                    lock_rule is ConfigLockRule.MIGRATING or (
-                        lock_rule is ConfigLockRule.RENAMING and not grows_while_renaming(
-                            paused_nospace=state.paused_nospace, job_writing=job_writing)):
+            # Under the lock only files, no QMP: a migration's marks and
+            # config locks are barriers for us here.
+            if self.migrations.bars_growth(vm.vmid, paused_nospace=state.paused_nospace,
+                                           job_writing=job_writing):
                 raise VmBusyError(f"VM {vm.vmid} started migrating away or its LVs are "
                                   f"being renamed: extension of {node} deferred")
+            # A drive that grows during a rename grows the LV QEMU has open,
+            # by its name as of now.
             lv = DeviceBindings.current_lv(drive)
             if lv != drive.lv:
                 drive = dataclasses.replace(drive, lv=lv)

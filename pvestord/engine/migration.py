@@ -23,12 +23,14 @@ switchover: a refresh after that comes too late. So:
   thin LV of the VM whose device-mapper table is smaller than the metadata,
   under the storage lock (so an extension in flight on another node finishes
   first); the daemon does the same for an incoming VM it finds in state
-  ``inmigrate``, under the lock on every look (:mod:`pvestord.engine.incoming`);
+  ``inmigrate``, under the lock on every look (:func:`catch_up_incoming`);
 * **arm on the destination** once the VM runs there: the daemon's reconcile.
 
 The mark is a file beside the VM's pidfile, ``<run_dir>/<vmid>.migrating``
 (node-local, like the QEMU it describes), and holds its role and the time.
-Order for a hook (the proposed ``live-migration`` storage hint): ``begin
+What this means for a pass over a VM, its looks and its extensions, is
+:class:`MigrationWatch`'s to say. Order for a hook (the proposed
+``live-migration`` storage hint): ``begin
 outgoing`` on the source, then ``begin incoming`` on the destination, then
 the migration, then ``end`` on both. Without the hint the daemons still
 defer and refresh, but the destination's refresh races the switchover.
@@ -40,16 +42,17 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
 from pvestord import policy
 from pvestord.adapters import lvm, qemu_img
-from pvestord.adapters.budgets import STORAGE_LOCK_WAIT
+from pvestord.adapters.budgets import LVM_DAEMON, STORAGE_LOCK_WAIT
 from pvestord.adapters.command import KILL_WAIT
 from pvestord.adapters.config import StorageConfig, ThinStorage
+from pvestord.adapters.lockheld import LockTimeout
 from pvestord.adapters.locks import Held, VgLock, vg_lock
 from pvestord.adapters.qmp import (
     MIGRATION_STATES,
@@ -64,7 +67,13 @@ from pvestord.adapters.settings import DaemonSettings
 from pvestord.adapters.vghealth import VgMarks
 from pvestord.adapters.vmconfig import migration_task_running, read_config_lock
 from pvestord.adapters.vmlvs import find_vm_lvs
+from pvestord.adapters.vms import LocalVm
+from pvestord.engine.drive import DriveCandidate
+from pvestord.engine.gates import VgGates
+from pvestord.engine.lvfigures import LvFigures
+from pvestord.engine.lvmchanges import LvmChanges
 from pvestord.engine.memory import OncePerChange, forget_vm
+from pvestord.engine.status import Activity
 from pvestord.errors import PassDeferred, PvestordError
 from pvestord.policy.blockjobs import WRITING, BlockJob, JobEdges
 from pvestord.policy.sizes import format_size
@@ -75,6 +84,7 @@ from pvestord.policy.vmconfig import (
     RENAMING_LOCKS,
     ConfigLockRule,
     config_lock_rule,
+    grows_while_renaming,
     source_migrating,
 )
 
@@ -353,6 +363,156 @@ def renaming(settings: DaemonSettings, vmid: int, *, paused_for_room: bool,
         raise VmBusyError(f"VM {vmid}: its config is locked for a snapshot "
                           "operation that renames its LVs: later")
     return True
+
+
+
+async def catch_up_incoming(vm: LocalVm, drives: Sequence[DriveCandidate], *, gates: VgGates,
+                            figures: LvFigures, activity: Activity,
+                            changes: LvmChanges, lvm_timeout: float = LVM_DAEMON,
+                            budget: float = STORAGE_LOCK_WAIT) -> None:
+    """Refresh every thin LV of an incoming VM that another node grew.
+
+    Compared under the storage lock, on every look at a VM in ``inmigrate``
+    (the busy backoff's pace, at most 4 s apart): the source's extension
+    takes that lock for its ``lvextend``, so one in flight has committed by
+    the time the comparison reads LVM, and one that commits later is seen
+    by the next look. Compared without the lock, an extension committing
+    just then was missed until the next look, which may come after the
+    switchover, when the target QEMU has taken the short table's size
+    (docs/design.md, "Live migration"). What it costs is bounded for the lock's other
+    users: one lock round trip per VG and look, never one per
+    drive; under it one ``lvs`` of the VG, and a refresh only for a drive
+    whose table is behind, each started only while the lock stays ours for
+    the refresh's whole budget (``lvm_timeout``, the daemon's
+    ``--lvm-timeout``, which the settings check against the lock's
+    lifetime). A lock that stays busy past ``budget``
+    skips this look (said at info) instead of failing the pass: a failure's
+    backoff (up to a minute) would space the looks out just when the
+    switchover may come; the next look, seconds later, tries again.
+
+    ``drives``: the VM's thin drives as the look found them, bound to the
+    LVs QEMU has open; their sizes are read under the lock alone, so a look
+    costs no LVM read (nor ``qemu-img``) outside it. ``activity`` shows a drive
+    as being extended (status) while its refresh runs, as ``changes`` does
+    for the pass deadline: never during a lock wait, which changes nothing.
+    """
+    by_vg: dict[str, list[DriveCandidate]] = {}
+    for drive in drives:
+        if drive.storage is not None:
+            by_vg.setdefault(drive.vg, []).append(drive)
+    for vg, group in by_vg.items():
+        storage = group[0].storage
+        assert storage is not None
+        try:
+            async with gates.locked(vg, storage, budget) as held:
+                sizes = {row.lv: row.size for row in await lvm.list_lvs(vg)}
+                for drive in group:
+                    size = sizes.get(drive.lv)
+                    if size is None:
+                        continue  # renamed or gone since the look: the next one sees
+                    device = lvm.device_size(vg, drive.lv)
+                    if device >= size:
+                        continue
+                    held.require(lvm_timeout + KILL_WAIT)
+                    node = drive.view.file_node
+                    with activity.extending(vm.vmid, node), changes.running(vm.vmid, node):
+                        await lvm.refresh(vg, drive.lv, timeout=lvm_timeout)
+                    figures.changed(vg)
+                    log.info("VM %d %s: incoming migration: LV %s refreshed %s -> %s",
+                             vm.vmid, drive.view.file_node, drive.view.path,
+                             format_size(device), format_size(size), extra=fields(
+                                 VMID=vm.vmid, BLOCK_NODE=drive.view.file_node, LV=drive.lv,
+                                 VG=vg, OLD_SIZE=device, NEW_SIZE=size))
+        except LockTimeout as err:
+            log.info("VM %d: incoming migration: VG %s not compared this time: %s",
+                     vm.vmid, vg, err, extra=fields(VMID=vm.vmid, VG=vg))
+
+
+class MigrationWatch:
+    """What a live migration, or a rename of the VM's LVs, means for a pass
+    over a VM here: the one place the pass and its extensions ask.
+
+    The pass asks :meth:`before_round` after each look (a destination
+    catches up, a migrating VM is left alone, a renaming lock holds growth
+    back); an extension asks :meth:`away_now` just before the storage lock,
+    in a QMP session of its own, and :meth:`bars_growth` under it, from files
+    alone.
+    """
+
+    def __init__(self, settings: DaemonSettings, *, said: OncePerChange, gates: VgGates,
+                 figures: LvFigures, activity: Activity, changes: LvmChanges,
+                 quiet_locks: QuietRenamingLocks | None = None) -> None:
+        self.settings = settings
+        self._said = said
+        self._gates = gates
+        self._figures = figures
+        self._activity = activity
+        self._changes = changes
+        #: How long each VM's renaming lock has been seen with no block job
+        #: (given: a test's own clock).
+        self.quiet_locks = QuietRenamingLocks() if quiet_locks is None else quiet_locks
+
+    async def before_round(self, vm: LocalVm, run: RunState,
+                           drives: Sequence[DriveCandidate], *, in_flight: bool,
+                           job_writing: bool) -> bool:
+        """What one look (``run``, ``drives``, ``in_flight``) means before
+        anything is decided: True while qemu-server renames the VM's LVs and
+        only some of its drives may grow (:func:`renaming`).
+
+        Raises :class:`VmBusyError` for a VM in one of
+        :data:`MIGRATION_STATES`, after an incoming one has caught up
+        (:func:`catch_up_incoming`), and :class:`ExtensionsDeferred` for one
+        migrating away (:func:`extensions_defer`).
+        """
+        if run.status == "inmigrate":
+            # The destination of a live migration: its QEMU takes the
+            # devices' sizes at the switchover, so catch up now with
+            # whatever the source grew (docs/design.md, "Live migration").
+            await catch_up_incoming(vm, drives, gates=self._gates, figures=self._figures,
+                                    activity=self._activity, changes=self._changes,
+                                    lvm_timeout=self.settings.lvm_timeout)
+        if run.status in MIGRATION_STATES:
+            raise VmBusyError(f"VM {vm.vmid} is in state {run.status}: later")
+        if extensions_defer(self.settings, vm.vmid, in_flight=in_flight, said=self._said):
+            raise ExtensionsDeferred(vm.vmid, paused=run.paused_for_room)
+        return renaming(self.settings, vm.vmid, paused_for_room=run.paused_for_room,
+                        job_writing=job_writing, job_running=bool(run.jobs),
+                        quiet=self.quiet_locks, said=self._said)
+
+    async def away_now(self, vm: LocalVm) -> bool:
+        """Whether ``vm`` is the source of a live migration now, or is about to
+        be: its LVs must not grow here (the destination could miss the new
+        size; :func:`extensions_defer`). Asked again just before the storage
+        lock, in a session of its own."""
+        async with VmMonitor(vm.qmp_socket, f"VM {vm.vmid}",
+                             timeout=self.settings.qmp_timeout) as monitor:
+            in_flight = await migrating_away(monitor)
+        return extensions_defer(self.settings, vm.vmid, in_flight=in_flight, said=self._said)
+
+    def bars_growth(self, vmid: int, *, paused_nospace: bool, job_writing: bool) -> bool:
+        """Under the storage lock, from files alone: whether ``vmid`` has been
+        marked for a migration since the pass looked, qemu-server's config
+        says it migrates, or a rename holds its drive back
+        (:func:`pvestord.policy.vmconfig.grows_while_renaming`).
+
+        A migration's begin marks the VM and then takes this lock, and
+        qemu-server writes ``lock: migrate`` before the target activates the
+        LVs (itself under no lock, but the target's catch-up takes this one):
+        both are barriers. A rename stops all but a paused guest and a VM whose
+        block job writes; Proxmox renames under this very lock. A renaming
+        lock the pass judged left over is judged again on the config as it is
+        now. ``in_flight=False`` here does not age out a lock: what QEMU shows
+        (``query-migrate``, a mirror into the target's NBD export) was asked
+        just before the lock (:meth:`away_now`) and deferred already.
+        """
+        lock_rule = config_lock(self.settings, vmid, in_flight=False, quiet=self.quiet_locks)
+        return (outgoing_marked(self.settings.run_dir, vmid)
+                or lock_rule is ConfigLockRule.MIGRATING
+                or (lock_rule is ConfigLockRule.RENAMING and not grows_while_renaming(
+                    paused_nospace=paused_nospace, job_writing=job_writing)))
+
+    def forget(self, vmid: int) -> None:
+        self.quiet_locks.forget(vmid)
 
 
 @dataclass(frozen=True)

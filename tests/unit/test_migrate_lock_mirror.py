@@ -106,11 +106,11 @@ async def test_the_source_defers_while_it_mirrors_into_the_targets_nbd_export(
             assert extensions(bed) == []
             # The check made just before the storage lock (the pass's look
             # may be older) sees the mirror too.
-            assert await extender._migrating_away(vm)
+            assert await extender.migrations.away_now(vm)
             # The migration failed and qemu-server's task died: the mirror is
             # gone, the lock left over. The drive is grown as usual.
             qemu.mirroring = False
-            assert not await extender._migrating_away(vm)
+            assert not await extender.migrations.away_now(vm)
             outcome = await extender.handle(vm, threshold_event)
             assert outcome.errors == {}
             assert extensions(bed) == [grown_to(GiB + 256 * MiB)]
