@@ -22,6 +22,7 @@ from pvestord.engine.drive import DriveCandidate
 from pvestord.engine.memory import OncePerChange, forget_vm
 from pvestord.errors import PassDeferred
 from pvestord.policy.binding import BindingKind, bind
+from pvestord.policy.lvnames import chain_vmid
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,22 @@ class DeviceBindings:
 
     def forget(self, vmid: int) -> None:
         forget_vm(self._devices, vmid)
+
+    def note_foreign_disk(self, vm: LocalVm, drive: DriveCandidate) -> None:
+        """Say once that ``vm`` writes a disk named for another VM.
+
+        Proxmox lets a user with ``Datastore.Allocate`` attach another VM's
+        disk; it is grown as any drive of the VM that writes it (it would
+        pause otherwise), and the journal says whose disk that was.
+        """
+        owner = chain_vmid(drive.lv)
+        key = (vm.vmid, drive.lv, "foreign-disk")
+        if owner is None or owner == vm.vmid:
+            return
+        self._said.say(key, logging.INFO,
+                       "VM %d writes %s/%s, a disk named for VM %d: grown as any of its"
+                       " drives", vm.vmid, drive.vg, drive.lv, owner,
+                       extra=fields(VMID=vm.vmid, VG=drive.vg, LV=drive.lv, OWNER=owner))
 
     def bind(self, vm: LocalVm, found: Iterable[DriveCandidate]) -> list[DriveCandidate]:
         """``found`` with each drive's LV the one QEMU writes.

@@ -16,9 +16,15 @@ from dataclasses import dataclass, field
 
 from pvestord.adapters.config import StorageConfig, ThinStorage
 from pvestord.adapters.lvm import lv_from_path
-from pvestord.adapters.qmp import ThinDriveView
+from pvestord.adapters.qmp import RunState, ThinDriveView
 from pvestord.errors import PvestordError
-from pvestord.policy import DriveIdentity, DriveState, ExtensionState, Reason
+from pvestord.policy import (
+    DriveIdentity,
+    DriveState,
+    ExtensionState,
+    Reason,
+    paused_out_of_room,
+)
 
 
 class StaleTableError(PvestordError):
@@ -94,6 +100,17 @@ class Drive(DriveCandidate):
             chunk_percentage=storage.chunk_percentage if storage else 0.5,
             paused_nospace=paused_nospace, reason=reason, thin=storage is not None,
             job_room=job_room)
+
+    def paused_for_room(self, run: RunState, *, lv_size: int | None = None) -> bool:
+        """Whether ``run`` shows the VM paused because this drive ran out of
+        room (:func:`pvestord.policy.paused_out_of_room`), its LV at
+        ``lv_size`` (by default, the size the pass knows)."""
+        return paused_out_of_room(
+            device_says_nospace=run.nospace_on(self.view.path, self.identity.block_nodes),
+            unowned_pause=run.paused_on_unowned_error,
+            lv_size=self.lv_size if lv_size is None else lv_size,
+            allocation=self.view.allocation,
+            chunksize=self.storage.chunksize if self.storage else 1)
 
 
 @dataclass(frozen=True)

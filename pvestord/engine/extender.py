@@ -70,7 +70,7 @@ from pvestord.engine.jobroom import room_for_chain_copies, say_unprepared_delete
 from pvestord.engine.lvfigures import LvFigures
 from pvestord.engine.lvgrowth import Grown, LvGrowth
 from pvestord.engine.lvmchanges import LvmChanges
-from pvestord.engine.memory import OncePerChange, forget_vm
+from pvestord.engine.memory import EnospcAnswers, OncePerChange
 from pvestord.engine.nodereport import LvmHealth
 from pvestord.engine.notices import Notices, silent
 from pvestord.engine.settle import (
@@ -84,7 +84,6 @@ from pvestord.engine.tables import Tables, table_problem
 from pvestord.engine.werror import WerrorWatch, werror_problem, werror_risks
 from pvestord.errors import PvestordError
 from pvestord.policy import Decision, DriveState, ExtensionState, Reason, TableState
-from pvestord.policy.lvnames import chain_vmid
 from pvestord.policy.notices import VmPaused, paused_key
 from pvestord.policy.resume import BlockedBecause
 from pvestord.policy.vmconfig import grows_while_renaming
@@ -125,10 +124,7 @@ class Extender:
                                tables=self.tables, shells=self.lvm_shells,
                                migrations=self.migrations, activity=self.activity,
                                said=self._said, changes=self.lvm_changes)
-        #: The LV size we left after answering a drive's ENOSPC, by (vmid,
-        #: QEMU pid, file node): a ``nospace`` that stays (a VM whose resume is
-        #: blocked, sticky io-status) is answered once (policy.enospc_is_new).
-        self._answered: dict[tuple[int, int, str], int] = {}
+        self.answers = EnospcAnswers()
         self.werror = WerrorWatch()
         self.jobs = PausedJobs(self._said)
 
@@ -148,7 +144,7 @@ class Extender:
 
     def forget(self, vmid: int) -> None:
         """``vmid`` no longer runs here: drop what was remembered of its drives."""
-        forget_vm(self._answered, vmid)
+        self.answers.forget(vmid)
         self._said.forget(vmid)
         self.notices.over(paused_key(vmid))  # a VM that stopped is no longer paused
         self.migrations.forget(vmid)
@@ -222,8 +218,7 @@ class Extender:
         Any other request naming no thin drive does nothing.
         """
         outcome = VmOutcome()
-        for key in [k for k in self._answered if k[0] == vm.vmid and k[1] != vm.pid]:
-            del self._answered[key]  # a QEMU that ended: its ENOSPCs were answered
+        self.answers.qemu_seen(vm)
         for number in range(policy.MAX_ROUNDS):
             outcome.waits_for = None  # only the last round's re-arm says who holds the VM
             # A reconcile's first look may share a VG report with the other
@@ -281,59 +276,32 @@ class Extender:
         may_not_grow: set[str] = set()
         for drive in drives:
             outcome.drives.add(drive.view.file_node)
-            self._note_foreign_disk(vm, drive)
+            self.bindings.note_foreign_disk(vm, drive)
             if drive.view.file_node in stale or drive.view.file_node in outcome.errors:
                 continue
             reason = policy.reason_for(drive.identity.block_nodes, requests, thin_nodes)
             if reason is None:
                 continue
-            paused = policy.paused_out_of_room(
-                device_says_nospace=run.nospace_on(drive.view.path, drive.identity.block_nodes),
-                unowned_pause=run.paused_on_unowned_error, lv_size=drive.lv_size,
-                allocation=drive.view.allocation,
-                chunksize=drive.storage.chunksize if drive.storage else 1)
+            paused = drive.paused_for_room(run)
             if renaming and not grows_while_renaming(paused_nospace=paused,
                                                      job_writing=job_writing):
                 may_not_grow.add(drive.view.file_node)
                 continue
-            state = drive.state(paused_nospace=paused and self._enospc_is_new(vm, drive),
+            state = drive.state(paused_nospace=paused and self.answers.is_new(vm, drive),
                                 reason=reason,
                                 job_room=job_room.get(drive.view.format_node, 0))
             planned.append((drive, policy.decide(state), state))
             self.activity.seen(vm.vmid, drive.view.file_node, drive.lv, drive.vg,
                                policy.classify(state), paused_nospace=paused,
                                maximum=drive.maximum)
-        # Cheap actions first, in a session of their own, and only when
-        # there is one to carry out: an idle pass costs one QMP session.
-        quick = [(d, decision) for d, decision, _ in planned if changes_threshold(decision)]
-        if quick or self.werror.due(vm):
-            async with self.monitor(vm) as monitor:
-                await self.werror.check_once(monitor, vm, drives)
-                for drive, decision in quick:
-                    await arm_or_disarm(monitor, vm, drive, decision)
+        await self._arm(vm, drives, [(d, decision) for d, decision, _ in planned])
         timings.observe_ms = ms_since(timings.started)
         refreshed = False
         for drive in drives:
             if drive.view.file_node in stale:
                 refreshed |= await self.tables.catch_up(vm, drive, outcome)
-        extended = False
-        for drive, decision, state in planned:
-            if isinstance(decision, policy.Extend | policy.ExtendPastMaximum):
-                try:
-                    grown = await self.growth.extend(
-                        vm, drive, decision, state, timings, job_writing=job_writing,
-                        vm_paused_for_room=run.paused_for_room)
-                except PvestordError as err:
-                    outcome.errors[drive.view.file_node] = err
-                    self.activity.failure()
-                    continue
-                extended |= grown is Grown.GREW
-                if grown is Grown.HELD_BACK:
-                    may_not_grow.add(drive.view.file_node)
-                if state.paused_nospace:
-                    known = self.figures.size(drive.vg, drive.lv)
-                    self._answered[(vm.vmid, vm.pid, drive.view.file_node)] = \
-                        decision.target if known is None else known
+        extended = await self._grow(vm, planned, run, timings, outcome,
+                                    job_writing=job_writing, may_not_grow=may_not_grow)
         if extended:
             outcome.extensions += 1
         # Re-arm and resume on a fresh observation: sizes changed, and a fast
@@ -342,6 +310,45 @@ class Extender:
             return await self._rearm(vm, outcome, extended=extended,
                                      may_not_grow=may_not_grow)
         return False
+
+    async def _arm(self, vm: LocalVm, drives: list[Drive],
+                   decided: list[tuple[Drive, Decision]]) -> None:
+        """The cheap actions first, in a session of their own, and only when
+        there is one to carry out (an idle pass costs one QMP session): the
+        thresholds ``decided`` sets or clears, and the werror check when due."""
+        quick = [(drive, decision) for drive, decision in decided
+                 if changes_threshold(decision)]
+        if quick or self.werror.due(vm):
+            async with self.monitor(vm) as monitor:
+                await self.werror.check_once(monitor, vm, drives)
+                for drive, decision in quick:
+                    await arm_or_disarm(monitor, vm, drive, decision)
+
+    async def _grow(self, vm: LocalVm, planned: list[tuple[Drive, Decision, DriveState]],
+                    run: RunState, timings: RoundTimings, outcome: VmOutcome, *,
+                    job_writing: bool, may_not_grow: set[str]) -> bool:
+        """The round's extensions, one drive after another; True when one grew.
+        A failure is its drive's (``outcome.errors``), not the round's; a drive
+        held back by the VG's reserve is added to ``may_not_grow``."""
+        extended = False
+        for drive, decision, state in planned:
+            if not isinstance(decision, policy.Extend | policy.ExtendPastMaximum):
+                continue
+            try:
+                grown = await self.growth.extend(
+                    vm, drive, decision, state, timings, job_writing=job_writing,
+                    vm_paused_for_room=run.paused_for_room)
+            except PvestordError as err:
+                outcome.errors[drive.view.file_node] = err
+                self.activity.failure()
+                continue
+            extended |= grown is Grown.GREW
+            if grown is Grown.HELD_BACK:
+                may_not_grow.add(drive.view.file_node)
+            if state.paused_nospace:
+                known = self.figures.size(drive.vg, drive.lv)
+                self.answers.answered(vm, drive, decision.target if known is None else known)
+        return extended
 
     async def _rearm(self, vm: LocalVm, outcome: VmOutcome, *, extended: bool,
                      may_not_grow: set[str]) -> bool:
@@ -364,27 +371,6 @@ class Extender:
                                                   extended=extended, said=self._said,
                                                   jobs=self.jobs, may_not_grow=may_not_grow)
             filled = await self.figures.drives(look.found)
-
-    def _note_foreign_disk(self, vm: LocalVm, drive: Drive) -> None:
-        """Say once that ``vm`` writes a disk named for another VM.
-
-        Proxmox lets a user with ``Datastore.Allocate`` attach another VM's
-        disk; it is grown as any drive of the VM that writes it (it would
-        pause otherwise), and the journal says whose disk that was.
-        """
-        owner = chain_vmid(drive.lv)
-        key = (vm.vmid, drive.lv, "foreign-disk")
-        if owner is None or owner == vm.vmid:
-            return
-        self._said.say(key, logging.INFO,
-                       "VM %d writes %s/%s, a disk named for VM %d: grown as any of its"
-                       " drives", vm.vmid, drive.vg, drive.lv, owner,
-                       extra=fields(VMID=vm.vmid, VG=drive.vg, LV=drive.lv, OWNER=owner))
-
-    def _enospc_is_new(self, vm: LocalVm, drive: Drive) -> bool:
-        answered = self._answered.get((vm.vmid, vm.pid, drive.view.file_node))
-        chunksize = drive.storage.chunksize if drive.storage else 1
-        return policy.enospc_is_new(answered, drive.lv_size, drive.view.allocation, chunksize)
 
 
 @dataclass(frozen=True)
@@ -434,11 +420,7 @@ async def drive_reports(extender: Extender, vm: LocalVm) -> list[DriveRow]:
         info = await lvm.lv_info(drive.vg, drive.lv, timeout=extender.settings.lvm_timeout)
         table = lvm.device_size(drive.vg, drive.lv)
         verdict = policy.table_state(info.size, table)
-        paused = policy.paused_out_of_room(
-            device_says_nospace=run.nospace_on(drive.view.path, drive.identity.block_nodes),
-            unowned_pause=run.paused_on_unowned_error, lv_size=info.size,
-            allocation=drive.view.allocation,
-            chunksize=drive.storage.chunksize if drive.storage else 1)
+        paused = drive.paused_for_room(run, lv_size=info.size)
         state = drive.state(lv_size=info.size, paused_nospace=paused)
         reports.append(DriveRow(
             vm.vmid, drive.view.file_node, drive.view.format_node, drive.view.path,

@@ -3,7 +3,8 @@
 Keys are tuples that start with the VM's VMID, so that all of a VM's can be
 dropped when it no longer runs here (:func:`forget_vm`): a VM must not leave
 figures, or things said, for its next start. Conditions that last many
-passes are logged at their level once per change (:class:`OncePerChange`).
+passes are logged at their level once per change (:class:`OncePerChange`);
+an ENOSPC that stays is answered once (:class:`EnospcAnswers`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,10 @@ from __future__ import annotations
 import logging
 from collections.abc import MutableMapping
 from typing import TypeVar
+
+from pvestord import policy
+from pvestord.adapters.vms import LocalVm
+from pvestord.engine.drive import Drive
 
 log = logging.getLogger(__name__)
 
@@ -46,3 +51,31 @@ class OncePerChange:
 
     def forget(self, vmid: int) -> None:
         forget_vm(self._said, vmid)
+
+
+class EnospcAnswers:
+    """The LV size we left after answering a drive's ENOSPC, by (vmid, QEMU
+    pid, file node): a ``nospace`` that stays (a VM whose resume is blocked,
+    sticky io-status) is answered once (:func:`pvestord.policy.enospc_is_new`)."""
+
+    def __init__(self) -> None:
+        self._sizes: dict[tuple[int, int, str], int] = {}
+
+    def qemu_seen(self, vm: LocalVm) -> None:
+        """``vm`` runs as its QEMU now: what an earlier QEMU of it was answered
+        is moot (it ended)."""
+        for key in [k for k in self._sizes if k[0] == vm.vmid and k[1] != vm.pid]:
+            del self._sizes[key]
+
+    def is_new(self, vm: LocalVm, drive: Drive) -> bool:
+        """Whether ``drive``'s ENOSPC has not been answered at its size yet."""
+        answered = self._sizes.get((vm.vmid, vm.pid, drive.view.file_node))
+        chunksize = drive.storage.chunksize if drive.storage else 1
+        return policy.enospc_is_new(answered, drive.lv_size, drive.view.allocation, chunksize)
+
+    def answered(self, vm: LocalVm, drive: Drive, size: int) -> None:
+        """``drive``'s ENOSPC was answered with its LV at ``size``."""
+        self._sizes[(vm.vmid, vm.pid, drive.view.file_node)] = size
+
+    def forget(self, vmid: int) -> None:
+        forget_vm(self._sizes, vmid)
