@@ -22,7 +22,7 @@ Order of work for an extension, and why:
    before the lock (:mod:`~pvestord.engine.lvfigures`);
 2. take the VG's gate (extensions in one VG are serialized in this process)
    and the storage lock (serialized across the cluster: two nodes writing one
-   VG's metadata lose an extension; :mod:`~pvestord.engine.gates`);
+   VG's metadata lose an extension; :class:`~pvestord.engine.lvmchanges.VgGates`);
 3. read the LV from LVM under the lock and decide again on that: another node
    may have grown it (then this node's device-mapper table is smaller than
    the metadata, and gets a refresh instead of a second extension;
@@ -65,13 +65,11 @@ from pvestord.engine.drive import (
     ms_since,
     thin_block_nodes,
 )
-from pvestord.engine.gates import VgGates
 from pvestord.engine.jobroom import room_for_chain_copies, say_unprepared_deletes
 from pvestord.engine.lvfigures import LvFigures
 from pvestord.engine.lvgrowth import Grown, LvGrowth
-from pvestord.engine.lvmchanges import LvmChanges
+from pvestord.engine.lvmchanges import LvmChanges, LvmHealth, VgGates
 from pvestord.engine.memory import EnospcAnswers, OncePerChange
-from pvestord.engine.nodereport import LvmHealth
 from pvestord.engine.notices import Notices, silent
 from pvestord.engine.settle import (
     PausedJobs,
@@ -112,6 +110,8 @@ class Extender:
         self.activity = Activity()
         #: The LVM commands that change a VG running now: the pass deadline's mark.
         self.lvm_changes = LvmChanges()
+        #: Our LVM commands' failures per VG, for this node's report.
+        self.lvm_health = LvmHealth()
         #: What a migration or a rename of the VM's LVs means for the pass and
         #: its extensions (``quiet_locks``: a test's own clock for renaming locks).
         self.migrations = migration.MigrationWatch(
@@ -123,15 +123,11 @@ class Extender:
         self.growth = LvGrowth(settings, figures=self.figures, gates=self.gates,
                                tables=self.tables, shells=self.lvm_shells,
                                migrations=self.migrations, activity=self.activity,
-                               said=self._said, changes=self.lvm_changes)
+                               said=self._said, changes=self.lvm_changes,
+                               health=self.lvm_health)
         self.answers = EnospcAnswers()
         self.werror = WerrorWatch()
         self.jobs = PausedJobs(self._said)
-
-    @property
-    def lvm_health(self) -> LvmHealth:
-        """Our LVM commands' failures per VG, for this node's report."""
-        return self.growth.lvm_health
 
     def note_pause(self, vmid: int, run: RunState) -> None:
         """Tell Proxmox's notifications of a VM paused for room. Every round of

@@ -20,11 +20,9 @@ from pvestord.adapters.vms import LocalVm
 from pvestord.engine import migration
 from pvestord.engine.binding import DeviceBindings
 from pvestord.engine.drive import Drive, RoundTimings, ms_since
-from pvestord.engine.gates import VgGates
 from pvestord.engine.lvfigures import LvFigures
-from pvestord.engine.lvmchanges import LvmChanges
+from pvestord.engine.lvmchanges import LvmChanges, LvmHealth, VgGates
 from pvestord.engine.memory import OncePerChange
-from pvestord.engine.nodereport import LvmHealth
 from pvestord.engine.status import Activity, Extension
 from pvestord.engine.tables import Tables
 from pvestord.policy import DriveState, TableState
@@ -52,7 +50,7 @@ class LvGrowth:
     def __init__(self, settings: DaemonSettings, *, figures: LvFigures, gates: VgGates,
                  tables: Tables, shells: LvmShells | None,
                  migrations: migration.MigrationWatch, activity: Activity,
-                 said: OncePerChange, changes: LvmChanges) -> None:
+                 said: OncePerChange, changes: LvmChanges, health: LvmHealth) -> None:
         self.settings = settings
         self.figures = figures
         self.gates = gates
@@ -63,7 +61,7 @@ class LvGrowth:
         self._said = said
         self.changes = changes
         #: Our LVM commands' failures per VG, for this node's report.
-        self.lvm_health = LvmHealth()
+        self.lvm_health = health
 
     async def extend(self, vm: LocalVm, drive: Drive, decision: Growing, state: DriveState,
                      timings: RoundTimings, *, job_writing: bool = False,

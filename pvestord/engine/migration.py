@@ -69,9 +69,8 @@ from pvestord.adapters.vmconfig import migration_task_running, read_config_lock
 from pvestord.adapters.vmlvs import find_vm_lvs
 from pvestord.adapters.vms import LocalVm
 from pvestord.engine.drive import DriveCandidate
-from pvestord.engine.gates import VgGates
 from pvestord.engine.lvfigures import LvFigures
-from pvestord.engine.lvmchanges import LvmChanges
+from pvestord.engine.lvmchanges import LvmChanges, VgGates
 from pvestord.engine.memory import OncePerChange, forget_vm
 from pvestord.engine.status import Activity
 from pvestord.errors import PassDeferred, PvestordError

@@ -42,6 +42,7 @@ from pvestord.adapters.lvmshell import LvmShells
 from pvestord.adapters.service import fields
 from pvestord.adapters.settings import DaemonSettings
 from pvestord.engine.failures import Failures
+from pvestord.engine.lvmchanges import LvmHealth
 from pvestord.errors import PvestordError
 from pvestord.policy.lvmetadata import extensions_left, metadata_low
 
@@ -215,27 +216,6 @@ def read_reports(nodes_dir: Path) -> tuple[dict[str, NodeReport], dict[str, str]
     return reports, problems
 
 
-class LvmHealth:
-    """Failures of the daemon's own LVM commands per VG since the last report.
-
-    The report's probe is one moment; an ``lvextend`` that failed between
-    two probes is the kind of thing a placement decision wants to know.
-    """
-
-    def __init__(self) -> None:
-        self._errors: dict[str, str | None] = {}
-        #: The metadata warnings' state, kept from one report to the next.
-        self.metadata = MetadataWatch()
-
-    def record(self, vg: str, error: str | None) -> None:
-        """The outcome of a command on ``vg``: None for success."""
-        self._errors[vg] = error
-
-    def take(self, vg: str) -> str | None:
-        """The last outcome recorded for ``vg`` since the previous take, if it failed."""
-        return self._errors.pop(vg, None)
-
-
 class MetadataWatch:
     """Warns once when a VG's metadata room falls below :func:`metadata_low`, and
     once when it is back above (an admin grew the area or removed LVs)."""
@@ -278,16 +258,18 @@ async def probe(vg: str, *, timeout: float,  # noqa: ASYNC109
 
 
 async def make_report(node: str, config: StorageConfig, health: LvmHealth, *,
-                      interval: float, lvm_timeout: float,
+                      interval: float, lvm_timeout: float, metadata: MetadataWatch,
                       shells: LvmShells | None = None) -> NodeReport:
-    """This node's report: one probe per VG of the thin storages it may use."""
+    """This node's report: one probe per VG of the thin storages it may use,
+    each with how our last LVM change on it ended (``health``); ``metadata``
+    warns of a VG's metadata running low."""
     thin = {storeid: storage for storeid, storage in config.lvm_storages.items()
             if storage.thin is not None and not storage.disabled and storage.available_on(node)}
     probes: dict[str, StorageView] = {}
     for storage in thin.values():
         if storage.vgname not in probes:
             view = await probe(storage.vgname, timeout=lvm_timeout, shells=shells)
-            health.metadata.check(view)
+            metadata.check(view)
             failed = health.take(storage.vgname)
             if view.lvm_ok and failed is not None:
                 view = replace(view, lvm_ok=False, error=f"last extension failed: {failed}")
@@ -304,11 +286,12 @@ async def report_loop(settings: DaemonSettings, config: Callable[[], StorageConf
     ``stop``; problems said once per change. Its ``vgs`` run in the VGs' lvm
     ``shells`` when there are any."""
     published: NodeReport | None = None
+    metadata = MetadataWatch()
     while not stop.is_set():
         try:
             report = await make_report(
                 settings.node, config(), health, interval=settings.report_interval,
-                lvm_timeout=settings.lvm_timeout, shells=shells)
+                lvm_timeout=settings.lvm_timeout, metadata=metadata, shells=shells)
             if publish_due(published, report):
                 publish(settings.reports_dir, report)
                 published = report

@@ -19,9 +19,8 @@ from pvestord.adapters.service import fields
 from pvestord.adapters.settings import DaemonSettings
 from pvestord.adapters.vms import LocalVm
 from pvestord.engine.drive import Drive, StaleTableError, VmOutcome
-from pvestord.engine.gates import VgGates
 from pvestord.engine.lvfigures import LvFigures
-from pvestord.engine.lvmchanges import LvmChanges
+from pvestord.engine.lvmchanges import LvmChanges, VgGates
 from pvestord.engine.memory import OncePerChange
 from pvestord.errors import PvestordError
 from pvestord.policy import TableState

@@ -27,9 +27,8 @@ from pvestord.adapters.settings import DaemonSettings
 from pvestord.adapters.vms import LocalVm
 from pvestord.engine.drive import Drive
 from pvestord.engine.extender import Extender
-from pvestord.engine.gates import VgGates
 from pvestord.engine.lvfigures import LvFigures
-from pvestord.engine.lvmchanges import LvmChanges
+from pvestord.engine.lvmchanges import LvmChanges, VgGates
 from pvestord.engine.migration import catch_up_incoming
 from pvestord.engine.status import Activity
 from tests.harness.extenderbed import FAKE_LVM, LV, FakeQemu, running

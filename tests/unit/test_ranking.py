@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pvestord.engine import nodereport
+from pvestord.engine.lvmchanges import LvmHealth
 from pvestord.engine.nodereport import NodeReport, StorageView
 from pvestord.features import ranking
 
@@ -165,7 +166,7 @@ def test_hostile_node_names_cannot_escape_the_folder(tmp_path: Path) -> None:
 
 
 def test_lvm_health_keeps_the_last_outcome_until_taken() -> None:
-    health = nodereport.LvmHealth()
+    health = LvmHealth()
     assert health.take("san") is None
     health.record("san", "lvextend failed")
     health.record("san2", "x")
