@@ -26,7 +26,7 @@ from pvestord.adapters.config import (
     parse_storage_config,
 )
 from pvestord.adapters.service import fields
-from pvestord.engine.notices import Notices, silent
+from pvestord.engine.memory import Notices, silent
 from pvestord.errors import ConfigError
 from pvestord.policy.notices import StorageVanished, vanished_key
 from pvestord.policy.vanished import (

@@ -55,8 +55,8 @@ from pvestord.engine import metrics, publisher, status
 from pvestord.engine.configsource import StorageConfigSource
 from pvestord.engine.extender import Extender
 from pvestord.engine.failures import Failures
+from pvestord.engine.memory import Notices
 from pvestord.engine.nodereport import publish_stopped, report_loop
-from pvestord.engine.notices import Notices
 from pvestord.engine.passes import Passes
 from pvestord.engine.suspension import SuspendedLvs
 from pvestord.engine.vmpass import run_pass

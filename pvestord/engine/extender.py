@@ -69,8 +69,7 @@ from pvestord.engine.jobroom import room_for_chain_copies, say_unprepared_delete
 from pvestord.engine.lvfigures import LvFigures
 from pvestord.engine.lvgrowth import Grown, LvGrowth
 from pvestord.engine.lvmchanges import LvmChanges, LvmHealth, VgGates
-from pvestord.engine.memory import EnospcAnswers, OncePerChange
-from pvestord.engine.notices import Notices, silent
+from pvestord.engine.memory import EnospcAnswers, Notices, OncePerChange, silent
 from pvestord.engine.settle import (
     PausedJobs,
     arm_or_disarm,

@@ -5,6 +5,13 @@ dropped when it no longer runs here (:func:`forget_vm`): a VM must not leave
 figures, or things said, for its next start. Conditions that last many
 passes are logged at their level once per change (:class:`OncePerChange`);
 an ENOSPC that stays is answered once (:class:`EnospcAnswers`).
+
+The daemon's events are told once each to Proxmox's notification system
+(:class:`Notices`): the engine's parts say what they see, as often as they
+see it (:meth:`Notices.seen` on every pass a VM is paused for room); the
+rules of :mod:`pvestord.policy.notices` keep one notice per occurrence, and
+:class:`pvestord.adapters.notify.Notifier` sends it without holding up the
+pass.
 """
 
 from __future__ import annotations
@@ -14,8 +21,11 @@ from collections.abc import MutableMapping
 from typing import TypeVar
 
 from pvestord import policy
+from pvestord.adapters.notify import Notifier
 from pvestord.adapters.vms import LocalVm
 from pvestord.engine.drive import Drive
+from pvestord.policy.notices import Announcements, Event
+from pvestord.policy.notices import Key as NoticeKey
 
 log = logging.getLogger(__name__)
 
@@ -79,3 +89,28 @@ class EnospcAnswers:
 
     def forget(self, vmid: int) -> None:
         forget_vm(self._sizes, vmid)
+
+
+class Notices:
+    """What was announced, and the sender (None: a part built without one,
+    in tests and the CLI, says its events to nobody)."""
+
+    def __init__(self, hostname: str, notifier: Notifier | None = None) -> None:
+        self.announcements = Announcements(hostname)
+        self.notifier = notifier
+
+    def seen(self, event: Event) -> None:
+        notice = self.announcements.seen(event)
+        if notice is not None and self.notifier is not None:
+            self.notifier.send(notice)
+
+    def over(self, key: NoticeKey) -> None:
+        self.announcements.over(key)
+
+    def lowered(self, key: NoticeKey, rank: int) -> None:
+        self.announcements.lowered(key, rank)
+
+
+def silent() -> Notices:
+    """For a part built without the daemon's notices."""
+    return Notices("")

@@ -21,7 +21,7 @@ from pvestord.adapters.config import StorageConfig
 from pvestord.adapters.service import fields
 from pvestord.adapters.settings import DaemonSettings
 from pvestord.adapters.vghealth import VgMarks
-from pvestord.engine.notices import Notices, silent
+from pvestord.engine.memory import Notices, silent
 from pvestord.policy.lvnames import chain_vmid
 from pvestord.policy.notices import VgMarked, marked_key
 

@@ -24,7 +24,7 @@ from pvestord.adapters.config import StorageConfig
 from pvestord.adapters.lvmshell import LvmShells
 from pvestord.adapters.service import fields
 from pvestord.engine import metrics, status
-from pvestord.engine.notices import Notices, silent
+from pvestord.engine.memory import Notices, silent
 from pvestord.errors import PvestordError
 from pvestord.policy import capacity
 from pvestord.policy.notices import LowSpace, low_space_key

@@ -30,7 +30,7 @@ from pvestord.adapters.settings import DaemonSettings
 from pvestord.engine import publisher, status
 from pvestord.engine.configsource import StorageConfigSource
 from pvestord.engine.extender import Extender
-from pvestord.engine.notices import Notices
+from pvestord.engine.memory import Notices
 from pvestord.engine.passes import Passes
 from pvestord.policy import BlockDevice, capacity
 from pvestord.policy.notices import VmPaused
