@@ -24,11 +24,11 @@ drives are being extended now (status and ``pvestord drives`` show it);
 changes run (``LvmChanges``, read by the pass deadline) and how the last one
 on each VG ended (``LvmHealth``, for the node report); ``memory``, what is
 remembered per VM and said once per change (to the journal, and to Proxmox's
-notifications: ``Notices``); ``migration.MigrationWatch``,
-how long each renaming lock has been quiet.
+notifications: ``Notices``); ``migration.MigrationWatch``, how long each
+renaming lock has been quiet.
 
 Published: ``nodereport`` (this node's view of each thin storage, and the
 loop that publishes it), ``status``, ``publisher`` and ``metrics`` (the live
-view for ``pvestord status`` and node_exporter). ``configsource`` (storage.cfg, read
-again when it changes) serves the commands too.
+view for ``pvestord status`` and node_exporter). ``configsource``
+(storage.cfg, read again when it changes) serves the commands too.
 """
