@@ -21,26 +21,27 @@ import hashlib
 from pathlib import Path
 
 from tests.harness.daemonlog import extensions
-from tests.harness.daemons import NodeBed, daemons
+from tests.harness.daemons import daemons
 from tests.harness.lvmbed import VG, GiB, MiB, qcow2_check, sh
 from tests.harness.pacedwrite import EXTEND_TIMEOUT, paced_write
 from tests.harness.polling import wait_until
 from tests.harness.pvestorage import (
+    CHUNK,
+    INITIAL,
     STORE,
     VOLID,
     VOLNAME,
     alloc_disk,
+    daemons_bed,
     image,
+    live_storage,
     lv_sizes,
     overlay_maximum,
     qemu_io,
-    thin_storage,
 )
 from tests.harness.qemu import Pve9Disk, QemuVM
 from tests.proxmox import upstream
 
-CHUNK = 16 * MiB
-INITIAL = 32 * MiB
 #: What the disk holds when it becomes a template.
 BASE_DATA = 8 * MiB
 #: What the clone's guest writes: three times the clone's first LV.
@@ -77,7 +78,7 @@ def checksum(vg: VG, lv: str) -> str:
 
 def test_a_linked_clone_grows_thin_on_its_read_only_base(
         sources: upstream.Upstream, out_dir: Path, tmp_path: Path) -> None:
-    with thin_storage(sources, out_dir, chunksize=CHUNK, initial_size=INITIAL) as (pve, vg):
+    with live_storage(sources, out_dir) as (pve, vg):
         alloc_disk(pve)
         qemu_io(vg, VOLNAME, f"write -P 0x11 0 {BASE_DATA}")
 
@@ -102,8 +103,7 @@ def test_a_linked_clone_grows_thin_on_its_read_only_base(
 
         # The clone's VM starts (qemu-server activates its volumes first).
         pve.call(f'PVE::Storage::activate_volumes($cfg, ["{CLONE_VOLID}"]); return 1;')
-        bed = NodeBed(tmp_path / "bed", logs_dir=out_dir)
-        bed.storage_cfg.write_text((sources.pve_dir / "storage.cfg").read_text())
+        bed = daemons_bed(sources, out_dir, tmp_path / "bed")
         bed.write_vm_config(CLONE_VMID, CLONE_VOLID)
         disk = Pve9Disk.for_volume(vg.lv_path(CLONE_LV), CLONE_VOLID)
         with daemons(bed, start_timeout=START_TIMEOUT) as (_, pvestord), \
@@ -154,7 +154,7 @@ def test_a_full_clone_of_a_template_is_a_copy_reduced_after_it(
     """qemu-server's offline full clone: ``vdisk_alloc`` from ``clone_disk``
     (thick, a copy target), the base activated as the source, ``qemu-img
     convert``, ``deactivate_volumes`` of the new volume (reduced then)."""
-    with thin_storage(sources, out_dir, chunksize=CHUNK, initial_size=INITIAL) as (pve, vg):
+    with live_storage(sources, out_dir) as (pve, vg):
         alloc_disk(pve)
         qemu_io(vg, VOLNAME, f"write -P 0x11 0 {BASE_DATA}")
         pve.call(f'{QEMU_SERVER} return [PVE::QemuServer::template_create($cfg, "{VOLID}")];')
