@@ -28,6 +28,7 @@ import re
 from dataclasses import dataclass
 
 from pvestord.errors import PvestordError
+from pvestord.policy.lvnames import chain_vmid, is_snapshot
 from pvestord.policy.proxmox import VMID_MAX, VMID_MIN, is_storage_id, qcow2_disk_vmid
 from pvestord.policy.sizes import align_up
 
@@ -192,6 +193,22 @@ def parse_volume_id(text: str) -> VolumeId:
         raise VolumeError(f"{text!r} is not a volume id (expected STORAGE:VOLNAME, "
                           "e.g. thin1:vm-100-disk-0.qcow2)")
     return VolumeId(storeid, volname, parse_volname(volname))
+
+
+def parse_chain_volume_id(text: str) -> VolumeId:
+    """``STORAGE:VOLNAME`` of a qcow2 disk or of one of its snapshot LVs
+    (``snap_vm-<vmid>-<name>_<snap>.qcow2``, the volume id LVMPlugin's
+    ``volume_snapshot_info`` gives a snapshot): what a copy target's
+    reduction accepts, a snapshot delete's merge target being either.
+
+    :raises VolumeError: neither.
+    """
+    storeid, sep, volname = text.partition(":")
+    vmid = chain_vmid(volname)
+    if sep and is_storage_id(storeid) and is_snapshot(volname) and len(volname) <= 127:
+        assert vmid is not None
+        return VolumeId(storeid, volname, check_vmid(vmid))
+    return parse_volume_id(text)
 
 
 def next_disk_name(existing: set[str] | list[str], vmid: int) -> str:
