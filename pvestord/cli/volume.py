@@ -15,7 +15,12 @@ from pvestord import paths
 from pvestord.cli import options
 from pvestord.features import volumes
 from pvestord.policy.sizes import format_size, parse_size
-from pvestord.policy.volumes import VolumeError, check_vmid, parse_volume_id
+from pvestord.policy.volumes import (
+    VolumeError,
+    check_vmid,
+    parse_chain_volume_id,
+    parse_volume_id,
+)
 
 #: A Proxmox size such as 32G; a bad suffix is a usage error (exit 2).
 _SIZE = options.argument_type(parse_size)
@@ -65,7 +70,8 @@ def register(sub: options.SubCommands) -> None:
                         help="volume name instead of the next free vm-VMID-disk-N.qcow2")
 
     shrink = options.add_command(vsub, "shrink", _shrink,
-                                 "reduce a stopped volume's LV to its data plus a chunk")
+                                 "reduce a stopped volume's LVs (its snapshots' too) to "
+                                 "their data plus a chunk")
     _common(shrink)
     shrink.add_argument("volid", metavar="STORAGE:VOLNAME")
     shrink.add_argument("--dry-run", action="store_true",
@@ -117,39 +123,46 @@ def _create(args: argparse.Namespace) -> int:
 
 
 def _shrink(args: argparse.Namespace) -> int:
-    """For a volume whose VM runs nowhere and whose LV is not active on this
+    """For a volume whose VM runs nowhere and whose LVs are not active on this
     node (the VM's config on this node per the cluster's VM list, with quorum, and no
-    QEMU of it here): check the image, then reduce the LV to max(initial-size, image
-    end + one chunk) in whole extents. Refuses, saying why, when that is not safe."""
+    QEMU of it here): check the image of every LV of its chain (the disk and the
+    snapshot LVs it is backed by), then reduce each LV to max(initial-size, image
+    end + one chunk) in whole extents. Refuses, saying which LV and why, when that
+    is not safe for any of them; then none is changed. One line per LV, the top first."""
     volid = parse_volume_id(args.volid)
     result = asyncio.run(volumes.shrink(_settings(args), volid, dry_run=args.dry_run))
     if args.json:
         print(json.dumps({**dataclasses.asdict(result), "volid": str(result.volid),
                           "reclaimed": result.reclaimed}, indent=2))
         return 0
-    if result.target >= result.lv_size_before:
-        print(f"{volid}: nothing to shrink: LV {format_size(result.lv_size_before)}, image "
-              f"end {format_size(result.image_end)}")
-    elif result.dry_run:
-        print(f"{volid}: would shrink LV {format_size(result.lv_size_before)} -> "
-              f"{format_size(result.target)} (image end {format_size(result.image_end)}, "
-              f"gives back {format_size(result.reclaimed)}); dry run, nothing changed")
-    else:
-        print(f"{volid}: shrank LV {format_size(result.lv_size_before)} -> "
-              f"{format_size(result.lv_size_after)} (image end "
-              f"{format_size(result.image_end)}, gave back {format_size(result.reclaimed)}) "
-              f"in {result.seconds:.1f} s")
+    for lv in result.chain:
+        name = f"{volid.storeid}:{lv.lv}"
+        sizes = (f"{format_size(lv.lv_size_before)} -> {format_size(lv.target)} (image end "
+                 f"{format_size(lv.image_end)}, ")
+        if lv.target >= lv.lv_size_before:
+            print(f"{name}: nothing to shrink: LV {format_size(lv.lv_size_before)}, image "
+                  f"end {format_size(lv.image_end)}")
+        elif result.dry_run:
+            print(f"{name}: would shrink LV {sizes}gives back {format_size(lv.reclaimed)})")
+        else:
+            print(f"{name}: shrank LV {sizes}gave back {format_size(lv.reclaimed)})")
+    if result.dry_run:
+        print(f"{volid}: dry run, nothing changed")
+    elif result.reclaimed:
+        print(f"{volid}: {len(result.chain)} LV(s), gave back "
+              f"{format_size(result.reclaimed)} in {result.seconds:.1f} s")
     return 0
 
 
 def _reduce_copy(args: argparse.Namespace) -> int:
-    """For a volume tagged pvestord-copy (made thick for a copy into it), active
+    """For a volume (or a snapshot LV of one) tagged pvestord-copy (grown for a copy
+    or a snapshot delete's merge into it), active
     and not open on this node, its VM not running here: once the copy is over
     (always before a deactivation; after an activation only when the image holds
     data), check the image, then under the storage lock reduce the LV to
     max(initial-size, image end + one chunk) in whole extents and drop the tag.
     Any other volume is left alone. Refuses, saying why, when that is not safe."""
-    volid = parse_volume_id(args.volid)
+    volid = parse_chain_volume_id(args.volid)
     result = asyncio.run(volumes.reduce_copy_target(_settings(args), volid,
                                                     on_activation=args.on_activation))
     if args.json:

@@ -6,6 +6,15 @@ a volume thick, its LV at the image's maximum, and tags it
 :data:`~pvestord.policy.capacity.COPY_TAG` (:mod:`pvestord.features.plugin`,
 ``alloc``). The copy runs at full speed and can never hit ENOSPC.
 
+A snapshot delete is such a copy too: it merges one LV of a chain into
+another (``qemu-img commit`` or ``rebase`` offline, a ``block-commit`` or
+``block-stream`` of the running VM), and the plugin grows the LV written
+into ahead of it (``commit``), so without a reduction a chain would ratchet
+up towards its maximum with every delete. That LV is tagged as well, a
+snapshot LV (``snap_...``) as much as a disk's top: offline the plugin has it
+reduced right after the delete; for a running VM, whose QEMU has it open, at
+its next deactivation (the VM's stop), as a mirror's target is.
+
 Once the copy is over, the Proxmox plugin calls :func:`reduce_copy_target`
 (``pvestord volume reduce-copy``) and the LV is reduced as ``pvestord volume
 shrink`` reduces one, to ``max(initial-size, image end + one chunk)`` in whole
@@ -50,7 +59,7 @@ from pvestord.policy.volumes import (
     VolumeError,
     VolumeId,
     copy_over,
-    parse_volume_id,
+    parse_chain_volume_id,
 )
 
 log = logging.getLogger(__name__)
@@ -84,7 +93,7 @@ async def reduce_copy_target(settings: VolumeSettings, volid: VolumeId | str, *,
         did not check clean after the reduction.
     :raises PvestordError: LVM, qemu-img or the lock failed.
     """
-    vol = parse_volume_id(volid) if isinstance(volid, str) else volid
+    vol = parse_chain_volume_id(volid) if isinstance(volid, str) else volid
     what = str(vol)
     storage = thin_storage(load_config(settings), vol.storeid)
     vg, lv = storage.vgname, vol.volname
@@ -116,7 +125,7 @@ async def reduce_copy_target(settings: VolumeSettings, volid: VolumeId | str, *,
                                 "meanwhile); nothing changed")
         refuse_if_running_here(settings, vol.vmid, prefix=f"{what}: ", outcome="nothing changed")
 
-    after = await reduce_planned(settings, storage, plan, what, still_safe=still_safe,
+    after = await reduce_planned(settings, storage, plan, still_safe=still_safe,
                                  drop_tags=(COPY_TAG,))
     log.info("copy target %s: LV %s -> %s (image end %s)", vol, format_size(before.size),
              format_size(after.size), format_size(plan.image_end))
