@@ -57,7 +57,7 @@ Requests (sizes in bytes; ``storage`` is ``{"storeid", "vgname", "shared",
     The qcow2 grows; the LV keeps its size (it is never made thick), except
     that it is never left below the initial size the storage gives new disks.
 ``commit``: ``{"target_lv", "source_lv", "virtual_size", "running": bool}`` ->
-    ``{"lv_size", "extend": bool}``. A snapshot delete writes ``source_lv``'s
+    ``{"lv_size", "extend": bool, "deltags", "addtags"}``. A snapshot delete writes ``source_lv``'s
     data into ``target_lv``: offline ``qemu-img commit`` into the first
     snapshot or ``qemu-img rebase`` of the child; for a ``running`` VM,
     qemu-server's ``block-commit`` or ``block-stream``, which fail on the
@@ -68,7 +68,11 @@ Requests (sizes in bytes; ``storage`` is ``{"storeid", "vgname", "shared",
     ends past its LV), not its image end: ``qemu-img check`` reads every
     table, minutes on a large image, and this runs under the storage lock;
     while the VM runs the image may be growing anyway. At most the LV's
-    unused tail is granted too much.
+    unused tail is granted too much, and only until the merge is over: the
+    target is tagged :data:`~pvestord.policy.capacity.COPY_TAG` with the
+    growth (``addtags``), so the plugin has it reduced to what it then holds
+    plus a chunk (:mod:`pvestord.features.volumes.copies`): offline right
+    after the delete, for a running VM at the LV's next deactivation.
 
 Every request may carry ``lock_seconds_left``: what is left of the alarm the
 caller's storage lock runs under (``cfs_lock``'s 60 s, which aborts the holder
@@ -372,8 +376,11 @@ async def _decide(request: Request) -> dict[str, Any]:
     target = commit_lv_size(info.size, source_lv_size, maximum, storage.chunksize, info.extent_size)
     # qemu-img commit grows a smaller backing image to the top's virtual size:
     # the target, which becomes the top, records the maximum it now has.
-    return {"lv_size": target, "extend": target > info.size, "maximum": maximum,
-            **_retag(info.tags, maximum)}
+    retag = _retag(info.tags, maximum)
+    if COPY_TAG not in info.tags:
+        # Reduced again once the merge is over (pvestord.features.volumes.copies).
+        retag["addtags"].append(COPY_TAG)
+    return {"lv_size": target, "extend": target > info.size, "maximum": maximum, **retag}
 
 
 async def _base(vg: str, lv: str) -> dict[str, Any]:

@@ -251,6 +251,17 @@ def test_commit_takes_the_source_lv_size_and_never_checks_its_image(
     assert answer["extend"] is True
 
 
+@pytest.mark.parametrize("running", [False, True])
+def test_a_commit_target_is_tagged_to_be_reduced_once_the_merge_is_over(
+        world: FakeWorld, running: bool) -> None:
+    """Grown for the merge, reduced after it (offline at once, a running VM's
+    at its stop): a chain does not ratchet up to its maximum delete by delete."""
+    world.tags = {TARGET: ("pve-vm-100", maximum_tag(5 * GiB))}
+    answer = _answer(_request(op="commit", target_lv=TARGET, source_lv=SOURCE,
+                              virtual_size=4 * GiB, running=running, lock_seconds_left=60))
+    assert (answer["deltags"], answer["addtags"]) == ([], [COPY_TAG])
+
+
 def test_an_answer_past_its_share_of_the_lock_alarm_gives_up_and_stops_its_commands(
         world: FakeWorld) -> None:
     world.hanging = {SOURCE}
@@ -324,12 +335,14 @@ def test_a_resize_or_commit_answers_the_tag_changes_of_the_new_maximum(
     lv = SOURCE if op == "resize" else TARGET
     body: dict[str, object] = ({"lv": lv} if op == "resize"
                                else {"target_lv": lv, "source_lv": SOURCE, "running": False})
-    world.tags = {lv: ("pve-vm-100", maximum_tag(3 * GiB), "pvestord-max-junk")}
+    # A commit's target is a copy target already (tagged by an earlier prepare).
+    merge = (COPY_TAG,) if op == "commit" else ()
+    world.tags = {lv: ("pve-vm-100", maximum_tag(3 * GiB), "pvestord-max-junk", *merge)}
     answer = _answer(_request(op=op, virtual_size=4 * GiB, lock_seconds_left=60, **body))
     assert answer["deltags"] == [maximum_tag(3 * GiB), "pvestord-max-junk"]
     assert answer["addtags"] == [maximum_tag(5 * GiB)]
     # Recorded already: no lvchange at all.
-    world.tags = {lv: ("pve-vm-100", maximum_tag(5 * GiB))}
+    world.tags = {lv: ("pve-vm-100", maximum_tag(5 * GiB), *merge)}
     answer = _answer(_request(op=op, virtual_size=4 * GiB, lock_seconds_left=60, **body))
     assert (answer["deltags"], answer["addtags"]) == ([], [])
 

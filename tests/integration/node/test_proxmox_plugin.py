@@ -12,6 +12,7 @@ Every step asserts the LV sizes LVM reports and the image qemu-img reads.
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ from pvestord.adapters import preparedjobs, vghealth
 from pvestord.features import plugin
 from pvestord.policy.capacity import COPY_TAG, maximum_tag
 from pvestord.policy.volumes import shrink_target
+from tests.harness.daemons import VENV_BIN
 from tests.harness.lvmbed import VG, GiB, MiB, measured_maximum, qcow2_check, sh
 from tests.harness.pvestorage import (
     DISK,
@@ -99,7 +101,11 @@ def test_disk_life_through_proxmox_stays_thin(proxmox: tuple[upstream.PerlSessio
                                      measured_maximum(DISK, EXTENT), CHUNK, EXTENT)
     assert INITIAL < expected < measured_maximum(DISK, EXTENT)
     pve.call(f'PVE::Storage::volume_snapshot_delete($cfg, "{VOLID}", "snap1", 0);')
-    assert lv_sizes(vg) == {VOLNAME: expected}
+    # Then, the merge over, back to what it holds plus a chunk.
+    reduced = shrink_target(expected, image_end(vg, VOLNAME), CHUNK, INITIAL, EXTENT)
+    assert lv_sizes(vg) == {VOLNAME: reduced}
+    assert reduced < expected
+    assert COPY_TAG not in lv_tags(vg)[VOLNAME]
     assert qcow2_check(vg.lv_path(VOLNAME))["exit"] == 0
     assert "backing-filename" not in image(vg, VOLNAME)
     qemu_io(vg, VOLNAME, f"read -P 0x11 0 {WRITE}")
@@ -111,7 +117,7 @@ def test_disk_life_through_proxmox_stays_thin(proxmox: tuple[upstream.PerlSessio
     assert [(v["volid"], v["size"]) for v in listed] == [(VOLID, DISK)]
     sh("lvchange", "-aln", vg.lv_path(VOLNAME))
     listed = pve.call(f'return PVE::Storage::vdisk_list($cfg, "{STORE}", {VMID});')[STORE]
-    assert [(v["volid"], v["approximate-size"]) for v in listed] == [(VOLID, expected)]
+    assert [(v["volid"], v["approximate-size"]) for v in listed] == [(VOLID, reduced)]
 
     pve.call(f'PVE::Storage::vdisk_free($cfg, "{VOLID}");')
     assert lv_sizes(vg) == {}
@@ -131,7 +137,11 @@ def test_intermediate_snapshot_delete_grows_the_child_first(
     expected = plugin.commit_lv_size(INITIAL, lv_sizes(vg)[SNAP2], overlay_maximum(), CHUNK,
                                      EXTENT)
     pve.call(f'PVE::Storage::volume_snapshot_delete($cfg, "{VOLID}", "snap2", 0);')
-    assert lv_sizes(vg) == {SNAP1: INITIAL, VOLNAME: expected}
+    # Grown for the rebase, then reduced to what the top holds plus a chunk.
+    assert expected > INITIAL
+    reduced = shrink_target(expected, image_end(vg, VOLNAME), CHUNK, INITIAL, EXTENT)
+    assert lv_sizes(vg) == {SNAP1: INITIAL, VOLNAME: reduced}
+    assert COPY_TAG not in lv_tags(vg)[VOLNAME]
     assert image(vg, VOLNAME)["backing-filename"] == SNAP1
     qemu_io(vg, VOLNAME, f"read -P 0x44 0 {WRITE}")
 
@@ -424,3 +434,120 @@ def test_vm_state_and_fleecing_image_with_real_lvm(
     assert image(vg, fleece_lv)["virtual-size"] == fleece_size
     pve.call(f'PVE::Storage::vdisk_free($cfg, "{fleece}");')
     assert fleece_lv not in lv_sizes(vg)
+
+
+# --- snapshot deletes and shrink of a chain (issue 37, item 2) -------------------------------
+
+def test_snapshot_deletes_do_not_ratchet_a_chain_up(
+        proxmox: tuple[upstream.PerlSession, VG], out_dir: Path) -> None:
+    """Snapshot, write, delete, three times over (each delete commits the top
+    into the snapshot's LV, which is grown first for it): each time the LV
+    that received the merge goes back to what it holds plus a chunk, instead
+    of keeping its growth and passing it on to the next snapshot."""
+    pve, vg = proxmox
+    alloc_disk(pve)
+    qemu_io(vg, VOLNAME, f"write -P 0x10 0 {WRITE}")
+    rounds = []
+    for n in range(1, 4):
+        snapshot(pve, f"r{n}")
+        snap_lv = f"snap_vm-{VMID}-disk-0_r{n}.qcow2"
+        qemu_io(vg, VOLNAME, f"write -P {0x10 + n:#x} {n * GiB} {WRITE}")
+        before = lv_sizes(vg)
+        grown = plugin.commit_lv_size(before[snap_lv], before[VOLNAME],
+                                      measured_maximum(DISK, EXTENT), CHUNK, EXTENT)
+        pve.call(f'PVE::Storage::volume_snapshot_delete($cfg, "{VOLID}", "r{n}", 0);')
+        end = image_end(vg, VOLNAME)
+        after = lv_sizes(vg)
+        rounds.append({"round": n, "before": before, "grown_for_commit": grown,
+                       "image_end": end, "after": after})
+        assert after == {VOLNAME: shrink_target(grown, end, CHUNK, INITIAL, EXTENT)}
+        assert after[VOLNAME] == INITIAL < grown
+        assert COPY_TAG not in lv_tags(vg)[VOLNAME]
+    (out_dir / "snapshot-delete-sizes.json").write_text(json.dumps(rounds, indent=2))
+    assert qcow2_check(vg.lv_path(VOLNAME))["exit"] == 0
+    for n in range(4):
+        qemu_io(vg, VOLNAME, f"read -P {0x10 + n:#x} {n * GiB} {WRITE}")
+
+
+NODE = "nodea"
+
+
+def shrink_cli(sources: upstream.Upstream, out_dir: Path, cluster: Path, *extra: str
+               ) -> subprocess.CompletedProcess[str]:
+    """``pvestord volume shrink`` as an admin runs it on the node owning VM 100."""
+    for name, text in ((".members", json.dumps({"nodename": NODE, "version": 1})),
+                       (".vmlist", json.dumps({"version": 1, "ids": {str(VMID): {
+                           "node": NODE, "type": "qemu", "version": 1}}})),
+                       (".rrd", "")):
+        (cluster / name).write_text(text)
+    run_dir = cluster / "run"
+    run_dir.mkdir(exist_ok=True)
+    return subprocess.run(  # noqa: S603 - argument list
+        [str(VENV_BIN / "pvestord"), "volume", "shrink", "--storage-config",
+         str(sources.pve_dir / "storage.cfg"), "--lock-dir", str(out_dir / "locks"),
+         "--run-dir", str(run_dir), "--cluster-dir", str(cluster), *extra, VOLID],
+        capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL, check=False)
+
+
+def active_lvs(vg: VG) -> set[str]:
+    out = sh("lvs", "--reportformat", "json", "-o", "lv_name,lv_active", vg.name)
+    return {row["lv_name"] for row in json.loads(out)["report"][0]["lv"] if row["lv_active"]}
+
+
+def test_shrink_reduces_every_lv_of_a_chain(
+        proxmox: tuple[upstream.PerlSession, VG], sources: upstream.Upstream, out_dir: Path,
+        tmp_path: Path) -> None:
+    """A stopped disk with two snapshots, each LV grown past its data (the
+    daemon grew the top of its time): ``volume shrink`` finds the chain from
+    the images, refuses as a whole when one LV is in use, and otherwise
+    reduces each LV to its image end plus a chunk, at least initial-size."""
+    pve, vg = proxmox
+    alloc_disk(pve)
+    qemu_io(vg, VOLNAME, f"write -P 0x11 0 {WRITE}")
+    sh("lvextend", "-q", "--size", f"{3 * INITIAL}b", vg.lv_path(VOLNAME))
+    snapshot(pve, "snap1")
+    qemu_io(vg, VOLNAME, f"write -P 0x22 {GiB} {WRITE}")
+    sh("lvextend", "-q", "--size", f"{2 * INITIAL}b", vg.lv_path(VOLNAME))
+    snapshot(pve, "snap2")
+    qemu_io(vg, VOLNAME, f"write -P 0x33 {2 * GiB} {WRITE}")
+    sh("lvextend", "-q", "--size", f"{2 * INITIAL}b", vg.lv_path(VOLNAME))
+    pve.call(f'PVE::Storage::deactivate_volumes($cfg, ["{VOLID}"]); return [];')
+    before = lv_sizes(vg)
+    assert before == {SNAP1: 3 * INITIAL, SNAP2: 2 * INITIAL, VOLNAME: 2 * INITIAL}
+    assert active_lvs(vg) == set()
+    cluster = tmp_path / "pve"
+    cluster.mkdir()
+
+    # One LV of the chain in use: refused, naming it; nothing changed, nothing left active.
+    sh("lvchange", "-aey", vg.lv_path(SNAP2))
+    refused = shrink_cli(sources, out_dir, cluster)
+    assert refused.returncode == 1, refused
+    assert f"{STORE}:{SNAP2}: the LV {vg.name}/{SNAP2} is active" in refused.stderr, refused
+    assert lv_sizes(vg) == before
+    assert active_lvs(vg) == {SNAP2}
+    sh("lvchange", "-an", vg.lv_path(SNAP2))
+
+    dry = shrink_cli(sources, out_dir, cluster, "--dry-run", "--json")
+    assert dry.returncode == 0, dry
+    planned = json.loads(dry.stdout)
+    assert [row["lv"] for row in planned["chain"]] == [VOLNAME, SNAP2, SNAP1]
+    assert lv_sizes(vg) == before
+    assert active_lvs(vg) == set()
+
+    done = shrink_cli(sources, out_dir, cluster)
+    assert done.returncode == 0, done
+    assert active_lvs(vg) == set()
+    sh("lvchange", "-aey", vg.lv_path(VOLNAME), vg.lv_path(SNAP2), vg.lv_path(SNAP1))
+    after = lv_sizes(vg)
+    ends = {lv: image_end(vg, lv) for lv in after}
+    (out_dir / "chain-shrink-sizes.json").write_text(json.dumps(
+        {"before": before, "after": after, "image_ends": ends, "stdout": done.stdout},
+        indent=2))
+    for lv, size in after.items():
+        assert size == shrink_target(before[lv], ends[lv], CHUNK, INITIAL, EXTENT), lv
+        assert f"{STORE}:{lv}: shrank LV" in done.stdout, done.stdout
+    assert sum(after.values()) == 3 * INITIAL < sum(before.values())
+    for lv in after:
+        assert qcow2_check(vg.lv_path(lv))["exit"] == 0, lv
+    for pattern, offset in ((0x11, 0), (0x22, GiB), (0x33, 2 * GiB)):
+        qemu_io(vg, VOLNAME, f"read -P {pattern:#x} {offset} {WRITE}")

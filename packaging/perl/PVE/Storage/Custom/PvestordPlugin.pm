@@ -19,8 +19,9 @@ package PVE::Storage::Custom::PvestordPlugin;
 # volume_snapshot_info is LVMPlugin's too, with one addition: called by
 # qemu-server's online snapshot delete, it grows the LV the block job will
 # write into before the job starts. Volume activation and deactivation are
-# LVMPlugin's, with one addition: a copy target (made thick for a copy) is
-# reduced once its copy is over (reduce_copy_target below).
+# LVMPlugin's, with one addition: a copy target (made thick for a copy, or
+# grown for a snapshot delete's merge) is reduced once its copy is over
+# (reduce_copy_target below).
 
 use strict;
 use warnings;
@@ -341,17 +342,25 @@ my $COPY_TAG = 'pvestord-copy';
 # (it reads every table), the wait for the storage locks (10 s) and lvreduce.
 my $REDUCE_TIMEOUT = 300;
 
+# The LVs of the chain of the disk LV $top that are copy targets, $top first:
+# the disk's own LV and its snapshot LVs, the LVs LVMPlugin activates and
+# deactivates together (by these names, get_activate_volume_target_opts). A
+# snapshot LV is one when a snapshot delete merged into it (make_room_for_delete).
 # $cache: the hash PVE::Storage::(de)activate_volumes hands each volume of one
 # call, so that activating a VM's disks lists their VG once, not once per disk.
-my sub is_copy_target {
-    my ($scfg, $lv, $cache) = @_;
+my sub copy_targets {
+    my ($scfg, $top, $cache) = @_;
 
     my $vg = $scfg->{vgname};
     my $lvs = $cache
         ? ($cache->{pvestord_lvs}->{$vg} //= PVE::Storage::LVMPlugin::lvm_list_volumes($vg))
         : PVE::Storage::LVMPlugin::lvm_list_volumes($vg);
-    my $tags = $lvs->{$vg}->{$lv}->{tags} // '';
-    return scalar(grep { $_ eq $COPY_TAG } split(/,/, $tags));
+    my $stem = $top =~ s/\.qcow2$//r;
+    my @chain = ($top, grep { /^snap_\Q$stem\E_.+\.qcow2$/ } sort keys(($lvs->{$vg} // {})->%*));
+    return grep {
+        my $tags = $lvs->{$vg}->{$_}->{tags} // '';
+        scalar(grep { $_ eq $COPY_TAG } split(/,/, $tags));
+    } @chain;
 }
 
 # A copy target is thick while qemu-server copies into it and thin as soon as
@@ -364,12 +373,16 @@ my sub is_copy_target {
 # deactivates its new volume, so it is asked too after LVMPlugin activates
 # one ($on_activation), where it reduces only an image that already holds
 # data: clone_disk activates the new volume, still empty, right before it
-# copies into it. Proxmox calls both without the storage lock: pvestord takes
-# it, for the lvreduce alone. A refusal (the LV in use, the VM running here,
-# the image not clean, the LV changed meanwhile) changes nothing and is a
-# warning: the volume works as it is, thick, and the next activation or
-# deactivation asks again. Never asked under the storage locks (our own
-# activations while making a volume, snapshots): pvestord would wait for them.
+# copies into it. The LV a running VM's snapshot delete merged into is one
+# too, the top or a snapshot LV of the chain, reduced at the VM's stop; an
+# offline delete has it reduced at once (volume_snapshot_delete). Each tagged
+# LV of the chain is asked for. Proxmox calls both without the storage lock:
+# pvestord takes it, for the lvreduce alone. A refusal (the LV in use, the VM
+# running here, the image not clean, the LV changed meanwhile) changes
+# nothing and is a warning: the volume works as it is, and the next
+# activation or deactivation asks again. Never asked under the storage locks
+# (our own activations while making a volume, snapshots): pvestord would wait
+# for them.
 my sub reduce_copy_target {
     my ($class, $storeid, $scfg, $volname, $snapname, $cache, $on_activation) = @_;
 
@@ -377,27 +390,30 @@ my sub reduce_copy_target {
     return if ($class->parse_volname($volname))[6] ne 'qcow2';
     # A base or a linked clone is never a copy target.
     return if $volname =~ m/^base-/;
-    my $volid = "$storeid:$volname";
-    my $errors = '';
-    eval {
-        my $lv = basename($class->path($scfg, $volname, $storeid));
-        return if !is_copy_target($scfg, $lv, $cache);
-        run_command(
-            [
-                $PVESTORD, 'volume', 'reduce-copy',
-                ($on_activation ? ('--on-activation') : ()), $volid,
-            ],
-            timeout => $REDUCE_TIMEOUT,
-            # Its one line, for the task log; stdout may be an API answer's.
-            outfunc => sub { print STDERR "$_[0]\n" },
-            errfunc => sub { $errors .= "$_[0]\n" },
-        );
-    };
-    if (my $err = $@) {
-        chomp(my $why = $errors ne '' ? $errors : $err);
-        warn "copy target '$volid' keeps its full size for now: $why\n"
-            . "It is tried again at its next activation and deactivation; or run"
-            . " 'pvestord volume shrink $volid' once its VM is stopped.\n";
+    my @targets = eval { copy_targets($scfg, basename($class->path($scfg, $volname, $storeid)),
+        $cache) };
+    warn "copy targets of '$storeid:$volname' not listed: $@" if $@;
+    for my $lv (@targets) {
+        my $volid = "$storeid:$lv";
+        my $errors = '';
+        eval {
+            run_command(
+                [
+                    $PVESTORD, 'volume', 'reduce-copy',
+                    ($on_activation ? ('--on-activation') : ()), $volid,
+                ],
+                timeout => $REDUCE_TIMEOUT,
+                # Its one line, for the task log; stdout may be an API answer's.
+                outfunc => sub { print STDERR "$_[0]\n" },
+                errfunc => sub { $errors .= "$_[0]\n" },
+            );
+        };
+        if (my $err = $@) {
+            chomp(my $why = $errors ne '' ? $errors : $err);
+            warn "copy target '$volid' keeps its size for now: $why\n"
+                . "It is tried again at its next activation and deactivation; or run"
+                . " 'pvestord volume shrink $storeid:$volname' once its VM is stopped.\n";
+        }
     }
     return;
 }
@@ -1043,12 +1059,18 @@ sub volume_snapshot_delete {
     # Offline, LVMPlugin writes one LV into another with qemu-img (commit into the
     # first snapshot, rebase of the child onto the parent). A running VM's delete
     # is qemu-server's block job, prepared in volume_snapshot_info above.
-    if (!$running) {
-        $class->activate_volume($storeid, $scfg, $volname);
-        my $snapshots = $class->volume_snapshot_info($scfg, $storeid, $volname);
-        make_room_for_delete($class, $scfg, $storeid, $snapshots, $snap, 0);
-    }
-    return $class->SUPER::volume_snapshot_delete($scfg, $storeid, $volname, $snap, $running);
+    # The LV merged into is tagged as a copy target with its growth: offline
+    # it is reduced right after the delete, to what it then holds plus a chunk
+    # (the chain would else ratchet up with every delete); a running VM's QEMU
+    # has it open, so it is reduced at its next deactivation, the VM's stop.
+    return $class->SUPER::volume_snapshot_delete($scfg, $storeid, $volname, $snap, $running)
+        if $running;
+    $class->activate_volume($storeid, $scfg, $volname);
+    my $snapshots = $class->volume_snapshot_info($scfg, $storeid, $volname);
+    make_room_for_delete($class, $scfg, $storeid, $snapshots, $snap, 0);
+    $class->SUPER::volume_snapshot_delete($scfg, $storeid, $volname, $snap, $running);
+    reduce_copy_target($class, $storeid, $scfg, $volname, undef, undef, 0);
+    return;
 }
 
 # 'qm template': the disk becomes a base. pvestord names and retags it (the
