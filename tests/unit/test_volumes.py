@@ -45,6 +45,7 @@ from pvestord.policy.volumes import (
     initial_lv_size,
     new_volume,
     next_disk_name,
+    parse_chain_volume_id,
     parse_volname,
     parse_volume_id,
     shrink_target,
@@ -635,3 +636,22 @@ def test_unreadable_storage_config(tmp_path: Path) -> None:
     done = run("volume", "list", "--storage-config", str(tmp_path / "missing.cfg"))
     assert done.returncode == 1
     assert "cannot read storage configuration" in done.stderr
+
+
+@given(st.integers(100, 999_999_999), st.from_regex(r"disk-[0-9]{1,3}", fullmatch=True),
+       st.from_regex(r"[A-Za-z][A-Za-z0-9_\-]{0,39}", fullmatch=True))
+def test_reduce_copy_takes_a_disk_or_one_of_its_snapshot_lvs(vmid: int, disk: str,
+                                                             snap: str) -> None:
+    """A snapshot delete merges into the top or into a snapshot LV: both are
+    copy targets then, named by LVMPlugin's volume ids."""
+    for volname in (f"vm-{vmid}-{disk}.qcow2", f"snap_vm-{vmid}-{disk}_{snap}.qcow2"):
+        vol = parse_chain_volume_id(f"thin1:{volname}")
+        assert (vol.storeid, vol.volname, vol.vmid) == ("thin1", volname, vmid)
+
+
+@pytest.mark.parametrize("text", ["thin1:snap_vm-100-disk-0.qcow2", "thin1:../x.qcow2",
+                                  "snap_vm-100-disk-0_s.qcow2", "thin1:snap_vm-99-d_s.qcow2",
+                                  "thin1:base-100-disk-0.qcow2"])
+def test_reduce_copy_refuses_other_names(text: str) -> None:
+    with pytest.raises(VolumeError):
+        parse_chain_volume_id(text)
