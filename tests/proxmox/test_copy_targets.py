@@ -254,3 +254,53 @@ def test_a_vm_running_here_keeps_its_copy_target_as_it_is(copy_bed: CopyBed) -> 
     assert copy_bed.lvm_changes() == []
     # Refused before the image was checked at all.
     assert [r for r in copy_bed.qemu_img_runs() if r["command"][0] == "check"] == []
+
+
+# --- a snapshot delete's merge target (issue 37 item 2) --------------------------------------
+
+SNAP_LV = "snap_vm-100-disk-0_s1.qcow2"
+
+
+def test_a_live_snapshot_deletes_merge_target_is_reduced_when_the_vm_stops(
+        copy_bed: CopyBed) -> None:
+    """qemu-server's online delete of the first snapshot reads the chain right
+    before its block-commit of the top into the snapshot's LV: the plugin grows
+    that LV and tags it. QEMU has it open meanwhile; the VM's stop deactivates
+    the volume, and the snapshot LV of the chain, tagged, is reduced then."""
+    made = copy_bed.bed.try_alloc("thin1", 100, "qcow2", VOLNAME, DISK // 1024)
+    assert made == {"volid": VOLID, "error": ""}
+    copy_bed.run(f'PVE::Storage::volume_snapshot($cfg, "{VOLID}", "s1"); print "{{}}";')
+    assert set(copy_bed.bed.lvs()) == {VOLNAME, SNAP_LV}
+    write_image(copy_bed.image, 64 * MiB)   # what the commit leaves in the snapshot's LV
+    copy_bed.run('sub PVE::QemuServer::qemu_volume_snapshot_delete {'
+                 ' my ($vmid, $storecfg, $drive, $snap) = @_;'
+                 ' PVE::Storage::volume_snapshot_info($storecfg, $drive->{file}); 1 }'
+                 f'PVE::QemuServer::qemu_volume_snapshot_delete(100, $cfg,'
+                 f' {{ file => "{VOLID}" }}, "s1"); print "{{}}";')
+    grown = copy_bed.bed.lvs()[SNAP_LV]
+    assert grown["size"] > INITIAL
+    assert COPY_TAG in grown["tags"]
+    assert COPY_TAG not in copy_bed.bed.lvs()[VOLNAME]["tags"]
+    copy_bed.run(f'PVE::Storage::deactivate_volumes($cfg, ["{VOLID}"]); print "{{}}";')
+    lv = copy_bed.bed.lvs()[SNAP_LV]
+    assert lv["size"] == expected_size(copy_bed.image, grown["size"]) < grown["size"]
+    assert COPY_TAG not in lv["tags"]
+    assert copy_bed.bed.lvs()[VOLNAME]["size"] == INITIAL
+    reduced = [c["command"][-1] for c in copy_bed.lvm_changes() if c["command"][0] == "lvreduce"]
+    assert reduced == [f"{VG}/{SNAP_LV}"]
+
+
+def test_an_lv_of_another_disk_is_not_part_of_the_chain(copy_bed: CopyBed) -> None:
+    """vm-100-disk-0's deactivation reduces its own chain's copy targets only,
+    not vm-100-disk-01's (whose name begins like it)."""
+    for name in (VOLNAME, "vm-100-disk-01.qcow2"):
+        made = copy_bed.bed.try_alloc("thin1", 100, "qcow2", name, DISK // 1024)
+        assert made["error"] == ""
+    lvs = copy_bed.bed.lvs()
+    lvs["vm-100-disk-01.qcow2"]["tags"].append(COPY_TAG)
+    lvs["vm-100-disk-01.qcow2"]["size"] = 2 * GiB
+    copy_bed.bed.set_lvs(lvs)
+    write_image(copy_bed.image, 64 * MiB)
+    copy_bed.run(f'PVE::Storage::deactivate_volumes($cfg, ["{VOLID}"]); print "{{}}";')
+    assert copy_bed.lvm_changes() == []
+    assert copy_bed.bed.lvs()["vm-100-disk-01.qcow2"]["size"] == 2 * GiB
