@@ -93,9 +93,10 @@ def _lines(path: Path) -> list[dict[str, Any]]:
 @pytest.fixture
 def copy_bed(proxmox: upstream.Upstream, tmp_path: Path) -> CopyBed:
     bed = make_bed(proxmox, tmp_path, vg=VG, vg_size=100 * GiB, extent=EXTENT)
-    py_locks, run_dir = tmp_path / "py-locks", tmp_path / "run"
+    py_locks, run_dir, cluster = tmp_path / "py-locks", tmp_path / "run", tmp_path / "pve"
     py_locks.mkdir()
     run_dir.mkdir()
+    cluster.mkdir()
     lvm_log, qemu_img_log = tmp_path / "py-lvm.jsonl", tmp_path / "qemu-img.jsonl"
     image = tmp_path / "image.qcow2"
     # The bed's pvestord, with a volume command's files in the bed as well.
@@ -104,7 +105,7 @@ def copy_bed(proxmox: upstream.Upstream, tmp_path: Path) -> CopyBed:
         "#!/bin/sh\n"
         f"if [ \"$1\" = volume ]; then {pvestord} \"$@\""
         f" --storage-config {proxmox.pve_dir / 'storage.cfg'} --lock-dir {py_locks}"
-        f" --run-dir {run_dir} --vg-health-dir {bed.health_dir}; fi\n"
+        f" --run-dir {run_dir} --cluster-dir {cluster} --vg-health-dir {bed.health_dir}; fi\n"
         f"{pvestord} \"$@\" --vg-health-dir {bed.health_dir}\n")
     real = shutil.which("qemu-img")
     assert real is not None
@@ -304,3 +305,65 @@ def test_an_lv_of_another_disk_is_not_part_of_the_chain(copy_bed: CopyBed) -> No
     copy_bed.run(f'PVE::Storage::deactivate_volumes($cfg, ["{VOLID}"]); print "{{}}";')
     assert copy_bed.lvm_changes() == []
     assert copy_bed.bed.lvs()["vm-100-disk-01.qcow2"]["size"] == 2 * GiB
+
+
+def test_an_offline_snapshot_delete_reduces_its_merge_target_after_the_merge_only(
+        copy_bed: CopyBed) -> None:
+    """Offline, the plugin grows the snapshot's LV for the commit, then hands
+    over to LVMPlugin's delete, whose first step is an activation of the
+    volume (the plugin's activate_volume): the LV must keep its room until the
+    commit has written into it, and be reduced right after, under its new name.
+    LVMPlugin's delete is replaced by one that does what the real one does to
+    the LVs (activate, commit, remove the top, rename) and records the
+    target's size when the commit would run."""
+    made = copy_bed.bed.try_alloc("thin1", 100, "qcow2", VOLNAME, DISK // 1024)
+    assert made == {"volid": VOLID, "error": ""}
+    copy_bed.run(f'PVE::Storage::volume_snapshot($cfg, "{VOLID}", "s1"); print "{{}}";')
+    write_image(copy_bed.image, 64 * MiB)
+    seen = copy_bed.run(
+        'my $at_commit;'
+        '{ no warnings "redefine";'
+        '  *PVE::Storage::LVMPlugin::volume_snapshot_delete = sub {'
+        '    my ($class, $scfg, $storeid, $volname, $snap, $running) = @_;'
+        '    $class->activate_volume($storeid, $scfg, $volname);'
+        '    my $vg = $scfg->{vgname};'
+        '    my $lvs = PVE::Storage::LVMPlugin::lvm_list_volumes($vg);'
+        f'    $at_commit = $lvs->{{$vg}}->{{"{SNAP_LV}"}};'
+        '    PVE::Storage::LVMPlugin::run_command(["/sbin/lvremove", "-f", "$vg/$volname"]);'
+        f'    PVE::Storage::LVMPlugin::run_command(["/sbin/lvrename", $vg, "{SNAP_LV}",'
+        '      $volname]);'
+        '  }; }'
+        f'PVE::Storage::volume_snapshot_delete($cfg, "{VOLID}", "s1", 0);'
+        'print encode_json({size => $at_commit->{lv_size} + 0, tags => $at_commit->{tags}});')
+    assert seen["size"] > INITIAL, "reduced before the commit wrote into it"
+    assert COPY_TAG in seen["tags"].split(",")
+    lvs = copy_bed.bed.lvs()
+    assert set(lvs) == {VOLNAME}
+    assert lvs[VOLNAME]["size"] == expected_size(copy_bed.image, seen["size"]) < seen["size"]
+    assert COPY_TAG not in lvs[VOLNAME]["tags"]
+
+
+def test_a_migration_source_leaves_the_target_to_reduce_it(copy_bed: CopyBed) -> None:
+    """A live migration's source stops its QEMU and deactivates the volumes
+    once the config has moved: the LV is not open here and the VM not running
+    here, but the target's QEMU writes it. pmxcfs's .vmlist placing the VM on
+    another node refuses; the tag stays for that node to reduce it at the VM's stop."""
+    thick = alloc_copy_target(copy_bed)
+    write_image(copy_bed.image, 64 * MiB)
+    cluster = copy_bed.run_dir.parent / "pve"
+    (cluster / ".members").write_text(json.dumps({"nodename": "nodea", "version": 3, "cluster": {
+        "name": "c", "version": 2, "nodes": 2, "quorate": 1}}))
+    (cluster / ".vmlist").write_text(json.dumps(
+        {"version": 4, "ids": {"100": {"node": "nodeb", "type": "qemu", "version": 9}}}))
+    found = copy_bed.run(f'eval {{ PVE::Storage::deactivate_volumes($cfg, ["{VOLID}"]) }};'
+                         'print encode_json({error => "$@"});')
+    assert found == {"error": ""}
+    lv = copy_bed.bed.lvs()[VOLNAME]
+    assert lv["size"] == thick
+    assert COPY_TAG in lv["tags"]
+    assert copy_bed.lvm_changes() == []
+    # Back on this node (migrated back, or never gone): reduced.
+    (cluster / ".vmlist").write_text(json.dumps(
+        {"version": 5, "ids": {"100": {"node": "nodea", "type": "qemu", "version": 9}}}))
+    copy_bed.run(f'PVE::Storage::deactivate_volumes($cfg, ["{VOLID}"]); print "{{}}";')
+    assert copy_bed.bed.lvs()[VOLNAME]["size"] == expected_size(copy_bed.image, thick) < thick

@@ -273,6 +273,12 @@ my sub ask {
 # them, it would wait for this one until its lock wait timed out.
 our $HOLDING_LOCKS = 0;
 
+# Set while an offline snapshot delete merges one LV of a chain into another:
+# LVMPlugin's delete activates the volume first, and the LV grown and tagged
+# for the merge (make_room_for_delete) must keep its room until the merge has
+# written into it. It is reduced right after (volume_snapshot_delete).
+our $MERGING = 0;
+
 # Proxmox locks 'storage-<storeid>' around a change of a storage's LVM
 # metadata, never the VG: an 'lvm:' and a 'pvestord:' storage on one VG would
 # take two different locks, and Proxmox's lvcreate on the one could write the
@@ -386,7 +392,7 @@ my sub copy_targets {
 my sub reduce_copy_target {
     my ($class, $storeid, $scfg, $volname, $snapname, $cache, $on_activation) = @_;
 
-    return if defined($snapname) || $HOLDING_LOCKS;
+    return if defined($snapname) || $HOLDING_LOCKS || $MERGING;
     return if ($class->parse_volname($volname))[6] ne 'qcow2';
     # A base or a linked clone is never a copy target.
     return if $volname =~ m/^base-/;
@@ -1067,8 +1073,11 @@ sub volume_snapshot_delete {
         if $running;
     $class->activate_volume($storeid, $scfg, $volname);
     my $snapshots = $class->volume_snapshot_info($scfg, $storeid, $volname);
-    make_room_for_delete($class, $scfg, $storeid, $snapshots, $snap, 0);
-    $class->SUPER::volume_snapshot_delete($scfg, $storeid, $volname, $snap, $running);
+    {
+        local $MERGING = 1;
+        make_room_for_delete($class, $scfg, $storeid, $snapshots, $snap, 0);
+        $class->SUPER::volume_snapshot_delete($scfg, $storeid, $volname, $snap, $running);
+    }
     reduce_copy_target($class, $storeid, $scfg, $volname, undef, undef, 0);
     return;
 }
