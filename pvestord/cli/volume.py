@@ -96,6 +96,9 @@ def register(sub: options.SubCommands) -> None:
     reduce.add_argument("--run-dir", type=Path, default=paths.QEMU_SERVER_RUN,
                         metavar="DIR", help="where QEMU's <vmid>.pid lives "
                         "(default: %(default)s)")
+    reduce.add_argument("--cluster-dir", type=Path, default=volumes.CLUSTER_DIR,
+                        metavar="DIR", help="the cluster folder: a .vmlist placing the VM "
+                        "on another node refuses (default: %(default)s)")
     options.add_json_option(reduce)
 
     record = options.add_command(
@@ -157,7 +160,8 @@ def _shrink(args: argparse.Namespace) -> int:
 def _reduce_copy(args: argparse.Namespace) -> int:
     """For a volume (or a snapshot LV of one) tagged pvestord-copy (grown for a copy
     or a snapshot delete's merge into it), active
-    and not open on this node, its VM not running here: once the copy is over
+    and not open on this node, its VM not running here and its config on no other node
+    (a live migration's source leaves it to the target): once the copy is over
     (always before a deactivation; after an activation only when the image holds
     data), check the image, then under the storage lock reduce the LV to
     max(initial-size, image end + one chunk) in whole extents and drop the tag.

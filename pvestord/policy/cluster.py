@@ -155,7 +155,27 @@ def cross_node_refusal(view: ClusterView, vmid: int, now: float) -> str | None:
     return None
 
 
+def owned_elsewhere(members_text: str | None, vmlist_text: str | None, vmid: int) -> str | None:
+    """Why ``vmid``'s LVs must be left alone here because its config is on
+    another node, or None: ``.vmlist`` names a node other than this one
+    (``.members``' ``nodename``). Only that positive answer refuses; files
+    missing or unreadable, or a VMID in no list (a VM being created), say
+    nothing. This is the cleanup of a live migration's source: qemu-server
+    moves the config, resumes the VM on the target, stops its QEMU here and
+    deactivates the volumes here, the target's QEMU writing them meanwhile.
+    """
+    if members_text is None or vmlist_text is None:
+        return None
+    members = parse_members(members_text)
+    owner = vmlist_owner(vmlist_text, vmid)
+    if members is None or owner is None or owner == members.nodename:
+        return None
+    return (f"VM {vmid}'s configuration is on node {owner}, not on this node "
+            f"({members.nodename}): it may run there (a migration away from here)")
+
+
 __all__ = [
-    "ClusterReport", "ClusterView", "Membership", "cross_node_refusal", "parse_members",
+    "ClusterReport", "ClusterView", "Membership", "cross_node_refusal", "owned_elsewhere",
+    "parse_members",
     "parse_rrd", "vmlist_owner",
 ]

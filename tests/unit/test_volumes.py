@@ -29,6 +29,7 @@ from pvestord.policy.cluster import (
     ClusterView,
     Membership,
     cross_node_refusal,
+    owned_elsewhere,
     parse_members,
     parse_rrd,
     vmlist_owner,
@@ -655,3 +656,22 @@ def test_reduce_copy_takes_a_disk_or_one_of_its_snapshot_lvs(vmid: int, disk: st
 def test_reduce_copy_refuses_other_names(text: str) -> None:
     with pytest.raises(VolumeError):
         parse_chain_volume_id(text)
+
+
+@given(st.sampled_from(["nodea", "nodeb", "node-c"]), st.sampled_from([None, 0, 1]),
+       st.integers(100, 999))
+def test_a_copy_target_is_left_alone_only_where_vmlist_names_another_node(
+        owner: str, quorate: int | None, vmid: int) -> None:
+    """The reduction at deactivation needs no proof of ownership (a clone's new
+    VM is in no list yet); only a config known to be elsewhere, a migration's
+    source cleaning up, refuses, quorum or not."""
+    owners = {f"vm{vmid}": owner}
+    why = owned_elsewhere(members(HERE, quorate), vmlist(**owners), vmid)
+    assert (why is None) == (owner == HERE)
+    if why is not None:
+        assert f"on node {owner}" in why
+    # Nothing known, nothing refused.
+    assert owned_elsewhere(members(HERE, quorate), vmlist(), vmid) is None
+    assert owned_elsewhere(None, vmlist(**owners), vmid) is None
+    assert owned_elsewhere(members(HERE, quorate), None, vmid) is None
+    assert owned_elsewhere("garbage", vmlist(**owners), vmid) is None

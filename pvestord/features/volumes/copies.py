@@ -37,10 +37,16 @@ left alone without a refusal (a deactivation of a volume already inactive).
 Proxmox calls both without the storage lock: the locks are taken here, for
 the re-read and ``lvreduce`` alone; ``qemu-img check`` runs before them.
 
-Unlike ``volume shrink`` this asks nothing of the cluster (quorum, the VM
-list): Proxmox activates and deactivates a VM's volumes on the node that
-runs the task using them, and the LV being active and not open here is
-the state Proxmox's own activation leaves it in.
+Unlike ``volume shrink`` this needs no proof from the cluster (quorum, the
+VM list naming this node): Proxmox activates and deactivates a VM's volumes
+on the node that runs the task using them, and the LV being active and not
+open here is the state Proxmox's own activation leaves it in. With one
+exception, refused: a live migration's source deactivates the volumes once
+its QEMU has stopped, while the target's QEMU writes them, the config moved
+there already; so a ``.vmlist`` naming another node for the VM refuses
+(:func:`pvestord.policy.cluster.owned_elsewhere`), and the target node
+reduces the LV at that VM's stop. A mirror's target or a running VM's
+snapshot-delete target must not be reduced under it.
 """
 
 from __future__ import annotations
@@ -49,7 +55,7 @@ import logging
 from dataclasses import dataclass
 
 from pvestord.adapters import lvm
-from pvestord.features.volumes.running import refuse_if_running_here
+from pvestord.features.volumes.running import refuse_if_owned_elsewhere, refuse_if_running_here
 from pvestord.features.volumes.shrinking import plan_reduction, reduce_planned
 from pvestord.features.volumes.storage import VolumeSettings, load_config, thin_storage
 from pvestord.policy.capacity import COPY_TAG
@@ -115,6 +121,7 @@ async def reduce_copy_target(settings: VolumeSettings, volid: VolumeId | str, *,
         raise ShrinkRefused(f"{what}: the LV {vg}/{lv} is open on this node (a copy, a "
                             "mirror or a VM uses it); nothing changed")
     refuse_if_running_here(settings, vol.vmid, prefix=f"{what}: ", outcome="nothing changed")
+    refuse_if_owned_elsewhere(settings, vol.vmid, prefix=f"{what}: ")
     plan = await plan_reduction(storage, before, what)
     if not copy_over(on_activation, plan.checked.allocated_clusters):
         return untouched("the image holds no data yet: its copy has not begun")
@@ -124,6 +131,7 @@ async def reduce_copy_target(settings: VolumeSettings, volid: VolumeId | str, *,
             raise ShrinkRefused(f"{what}: no longer a copy target (its tag was dropped "
                                 "meanwhile); nothing changed")
         refuse_if_running_here(settings, vol.vmid, prefix=f"{what}: ", outcome="nothing changed")
+        refuse_if_owned_elsewhere(settings, vol.vmid, prefix=f"{what}: ")
 
     after = await reduce_planned(settings, storage, plan, still_safe=still_safe,
                                  drop_tags=(COPY_TAG,))

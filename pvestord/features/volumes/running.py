@@ -16,6 +16,7 @@ from pvestord.policy.cluster import (
     ClusterReport,
     ClusterView,
     cross_node_refusal,
+    owned_elsewhere,
     parse_rrd,
     vmlist_owner,
 )
@@ -62,6 +63,16 @@ def refuse_if_running_here(settings: VolumeSettings, vmid: int, *, prefix: str =
     if vm is not None:
         raise ShrinkRefused(f"{prefix}VM {vmid} is running on this node (pid {vm.pid}); "
                             f"{outcome}")
+
+
+def refuse_if_owned_elsewhere(settings: VolumeSettings, vmid: int, *, prefix: str = "",
+                              outcome: str = "nothing changed") -> None:
+    """:raises ShrinkRefused: pmxcfs's ``.vmlist`` places ``vmid`` on another
+    node (:func:`owned_elsewhere`); files it cannot read refuse nothing."""
+    view = read_cluster_view(settings.cluster_dir)
+    why = owned_elsewhere(view.members, view.vmlist, vmid)
+    if why is not None:
+        raise ShrinkRefused(f"{prefix}{why}; {outcome}")
 
 
 def refuse_if_running(settings: VolumeSettings, vmid: int) -> None:
