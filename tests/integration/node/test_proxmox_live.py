@@ -19,12 +19,15 @@ its target LV as it stood before the plugin's growth.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from pvestord.features import plugin
-from tests.harness.lvmbed import GiB, MiB, measured_maximum, qcow2_check, sh
+from pvestord.policy.capacity import COPY_TAG
+from pvestord.policy.volumes import shrink_target
+from tests.harness.lvmbed import VG, GiB, MiB, measured_maximum, qcow2_check, sh
 from tests.harness.polling import wait_until
 from tests.harness.pvestorage import (
     CHUNK,
@@ -168,6 +171,27 @@ def test_live_snapshot_then_live_delete_as_qemu_server_makes_them(
         for offset, length, pattern in guest.written:
             qemu_io(vg, SNAP1, f"read -P {pattern:#x} {offset} {length}")
         assert lv_sizes(vg) == {SNAP1: expected, VOLNAME: before[VOLNAME]}
+
+        # The VM stopped, qemu-server deactivates its volumes (vm_stop_cleanup):
+        # the LV the commit merged into, tagged when it was grown for the job,
+        # goes back to what it holds plus a chunk.
+        assert COPY_TAG in lv_tag_sets(vg)[SNAP1]
+        end = image_end(vg, SNAP1)
+        pve.call(f'PVE::Storage::deactivate_volumes($cfg, ["{VOLID}"]); return [];')
+        reduced = lv_sizes(vg)[SNAP1]
+        (out_dir / "live-delete-sizes.json").write_text(json.dumps(
+            {"before": before, "grown_for_commit": expected, "image_end": end,
+             "after_stop": lv_sizes(vg)}, indent=2))
+        assert reduced == shrink_target(expected, end, CHUNK, INITIAL, EXTENT) <= expected
+        assert COPY_TAG not in lv_tag_sets(vg)[SNAP1]
+        sh("lvchange", "-aey", vg.lv_path(SNAP1))
+        assert qcow2_check(vg.lv_path(SNAP1))["exit"] == 0
+
+
+def lv_tag_sets(vg: VG) -> dict[str, set[str]]:
+    out = sh("lvs", "--reportformat", "json", "-o", "lv_name,lv_tags", vg.name)
+    return {row["lv_name"]: {t for t in row["lv_tags"].split(",") if t}
+            for row in json.loads(out)["report"][0]["lv"]}
 
 
 # The quick set has the plugin's rule for this delete offline

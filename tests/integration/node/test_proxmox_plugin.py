@@ -464,6 +464,11 @@ def test_snapshot_deletes_do_not_ratchet_a_chain_up(
         assert after[VOLNAME] == INITIAL < grown
         assert COPY_TAG not in lv_tags(vg)[VOLNAME]
     (out_dir / "snapshot-delete-sizes.json").write_text(json.dumps(rounds, indent=2))
+    # Reduced under the disk's name: after qemu-img commit and the rename, never
+    # under the snapshot's, before the commit had written into its room.
+    said = (out_dir / "perl.log").read_text()
+    assert said.count(f"{STORE}:{VOLNAME}: copy over") == 3, said
+    assert f"{STORE}:snap_vm-{VMID}-disk-0_r1.qcow2: copy over" not in said, said
     assert qcow2_check(vg.lv_path(VOLNAME))["exit"] == 0
     for n in range(4):
         qemu_io(vg, VOLNAME, f"read -P {0x10 + n:#x} {n * GiB} {WRITE}")
