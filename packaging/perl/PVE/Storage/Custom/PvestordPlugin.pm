@@ -362,7 +362,8 @@ my sub copy_targets {
         ? ($cache->{pvestord_lvs}->{$vg} //= PVE::Storage::LVMPlugin::lvm_list_volumes($vg))
         : PVE::Storage::LVMPlugin::lvm_list_volumes($vg);
     my $stem = $top =~ s/\.qcow2$//r;
-    my @chain = ($top, grep { /^snap_\Q$stem\E_.+\.qcow2$/ } sort keys(($lvs->{$vg} // {})->%*));
+    my @snapshots = grep { /^snap_\Q$stem\E_.+\.qcow2$/ } sort keys(($lvs->{$vg} // {})->%*);
+    my @chain = ($top, @snapshots);
     return grep {
         my $tags = $lvs->{$vg}->{$_}->{tags} // '';
         scalar(grep { $_ eq $COPY_TAG } split(/,/, $tags));
