@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.report import Figure, ratio, summary
+from pvestord.policy.proxmox import qcow2_disk_vmid
 from tests.harness.daemons import VENV_BIN
 from tests.harness.lvmbed import VG, GiB, MiB, loop_vg, measured_maximum, scratch_dir, sh
 from tests.harness.qemu import Pve9Disk, QemuVM, create_qcow2, image_io
@@ -223,9 +224,8 @@ def _copy_target(vg: VG, kind: str, lv: str, maximum: int) -> None:
     plugin's decision and tags on pvestord's side, Proxmox's ``lvm`` type's
     on the thick side."""
     if kind == "pvestord":
-        vmid = int(lv.split("-")[1])
-        plan = ask_plugin(vg, {"op": "alloc", "vmid": vmid, "format": "qcow2", "name": lv,
-                               "virtual_size": DISK, "backing": False,
+        plan = ask_plugin(vg, {"op": "alloc", "vmid": qcow2_disk_vmid(lv), "format": "qcow2",
+                               "name": lv, "virtual_size": DISK, "backing": False,
                                "callers": ["PVE::QemuServer::clone_disk"]})
         vg.create_lv(lv, int(plan["lv_size"]))
         sh("lvchange", "-q", *(f"--addtag={tag}" for tag in plan["tags"]), vg.lv_path(lv))

@@ -30,6 +30,8 @@ from tests.harness.lvmbed import VG, GiB, MiB, measured_maximum, qcow2_check, qc
 from tests.harness.polling import wait_until
 from tests.harness.qemu import PatternIo, Pve9Disk, QemuVM, pve9_disk
 
+#: The fault bed's one storage.
+STOREID = "thin1"
 CHUNK = 32 * MiB
 #: chunk-percentage 0.5: the threshold sits this far below the LV's end.
 HEADROOM = 16 * MiB
@@ -89,7 +91,7 @@ class Node:
 def fault_bed(vg: VG, tmp_path: Path, out_dir: Path) -> NodeBed:
     """The fault suite's storage on ``vg``: 32 MiB chunks, the threshold
     16 MiB (:data:`HEADROOM`) below the LV's end, new LVs of 64 MiB (:data:`LV0`)."""
-    spec = ThinStorageSpec("thin1", vg.name, chunksize="32M", chunk_percentage=0.5,
+    spec = ThinStorageSpec(STOREID, vg.name, chunksize="32M", chunk_percentage=0.5,
                            initial_size="64M")
     return NodeBed(tmp_path, [spec], logs_dir=out_dir)
 
@@ -109,7 +111,7 @@ def node(bed: NodeBed, faults: LvmFaults, *pvestord_args: str) -> Iterator[Node]
 def thin_vm(bed: NodeBed, vg: VG, vmid: int) -> tuple[QemuVM, str]:
     lv = f"vm-{vmid}-disk-0.qcow2"
     qcow2_create(vg.create_lv(lv, LV0), 8 * GiB)
-    disk = Pve9Disk.for_volume(vg.lv_path(lv), f"thin1:{lv}")
+    disk = Pve9Disk.for_volume(vg.lv_path(lv), f"{STOREID}:{lv}")
     vm = QemuVM(vmid, bed.run_dir, disks=[disk],
                 event_socket=bed.event_socket, log_path=bed.logs / f"qemu-{vmid}.log")
     return vm, lv
@@ -199,7 +201,7 @@ def dm_name(vg: VG, lv: str) -> str:
     return f"{vg.name.replace('-', '--')}-{lv.replace('-', '--')}"
 
 
-def grow_elsewhere(vg: VG, lv: str, size: int, storeid: str = "thin1") -> None:
+def grow_elsewhere(vg: VG, lv: str, size: int, storeid: str = STOREID) -> None:
     """As if another node grew the LV: the metadata grows, and this node's
     device-mapper table is put back to the old size (no refresh here yet).
 

@@ -56,6 +56,7 @@ from tests.harness.faultbed import (
     HEADROOM,
     LV0,
     SETTLE_TIMEOUT,
+    STOREID,
     Workload,
     entries_of,
     fault_bed,
@@ -76,9 +77,6 @@ from tests.harness.faults import (
 from tests.harness.lvmbed import VG, MiB
 from tests.harness.polling import wait_until
 from tests.harness.qemu import QemuVM, pve9_disk
-
-#: The fault bed's storage (:func:`tests.harness.faultbed.fault_bed`).
-STOREID = "thin1"
 
 
 @pytest.fixture
