@@ -35,6 +35,9 @@ GUEST_ROOT_ENV = "PVESTORD_GUEST_ROOT"
 #: is written there (a node's --out may be a folder inside it).
 GUEST_OUT_MOUNT = Path("/tmp/pvestord-out")
 GUEST_OUT_ENV = "PVESTORD_GUEST_OUT"
+#: Written in --out as the guest starts the command: the host tells a guest
+#: that ran nothing (booted again, nodeguest.BOOT_ATTEMPTS) from one that ran.
+STARTED_MARKER = "inguest.started"
 #: Read-only trees of the guest's root that tests read all the time: programs,
 #: libraries, Python and Perl modules, QEMU's firmware, the trixie bed's venv.
 SYSTEM_TREES = tuple(Path(p) for p in (
@@ -105,7 +108,7 @@ def main() -> int:
     args = parser.parse_args()
     if os.environ.get(GUEST_OUT_ENV) and GUEST_OUT_MOUNT.is_dir():
         _run(["mount", "--bind", str(GUEST_OUT_MOUNT), os.environ[GUEST_OUT_ENV]])
-    (args.out / "inguest.started").write_text("booted\n")
+    (args.out / STARTED_MARKER).write_text("booted\n")
     prepare()
     os.environ["PVESTORD_TEST_OUT"] = str(args.out)
     python = sys.executable

@@ -39,8 +39,10 @@ from typing import Any
 
 from pvestord.adapters.lvm import FAST_CONFIG
 from tests.harness.daemonlog import records
+from tests.harness.inguest import STARTED_MARKER
 from tests.harness.nodeguest import (
     BEDS,
+    BOOT_ATTEMPTS,
     DEFAULT_BED,
     VENV_BIN,
     Bed,
@@ -257,17 +259,22 @@ def _qemu_opts(work: Path, name: str, san: Path) -> str:
         "-device", f"virtio-net-pci,netdev=n1,mac={mac}"])
 
 
-def _boot(work: Path, node: Node, san: Path, memory: str, bed: Bed) -> None:
+def _boot(work: Path, node: Node, san: Path, memory: str, bed: Bed, *,
+          kernel_messages: bool = False) -> None:
     mac, addr = NODES[node.name]
-    (node.dir / "inguest.started").unlink(missing_ok=True)
+    (node.dir / STARTED_MARKER).unlink(missing_ok=True)
+    # A node booted again binds its end of the pair's link anew.
+    (work / f"{node.name}.net").unlink(missing_ok=True)
     inner = [str(bed.python), "-m", "tests.harness.inguest", "--out", str(node.dir),
              "exec", str(bed.python), "-m", "tests.harness.nodeagent",
              "--dir", str(node.agent_dir), "--mac", mac, "--addr", f"{addr}/24"]
     argv = vng_argv(f"cd {shlex.quote(str(REPO))} && " + shlex.join(inner), work,
-                    memory=memory, cpus=1, name=node.name, bed=bed)
+                    memory=memory, cpus=1, name=node.name, bed=bed,
+                    kernel_messages=kernel_messages)
     argv.append("--qemu-opts=" + _qemu_opts(work, node.name, san))
     env = dict(os.environ, PATH=f"{VENV_BIN}:{os.environ.get('PATH', '')}")
-    log = node.console_log.open("w")
+    # A second boot's console follows the first one's.
+    log = node.console_log.open("a" if kernel_messages else "w")
     node.proc = subprocess.Popen(  # noqa: S603 - argument list
         argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         env=env, text=True, errors="replace", start_new_session=True)
@@ -319,9 +326,19 @@ def cluster_pair(work: Path, *, boot_timeout: float = BOOT_TIMEOUT,
         for node in cluster.nodes:
             node.agent_dir.mkdir(parents=True)
             _boot(work, node, san, memory, cluster.bed)
+        boots = {node.name: 1 for node in cluster.nodes}
         for node in cluster.nodes:
             while not (node.agent_dir / "ready").exists():
                 if node.proc is not None and node.proc.poll() is not None:
+                    ran_nothing = not (node.dir / STARTED_MARKER).exists()
+                    if ran_nothing and boots[node.name] < BOOT_ATTEMPTS:
+                        # As nodeguest.run_guest: it ran nothing, so boot it again,
+                        # with the kernel's messages on its console.
+                        print(f"twonode: {node.name} exited {node.proc.returncode} before "
+                              "running our command; it boots once more", flush=True)
+                        boots[node.name] += 1
+                        _boot(work, node, san, memory, cluster.bed, kernel_messages=True)
+                        continue
                     raise GuestError(f"{node.name} exited {node.proc.returncode} before its "
                                      "agent was ready:\n" + _consoles(cluster))
                 if time.monotonic() - started > boot_timeout:
