@@ -1,7 +1,8 @@
 """Proxmox's own storage code, unpacked once per test module.
 
 A module that needs a storage.cfg in place overrides ``proxmox`` with a
-fixture of the same name that asks for this one and writes it.
+fixture of the same name that asks for this one and writes it
+(:func:`tests.proxmox.recorded.storage_cfg_fixture`).
 """
 
 from __future__ import annotations

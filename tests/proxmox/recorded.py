@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from pvestord.policy.sizes import GiB, MiB
 from tests.proxmox import upstream
 
@@ -135,9 +137,29 @@ lvm: thick1
 """
 
 
-def thin_and_thick_bed(proxmox: upstream.Upstream, folder: Path) -> Bed:
-    """A 100 GiB SHARED_VG, empty, for THIN_AND_THICK_CFG."""
-    return make_bed(proxmox, folder, vg=SHARED_VG, vg_size=100 * GiB, extent=SHARED_EXTENT)
+def storage_cfg_fixture(storage_cfg: str) -> Any:
+    """A test module's ``proxmox`` fixture: the sources (tests/proxmox/conftest.py)
+    with ``storage_cfg`` written once for the module. At the module's top:
+    ``proxmox = storage_cfg_fixture(CFG)``."""
+
+    @pytest.fixture(scope="module", name="proxmox")
+    def sources_with_storage_cfg(proxmox: upstream.Upstream) -> upstream.Upstream:
+        proxmox.write_storage_cfg(storage_cfg)
+        return proxmox
+
+    return sources_with_storage_cfg
+
+
+def empty_vg_fixture(*, vg: str = SHARED_VG, vg_size: int = 100 * GiB,
+                     extent: int = SHARED_EXTENT) -> Any:
+    """A test module's ``bed`` fixture: an empty VG for each test (by default
+    THIN_AND_THICK_CFG's, 100 GiB). At the module's top: ``bed = empty_vg_fixture()``."""
+
+    @pytest.fixture(name="bed")
+    def empty_vg(proxmox: upstream.Upstream, tmp_path: Path) -> Bed:
+        return make_bed(proxmox, tmp_path, vg=vg, vg_size=vg_size, extent=extent)
+
+    return empty_vg
 
 
 def lvcreates(commands: list[list[str]]) -> list[list[str]]:

@@ -10,38 +10,29 @@ require it) gets the only value the type has.
 
 The bed (LVM and qemu-img recording stand-ins, the storage.cfg with ``thin1``
 and the same VG as Proxmox's ``lvm`` type ``thick1``) is ``recorded``'s
-``thin_and_thick_bed``.
+``empty_vg_fixture``.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from pvestord.policy.sizes import GiB
-from tests.proxmox import upstream
 from tests.proxmox.recorded import (
     SHARED_VG as VG,
 )
 from tests.proxmox.recorded import (
     THIN_AND_THICK_CFG,
     Bed,
+    empty_vg_fixture,
     lvcreates,
-    thin_and_thick_bed,
+    storage_cfg_fixture,
 )
 
-
-@pytest.fixture(scope="module")
-def proxmox(proxmox: upstream.Upstream) -> upstream.Upstream:
-    proxmox.write_storage_cfg(THIN_AND_THICK_CFG)
-    return proxmox
-
-
-@pytest.fixture
-def bed(proxmox: upstream.Upstream, tmp_path: Path) -> Bed:
-    return thin_and_thick_bed(proxmox, tmp_path)
+proxmox = storage_cfg_fixture(THIN_AND_THICK_CFG)
+bed = empty_vg_fixture()
 
 
 def pvesm_alloc(bed: Bed, storeid: str, vmid: int, name: str, size: str) -> dict[str, str]:

@@ -20,14 +20,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from pvestord import policy
 from pvestord.adapters import qemu_img
 from pvestord.policy.capacity import maximum_from_tags, maximum_tag
 from pvestord.policy.sizes import GiB, MiB
-from tests.proxmox import upstream
-from tests.proxmox.recorded import Bed, make_bed
+from tests.proxmox.recorded import Bed, empty_vg_fixture, storage_cfg_fixture
 
 VG = "vg_san1"
 EXTENT = 4 * MiB
@@ -55,16 +52,8 @@ pvestord: capped1
 """
 
 
-@pytest.fixture(scope="module")
-def proxmox(proxmox: upstream.Upstream) -> upstream.Upstream:
-    """The sources, with this module's storage.cfg."""
-    proxmox.write_storage_cfg(STORAGE_CFG)
-    return proxmox
-
-
-@pytest.fixture
-def bed(proxmox: upstream.Upstream, tmp_path: Path) -> Bed:
-    return make_bed(proxmox, tmp_path, vg=VG, vg_size=VG_SIZE, extent=EXTENT)
+proxmox = storage_cfg_fixture(STORAGE_CFG)
+bed = empty_vg_fixture(vg=VG, vg_size=VG_SIZE, extent=EXTENT)
 
 
 def maximum_of(virtual_size: int) -> int:

@@ -34,7 +34,7 @@ from pvestord.policy.capacity import COPY_TAG
 from pvestord.policy.sizes import GiB, MiB
 from pvestord.policy.volumes import shrink_target
 from tests.proxmox import upstream
-from tests.proxmox.recorded import VENV_BIN, Bed, make_bed
+from tests.proxmox.recorded import VENV_BIN, Bed, make_bed, storage_cfg_fixture
 
 VG = "vg_san1"
 EXTENT = 4 * MiB
@@ -54,11 +54,7 @@ pvestord: thin1
 """
 
 
-@pytest.fixture(scope="module")
-def proxmox(proxmox: upstream.Upstream) -> upstream.Upstream:
-    """The sources, with this module's storage.cfg."""
-    proxmox.write_storage_cfg(STORAGE_CFG)
-    return proxmox
+proxmox = storage_cfg_fixture(STORAGE_CFG)
 
 
 @dataclass(frozen=True)

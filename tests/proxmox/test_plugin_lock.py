@@ -17,9 +17,8 @@ import signal
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 from tests.proxmox import upstream
+from tests.proxmox.recorded import storage_cfg_fixture
 
 STORAGE_CFG = ("pvestord: thin1\n\tvgname vg_h1_absent\n\tcontent images\n\tshared 1\n"
                "\tsnapshot-as-volume-chain 1\n\tpvestord-chunksize 256M\n")
@@ -29,11 +28,7 @@ SLOW_START = 5
 SHORT_ALARM = 2
 
 
-@pytest.fixture(scope="module")
-def proxmox(proxmox: upstream.Upstream) -> upstream.Upstream:
-    """The sources, with this module's storage.cfg."""
-    proxmox.write_storage_cfg(STORAGE_CFG)
-    return proxmox
+proxmox = storage_cfg_fixture(STORAGE_CFG)
 
 
 def test_stand_in_lock_keeps_cfs_locks_contract(proxmox: upstream.Upstream) -> None:

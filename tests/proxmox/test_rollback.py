@@ -15,15 +15,13 @@ Runs on any machine with the Proxmox sources and the Perl modules.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from pvestord.policy.capacity import CRITICAL_FREE
 from pvestord.policy.sizes import GiB, MiB
-from tests.proxmox import upstream
-from tests.proxmox.recorded import Bed, make_bed
+from tests.proxmox.recorded import Bed, empty_vg_fixture, storage_cfg_fixture
 
 VG = "vg_san1"
 EXTENT = 4 * MiB
@@ -56,16 +54,8 @@ pvestord: safe1
 CHANGES = ("/sbin/lvcreate", "/sbin/lvremove", "/sbin/lvrename")
 
 
-@pytest.fixture(scope="module")
-def proxmox(proxmox: upstream.Upstream) -> upstream.Upstream:
-    """The sources, with this module's storage.cfg."""
-    proxmox.write_storage_cfg(STORAGE_CFG)
-    return proxmox
-
-
-@pytest.fixture
-def bed(proxmox: upstream.Upstream, tmp_path: Path) -> Bed:
-    return make_bed(proxmox, tmp_path, vg=VG, vg_size=VG_SIZE, extent=EXTENT)
+proxmox = storage_cfg_fixture(STORAGE_CFG)
+bed = empty_vg_fixture(vg=VG, vg_size=VG_SIZE, extent=EXTENT)
 
 
 def snapshotted_disk(bed: Bed, storeid: str) -> dict[str, Any]:

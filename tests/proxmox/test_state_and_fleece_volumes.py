@@ -15,21 +15,19 @@ request. Runs on any machine with the Proxmox sources and the Perl modules.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from pvestord.policy.capacity import maximum_from_tags, maximum_tag
 from pvestord.policy.sizes import GiB, KiB, align_up
-from tests.proxmox import upstream
 from tests.proxmox.recorded import (
     SHARED_EXTENT,
     SHARED_INITIAL_SIZE,
     SHARED_VG,
     THIN_AND_THICK_CFG,
     Bed,
+    empty_vg_fixture,
     lvcreates,
-    thin_and_thick_bed,
+    storage_cfg_fixture,
 )
 
 VG = SHARED_VG
@@ -43,16 +41,8 @@ VMSTATE_KIB = (4096 * 2 + 500) * 1024
 FLEECE_BYTES = 10 * GiB + 512
 
 
-@pytest.fixture(scope="module")
-def proxmox(proxmox: upstream.Upstream) -> upstream.Upstream:
-    """The sources, with this module's storage.cfg."""
-    proxmox.write_storage_cfg(THIN_AND_THICK_CFG)
-    return proxmox
-
-
-@pytest.fixture
-def bed(proxmox: upstream.Upstream, tmp_path: Path) -> Bed:
-    return thin_and_thick_bed(proxmox, tmp_path)
+proxmox = storage_cfg_fixture(THIN_AND_THICK_CFG)
+bed = empty_vg_fixture()
 
 
 def without_size(command: list[str]) -> list[str]:

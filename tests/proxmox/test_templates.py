@@ -17,21 +17,18 @@ Perl modules.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
-
-import pytest
 
 from pvestord.policy.capacity import COPY_TAG, maximum_from_tags, maximum_tag
 from pvestord.policy.templates import parent_tag
-from tests.proxmox import upstream
 from tests.proxmox.recorded import (
     SHARED_INITIAL_SIZE,
     SHARED_VG,
     THIN_AND_THICK_CFG,
     Bed,
+    empty_vg_fixture,
     lvcreates,
-    thin_and_thick_bed,
+    storage_cfg_fixture,
 )
 
 VG = SHARED_VG
@@ -50,15 +47,8 @@ package main;
 """
 
 
-@pytest.fixture(scope="module")
-def proxmox(proxmox: upstream.Upstream) -> upstream.Upstream:
-    proxmox.write_storage_cfg(THIN_AND_THICK_CFG)
-    return proxmox
-
-
-@pytest.fixture
-def bed(proxmox: upstream.Upstream, tmp_path: Path) -> Bed:
-    return thin_and_thick_bed(proxmox, tmp_path)
+proxmox = storage_cfg_fixture(THIN_AND_THICK_CFG)
+bed = empty_vg_fixture()
 
 
 def run(bed: Bed, code: str, **extra: str) -> Any:

@@ -21,12 +21,15 @@ import fcntl
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 from pvestord.policy.sizes import GiB
 from tests.proxmox import upstream
 from tests.proxmox.recorded import SHARED_VG as VG
-from tests.proxmox.recorded import THIN_AND_THICK_CFG, Bed, thin_and_thick_bed
+from tests.proxmox.recorded import (
+    THIN_AND_THICK_CFG,
+    Bed,
+    empty_vg_fixture,
+    storage_cfg_fixture,
+)
 
 DISK = "vm-100-disk-0.qcow2"
 DISK_KIB = 4 * GiB // 1024
@@ -35,16 +38,8 @@ BOTH = ["storage-thick1", "storage-thin1"]
 CHANGES = ("/sbin/lvcreate", "/sbin/lvremove", "/sbin/lvrename", "/sbin/lvextend")
 
 
-@pytest.fixture(scope="module")
-def proxmox(proxmox: upstream.Upstream) -> upstream.Upstream:
-    """The sources, with thin1 and thick1 on one VG."""
-    proxmox.write_storage_cfg(THIN_AND_THICK_CFG)
-    return proxmox
-
-
-@pytest.fixture
-def bed(proxmox: upstream.Upstream, tmp_path: Path) -> Bed:
-    return thin_and_thick_bed(proxmox, tmp_path)
+proxmox = storage_cfg_fixture(THIN_AND_THICK_CFG)
+bed = empty_vg_fixture()
 
 
 def changes_and_locks(bed: Bed) -> list[tuple[str, list[str]]]:
