@@ -120,15 +120,18 @@ def make_bed(proxmox: upstream.Upstream, folder: Path, *, vg: str, vg_size: int,
 SHARED_VG = "vg_san1"
 SHARED_EXTENT = 4 * MiB
 SHARED_INITIAL_SIZE = 1 * GiB
-THIN_AND_THICK_CFG = f"""\
-pvestord: thin1
-\tvgname {SHARED_VG}
-\tcontent images
-\tshared 1
-\tsnapshot-as-volume-chain 1
-\tpvestord-chunksize 256M
-\tpvestord-initial-size 1G
 
+
+def pvestord_section(storeid: str, *options: str) -> str:
+    """A ``pvestord`` storage on SHARED_VG, ``initial-size`` 1G, with ``options`` ("key value")."""
+    lines = [f"pvestord: {storeid}", f"vgname {SHARED_VG}", "content images", "shared 1",
+             "snapshot-as-volume-chain 1", "pvestord-initial-size 1G", *options]
+    return "\n\t".join(lines) + "\n"
+
+
+#: The ``pvestord`` storage of most tests: 256 MiB chunks.
+THIN1_SECTION = pvestord_section("thin1", "pvestord-chunksize 256M")
+THIN_AND_THICK_CFG = THIN1_SECTION + f"""
 lvm: thick1
 \tvgname {SHARED_VG}
 \tcontent images

@@ -24,32 +24,23 @@ from pvestord import policy
 from pvestord.adapters import qemu_img
 from pvestord.policy.capacity import maximum_from_tags, maximum_tag
 from pvestord.policy.sizes import GiB, MiB
-from tests.proxmox.recorded import Bed, empty_vg_fixture, storage_cfg_fixture
+from tests.proxmox.recorded import (
+    SHARED_VG,
+    THIN1_SECTION,
+    Bed,
+    empty_vg_fixture,
+    pvestord_section,
+    storage_cfg_fixture,
+)
 
-VG = "vg_san1"
+VG = SHARED_VG
 EXTENT = 4 * MiB
 VG_SIZE = 20 * GiB
 DISK = 4 * GiB
 VOLNAME = "vm-100-disk-0.qcow2"
 #: Another node's VM: active there only, so not readable here.
 ELSEWHERE = "vm-200-disk-0.qcow2"
-STORAGE_CFG = f"""\
-pvestord: thin1
-\tvgname {VG}
-\tcontent images
-\tshared 1
-\tsnapshot-as-volume-chain 1
-\tpvestord-chunksize 256M
-\tpvestord-initial-size 1G
-
-pvestord: capped1
-\tvgname {VG}
-\tcontent images
-\tshared 1
-\tsnapshot-as-volume-chain 1
-\tpvestord-initial-size 1G
-\tpvestord-max-overcommit 2
-"""
+STORAGE_CFG = THIN1_SECTION + "\n" + pvestord_section("capped1", "pvestord-max-overcommit 2")
 
 
 proxmox = storage_cfg_fixture(STORAGE_CFG)

@@ -34,24 +34,23 @@ from pvestord.policy.capacity import COPY_TAG
 from pvestord.policy.sizes import GiB, MiB
 from pvestord.policy.volumes import shrink_target
 from tests.proxmox import upstream
-from tests.proxmox.recorded import VENV_BIN, Bed, make_bed, storage_cfg_fixture
+from tests.proxmox.recorded import (
+    SHARED_VG,
+    THIN1_SECTION,
+    VENV_BIN,
+    Bed,
+    make_bed,
+    storage_cfg_fixture,
+)
 
-VG = "vg_san1"
+VG = SHARED_VG
 EXTENT = 4 * MiB
 CHUNK = 256 * MiB
 INITIAL = 1 * GiB
 DISK = 4 * GiB
 VOLNAME = "vm-100-disk-0.qcow2"
 VOLID = f"thin1:{VOLNAME}"
-STORAGE_CFG = f"""\
-pvestord: thin1
-\tvgname {VG}
-\tcontent images
-\tshared 1
-\tsnapshot-as-volume-chain 1
-\tpvestord-chunksize 256M
-\tpvestord-initial-size 1G
-"""
+STORAGE_CFG = THIN1_SECTION
 
 
 proxmox = storage_cfg_fixture(STORAGE_CFG)

@@ -21,9 +21,16 @@ import pytest
 
 from pvestord.policy.capacity import CRITICAL_FREE
 from pvestord.policy.sizes import GiB, MiB
-from tests.proxmox.recorded import Bed, empty_vg_fixture, storage_cfg_fixture
+from tests.proxmox.recorded import (
+    SHARED_VG,
+    THIN1_SECTION,
+    Bed,
+    empty_vg_fixture,
+    pvestord_section,
+    storage_cfg_fixture,
+)
 
-VG = "vg_san1"
+VG = SHARED_VG
 EXTENT = 4 * MiB
 VG_SIZE = 20 * GiB
 INITIAL_SIZE = 1 * GiB
@@ -33,23 +40,7 @@ SNAP = "snap_vm-100-disk-0_snap1.qcow2"
 #: The name the old top has while it is replaced (the plugin's replaced_top_name).
 REPLACED = f"{VOLNAME}-rollback"
 #: thin-critical-free is left at its default, 5 %: 1 GiB of this VG.
-STORAGE_CFG = f"""\
-pvestord: thin1
-\tvgname {VG}
-\tcontent images
-\tshared 1
-\tsnapshot-as-volume-chain 1
-\tpvestord-chunksize 256M
-\tpvestord-initial-size 1G
-
-pvestord: safe1
-\tvgname {VG}
-\tcontent images
-\tshared 1
-\tsnapshot-as-volume-chain 1
-\tpvestord-initial-size 1G
-\tsaferemove 1
-"""
+STORAGE_CFG = THIN1_SECTION + "\n" + pvestord_section("safe1", "saferemove 1")
 #: What the rollbacks here change in the VG, in order: the commands that write.
 CHANGES = ("/sbin/lvcreate", "/sbin/lvremove", "/sbin/lvrename")
 
