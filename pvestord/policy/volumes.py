@@ -79,7 +79,7 @@ def parse_volname(volname: str) -> int:
         LVs ``snap_...``, anything LVM or Proxmox would refuse).
     """
     vmid = qcow2_disk_vmid(volname)
-    if vmid is None or len(volname) > 127:
+    if vmid is None or len(volname) > _MAX_LV_NAME:
         raise VolumeError(
             f"{volname!r} is not a Proxmox qcow2 volume name on LVM "
             "(expected vm-<vmid>-<name>.qcow2, e.g. vm-100-disk-0.qcow2)")
@@ -205,7 +205,7 @@ def parse_chain_volume_id(text: str) -> VolumeId:
     """
     storeid, sep, volname = text.partition(":")
     vmid = chain_vmid(volname)
-    if sep and is_storage_id(storeid) and is_snapshot(volname) and len(volname) <= 127:
+    if sep and is_storage_id(storeid) and is_snapshot(volname) and len(volname) <= _MAX_LV_NAME:
         assert vmid is not None
         return VolumeId(storeid, volname, check_vmid(vmid))
     return parse_volume_id(text)

@@ -18,6 +18,7 @@ of ``tests/proxmox``, QEMU, qemu-img, qmeventd-py and pvestord.
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 from tests.harness.daemonlog import extensions
@@ -38,6 +39,7 @@ from tests.harness.pvestorage import (
     lv_sizes,
     overlay_maximum,
     qemu_io,
+    thin_storage,
 )
 from tests.harness.qemu import Pve9Disk, QemuVM
 from tests.proxmox import upstream
@@ -185,3 +187,52 @@ def test_a_full_clone_of_a_template_is_a_copy_reduced_after_it(
         # Not a linked clone: the base may go.
         assert free_error(pve, BASE_VOLID) == ""
         print(f"MEASURED full clone of a template: LV {thick} while copying, {reduced} after")
+
+
+#: vdisk_free hands saferemove's zeroing to a worker (fork_worker); it runs at
+#: once here, its output to stderr (the session's answers are on stdout).
+WORKER_INLINE = (
+    'no warnings "redefine"; local *PVE::RPCEnvironment::fork_worker = sub {'
+    ' my ($self, $type, $id, $user, $worker) = @_;'
+    ' my $out = select(STDERR); $worker->(); select($out); return "UPID:t"; };')
+
+
+def lv_bytes_on_pv(vg: VG, lv: str) -> tuple[Path, int, int]:
+    """Where ``lv``'s one segment lies on the VG's loop PV: (backing file, offset, size)."""
+    [pv] = vg.pvs
+    row = json.loads(sh("lvs", "--reportformat", "json", "--units", "b", "--nosuffix", "-o",
+                        "devices,lv_size", f"{vg.name}/{lv}"))["report"][0]["lv"][0]
+    device, first_extent = row["devices"].rstrip(")").split("(")
+    assert device == pv.device, "one segment, on the loop PV"
+    pe_start = int(json.loads(sh("pvs", "--reportformat", "json", "--units", "b", "--nosuffix",
+                                 "-o", "pe_start", pv.device))["report"][0]["pv"][0]["pe_start"])
+    return pv.backing, pe_start + int(first_extent) * vg.extent_size(), int(row["lv_size"])
+
+
+def read_range(path: Path, offset: int, size: int) -> bytes:
+    with path.open("rb") as backing:
+        backing.seek(offset)
+        return backing.read(size)
+
+
+def test_a_template_on_a_saferemove_storage_is_zeroed_before_it_goes(
+        sources: upstream.Upstream, out_dir: Path) -> None:
+    """``saferemove`` zeroes a freed LV before removing it, and the zeroing only
+    warns when it fails: a base, read-only, would keep its data on the SAN.
+    The plugin makes a base writable first; the extents it held read back as zeros."""
+    with thin_storage(sources, out_dir, chunksize=CHUNK, initial_size=INITIAL,
+                      options={"saferemove": "1"}) as (pve, vg):
+        alloc_disk(pve)
+        qemu_io(vg, VOLNAME, f"write -P 0x11 0 {BASE_DATA}")
+        pve.call(f'{QEMU_SERVER} return [PVE::QemuServer::template_create($cfg, "{VOLID}")];')
+        assert lv_attr(vg, BASE)[1] == "r"
+        backing, offset, size = lv_bytes_on_pv(vg, BASE)
+        held = read_range(backing, offset, size)
+        assert held.startswith(b"QFI\xfb") and b"\x11" * 4096 in held
+
+        freed = pve.call(f'{WORKER_INLINE} eval {{ PVE::Storage::vdisk_free($cfg,'
+                         f' "{BASE_VOLID}") }}; return "$@";')
+        assert freed == ""
+        assert lv_sizes(vg) == {}
+        assert read_range(backing, offset, size) == bytes(size)
+        print(f"MEASURED saferemove of a base: {size} bytes at PV offset {offset} zeroed")
