@@ -201,7 +201,8 @@ def test_live_delete_of_a_later_snapshot_has_room_before_the_stream(
         sources: upstream.Upstream, out_dir: Path, tmp_path: Path) -> None:
     """A running VM's later snapshot is deleted by ``block-stream``: its data
     goes into its child, here the top the guest writes. The plugin grows the
-    top before the job, by the deleted snapshot's LV plus a chunk."""
+    top before the job, by the deleted snapshot's LV plus a chunk, and the top
+    goes back to its data plus a chunk when the VM stops."""
     with live_storage(sources, out_dir) as (pve, vg):
         alloc_disk(pve)
         qemu_io(vg, VOLNAME, f"write -P 0x11 0 {WRITE}")
@@ -234,3 +235,19 @@ def test_live_delete_of_a_later_snapshot_has_room_before_the_stream(
         assert image(vg, VOLNAME)["backing-filename"] == SNAP1
         assert qcow2_check(vg.lv_path(VOLNAME))["exit"] == 0
         assert lv_sizes(vg) == {**before, VOLNAME: expected}
+
+        # The VM stopped (vm_stop_cleanup deactivates its volumes): the top,
+        # grown for the stream and tagged then, goes back to its data plus a chunk.
+        assert COPY_TAG in lv_tag_sets(vg)[VOLNAME]
+        end = image_end(vg, VOLNAME)
+        pve.call(f'PVE::Storage::deactivate_volumes($cfg, ["{VOLID}"]); return [];')
+        reduced = lv_sizes(vg)[VOLNAME]
+        assert reduced == shrink_target(expected, end, CHUNK, INITIAL, EXTENT) < expected
+        assert COPY_TAG not in lv_tag_sets(vg)[VOLNAME]
+        for lv in (SNAP1, VOLNAME):  # the top reads its first bytes from snap1
+            sh("lvchange", "-aey", vg.lv_path(lv))
+        assert qcow2_check(vg.lv_path(VOLNAME))["exit"] == 0
+        for offset, length, pattern in guest.written:
+            qemu_io(vg, VOLNAME, f"read -P {pattern:#x} {offset} {length}")
+        print(f"MEASURED live stream delete: top {before[VOLNAME]} -> {expected} for the job,"
+              f" {reduced} at the VM's stop (image end {end})")

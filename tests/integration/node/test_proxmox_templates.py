@@ -189,10 +189,12 @@ def test_a_full_clone_of_a_template_is_a_copy_reduced_after_it(
         print(f"MEASURED full clone of a template: LV {thick} while copying, {reduced} after")
 
 
-#: vdisk_free hands saferemove's zeroing to a worker (fork_worker); it runs at
-#: once here, its output to stderr (the session's answers are on stdout).
+#: vdisk_free hands saferemove's zeroing to a worker (fork_worker), as root
+#: (pvesm's user); it runs at once here, its output to stderr (the session's
+#: answers are on stdout).
 WORKER_INLINE = (
-    'no warnings "redefine"; local *PVE::RPCEnvironment::fork_worker = sub {'
+    "PVE::RPCEnvironment::get()->set_user('root@pam');"
+    ' no warnings "redefine"; local *PVE::RPCEnvironment::fork_worker = sub {'
     ' my ($self, $type, $id, $user, $worker) = @_;'
     ' my $out = select(STDERR); $worker->(); select($out); return "UPID:t"; };')
 
