@@ -8,6 +8,7 @@ clear message instead of failing one by one.
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -92,10 +93,15 @@ def vg() -> Iterator[VG]:
 
 @pytest.fixture
 def out_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
-    """Where a test leaves logs worth reading after a failure (the shared folder)."""
+    """Where a test leaves logs worth reading after a failure (the shared folder).
+
+    Emptied first: the shared folder outlives a run, and a log appended to
+    (Perl's, the daemons') must hold this run's lines alone, for the reader
+    and for the tests that read them back."""
     base = Path(os.environ.get("PVESTORD_TEST_OUT", str(tmp_path)))
     path: Path = base / "tests" / request.node.name
-    path.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
     return path
 
 
