@@ -144,7 +144,7 @@ class DaemonSettings:
         # lifetime, that is at least (1 - RENEW_SHARE) of it, less the margin.
         # lvm_timeout is the budget of every LVM change made under these
         # settings' locks: the daemon's extensions and refreshes, and the
-        # migration hint's (pvestord.engine.migration, .incoming).
+        # migration hint's (pvestord.features.migrationhint).
         guaranteed = budgets.guaranteed_hold(self.lock_lifetime)
         if self.lvm_timeout + KILL_WAIT > guaranteed:
             raise ConfigError(

@@ -1,7 +1,7 @@
 """``pvestord migration begin|end VMID --role incoming|outgoing``: the live-migration hint.
 
 What a storage hook (the ``live-migration`` hint proposed for Proxmox's
-storage API) calls around a live migration; see :mod:`pvestord.engine.migration`.
+storage API) calls around a live migration; see :mod:`pvestord.features.migrationhint`.
 Correctness does not depend on it: without it the daemons defer and refresh
 on their own, possibly with a pause.
 """
@@ -15,7 +15,7 @@ import json
 
 from pvestord.adapters.config import load_storage_config
 from pvestord.cli import options
-from pvestord.engine import migration
+from pvestord.features import migrationhint as migration
 from pvestord.policy.sizes import format_size
 
 

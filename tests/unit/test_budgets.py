@@ -10,7 +10,7 @@ import pytest
 from pvestord.adapters import budgets, command, lockheld, lvm
 from pvestord.adapters.lockheld import Held, LockLifetimeError
 from pvestord.adapters.settings import DaemonSettings
-from pvestord.engine import migration
+from pvestord.features import migrationhint
 
 
 def test_a_volume_commands_change_fits_in_a_pmxcfs_lock() -> None:
@@ -52,8 +52,8 @@ async def test_a_migration_refresh_needs_the_settings_budget_not_more(
     monkeypatch.setattr(lvm, "device_size", lambda vg, lv: 1 << 30)
     monkeypatch.setattr(lvm, "refresh", refresh)
     held = Held("storage-thin1", lifetime, time.monotonic())
-    action = await migration.catch_up("san", "vm-100-disk-0.qcow2",
-                                      budget=settings.lvm_timeout, held=held)
+    action = await migrationhint.catch_up("san", "vm-100-disk-0.qcow2",
+                                          budget=settings.lvm_timeout, held=held)
     assert action.action == "refreshed" and refreshed == [settings.lvm_timeout]
     with pytest.raises(LockLifetimeError):
         held.require(lvm.CHANGE_TIMEOUT + command.KILL_WAIT)
