@@ -13,8 +13,10 @@ around the call would do the same, but every caller would then have to know
 the budget.
 
 Images in use by a running QEMU hold its image locks; ``force_share`` passes
-``-U`` so metadata can be read anyway (never for ``check``, whose answer on
-an image being written is meaningless).
+``-U`` so metadata can be read anyway. ``check`` takes it only for an image
+whose QEMU is paused and flushed (a running VM's copy target being reduced,
+:mod:`pvestord.engine.livereduce`): on an image being written its answer is
+meaningless.
 """
 
 from __future__ import annotations
@@ -160,16 +162,17 @@ async def measure(virtual_size: int, *, cluster_size: int | None = None,
     return parse_measure(_json(done.stdout, argv))
 
 
-async def check(path: Path | str, *, image_format: str = "qcow2",
+async def check(path: Path | str, *, image_format: str = "qcow2", force_share: bool = False,
                 timeout: float = CHECK_TIMEOUT) -> CheckResult:  # noqa: ASYNC109
-    """``qemu-img check`` of ``path`` (read-only: it repairs nothing).
+    """``qemu-img check`` of ``path`` (read-only: it repairs nothing);
+    ``force_share``: past a paused QEMU's image lock (``-U``).
 
     :raises CommandError: the check could not be completed (exit status 1),
         the format cannot be checked (63), or qemu-img overran ``timeout``.
     :raises QemuImgError: its output is not what QEMU documents.
     """
     argv = [command.binary("qemu-img"), "check", "--output=json", "-f", image_format,
-            str(path)]
+            *(["-U"] if force_share else []), str(path)]
     done = await command.run_async(argv, timeout=timeout, check=False)
     statuses = {0: CheckStatus.CLEAN, 2: CheckStatus.CORRUPT, 3: CheckStatus.LEAKS}
     if done.returncode not in statuses:

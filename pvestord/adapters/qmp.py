@@ -284,6 +284,15 @@ class VmMonitor:
         alone)."""
         return job_graph_from(await self.execute_optional("x-debug-query-block-graph"))
 
+    async def block_exports(self) -> int:
+        """How many block exports (an NBD server's) the VM has; ``query-block-exports``."""
+        reply = await self.execute("query-block-exports")
+        return len(reply) if isinstance(reply, list) else 0
+
+    async def stop(self) -> None:
+        """Pause the VM (``stop``): QEMU drains and flushes every drive first."""
+        await self.execute("stop")
+
     async def cont(self) -> None:
         await self.execute("cont")
 

@@ -41,6 +41,8 @@ FIELDS = ("VMID", "BLOCK_NODE", "LV", "VG", "OLD_SIZE", "NEW_SIZE", "DURATION_MS
           "OWNER",
           # what was unpaused (settle.py); a failure cleared, or failing again (failures.py)
           "RESUMED", "RECOVERED", "STILL_FAILING",
+          # a running VM's copy target reduced under a pause (livereduce.py)
+          "LIVE_REDUCTION",
           # a QEMU's event connection and the queue entries it brought (qmeventd_py)
           "QEMU_PID", "QMP_SESSION", "ENTRY",
           # a refused peer, a vzdump backup, a QEMU's end and cleanup (qmeventd_py)

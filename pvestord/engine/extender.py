@@ -66,6 +66,7 @@ from pvestord.engine.drive import (
     thin_block_nodes,
 )
 from pvestord.engine.jobroom import room_for_chain_copies, say_unprepared_deletes
+from pvestord.engine.livereduce import LiveReductions
 from pvestord.engine.lvfigures import LvFigures
 from pvestord.engine.lvgrowth import Grown, LvGrowth
 from pvestord.engine.lvmchanges import LvmChanges, LvmHealth, VgGates
@@ -127,6 +128,10 @@ class Extender:
         self.answers = EnospcAnswers()
         self.werror = WerrorWatch()
         self.jobs = PausedJobs(self._said)
+        #: Copy targets made thin under their running VM (the daemon's reconciles).
+        self.live = LiveReductions(settings, gates=self.gates, figures=self.figures,
+                                   changes=self.lvm_changes, said=self._said,
+                                   monitor=self.monitor, found=self.found)
 
     def note_pause(self, vmid: int, run: RunState) -> None:
         """Tell Proxmox's notifications of a VM paused for room. Every round of

@@ -20,6 +20,8 @@ from pvestord.adapters.lvmshell import LvmShells
 from pvestord.adapters.qmp import ThinDriveView
 from pvestord.adapters.settings import DaemonSettings
 from pvestord.engine.drive import Drive, DriveCandidate
+from pvestord.policy.capacity import COPY_TAG
+from pvestord.policy.lvnames import chain_vmid
 
 #: Seconds a whole-VG ``lvs`` may serve other reconcile passes of the same
 #: sweep (they start together); never an extension's own read under the lock.
@@ -39,6 +41,8 @@ class LvFigures:
         #: one remembered under that name.
         self._lv_devices: dict[tuple[str, str], int] = {}
         self._maximum_cache: dict[tuple[object, ...], int] = {}
+        #: Each LV's tags as last read (a copy target's tag: :meth:`copy_target`).
+        self._lv_tags: dict[tuple[str, str], tuple[str, ...]] = {}
         #: The latest whole-VG ``lvs`` per VG: (when started, its task).
         self._vg_reports: dict[str, tuple[float, asyncio.Future[list[lvm.LvRow]]]] = {}
 
@@ -55,8 +59,10 @@ class LvFigures:
         extent = self._extent_sizes.get(vg)
         if fresh and shared and extent is not None:
             rows = await self._vg_report(vg)
-            if lv in rows:
-                size = self._lv_sizes[(vg, lv)] = rows[lv]
+            row = rows.get(lv)
+            if row is not None:
+                size = self._lv_sizes[(vg, lv)] = row.size
+                self._lv_tags[(vg, lv)] = row.tags
                 fresh = False
         if fresh or size is None or extent is None:
             info = await lvm.lv_info(vg, lv, timeout=self.settings.lvm_timeout,
@@ -66,8 +72,8 @@ class LvFigures:
             self._lv_devices[(vg, lv)] = device
         return size, extent
 
-    async def _vg_report(self, vg: str) -> dict[str, int]:
-        """LV sizes of ``vg`` by name, from one ``lvs`` shared by concurrent callers."""
+    async def _vg_report(self, vg: str) -> dict[str, lvm.LvRow]:
+        """The LVs of ``vg`` by name, from one ``lvs`` shared by concurrent callers."""
         taken = self._vg_reports.get(vg)
         if taken is None or time.monotonic() - taken[0] > VG_REPORT_SHARE:
             task = asyncio.ensure_future(lvm.list_lvs(vg, timeout=self.settings.lvm_timeout,
@@ -76,7 +82,7 @@ class LvFigures:
             self._vg_reports[vg] = taken
         # shield: one caller's cancellation (a shutdown) must not fail the others'.
         rows = await asyncio.shield(taken[1])
-        return {row.lv: row.size for row in rows}
+        return {row.lv: row for row in rows}
 
     def _remembered_size(self, vg: str, lv: str, device: int | None) -> int | None:
         """The size remembered of ``vg/lv``, if it was remembered of ``device``
@@ -93,8 +99,31 @@ class LvFigures:
     def remember(self, info: lvm.LvInfo) -> tuple[int, int]:
         """Keep what LVM just said of an LV: (its size, its VG's extent size)."""
         self._lv_sizes[(info.vg, info.lv)] = info.size
+        self._lv_tags[(info.vg, info.lv)] = info.tags
         self._extent_sizes[info.vg] = info.extent_size
         return info.size, info.extent_size
+
+    def copy_target(self, vg: str, lv: str) -> bool:
+        """Whether ``vg/lv`` carried the copy target's tag when LVM was last
+        asked (a reconcile pass reads every drive's LV)."""
+        return COPY_TAG in self._lv_tags.get((vg, lv), ())
+
+    def has_copy_targets(self, vmid: int) -> bool:
+        """Whether an LV of ``vmid``'s was a copy target when last read: the
+        live reduction looks at the VM's drives only then (no QMP session
+        for every VM on every reconcile)."""
+        return any(COPY_TAG in tags and chain_vmid(lv) == vmid
+                   for (_, lv), tags in self._lv_tags.items())
+
+    def reduced(self, vg: str, lv: str, size: int) -> None:
+        """We reduced ``vg/lv`` to ``size``."""
+        self._lv_sizes[(vg, lv)] = size
+        self.changed(vg)
+
+    def untagged(self, vg: str, lv: str) -> None:
+        """We dropped ``vg/lv``'s copy target tag."""
+        tags = self._lv_tags.get((vg, lv), ())
+        self._lv_tags[(vg, lv)] = tuple(t for t in tags if t != COPY_TAG)
 
     def grown(self, vg: str, lv: str, size: int) -> None:
         """We extended ``vg/lv`` to ``size``."""

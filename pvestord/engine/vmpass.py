@@ -33,7 +33,11 @@ async def run_pass(vm: LocalVm, entries: list[Entry], *, extender: Extender,
     requests = (policy.requests_from((e.block_node, e.reason) for e in entries)
                 if entries else None)
     try:
+        await extender.live.resume_if_left_paused(vm)
         outcome = await extender.handle(vm, requests)
+        if not entries and not outcome.errors:
+            # A reconcile: the moment to make a finished mirror's target thin.
+            await extender.live.reduce_all(vm)
     except VmGoneError as err:
         if local_vm(run_dir, vm.vmid) is None:
             if entries:

@@ -278,9 +278,55 @@ def copy_over(on_activation: bool, allocated_clusters: int | None) -> bool:
     return allocated_clusters is not None and allocated_clusters > 0
 
 
+def live_reduction_target(lv_size: int, image_end: int, written_end: int, chunksize: int,
+                          initial_size: int, extent_size: int) -> int:
+    """What a running VM's copy target is reduced to while its VM is paused.
+
+    :func:`shrink_target` of the larger of two ends: ``qemu-img check``'s
+    image end, and the highest offset QEMU has written to the LV since it
+    opened it (``wr_highest_offset``). Either alone would do once QEMU has
+    flushed; the larger one is kept because a reduction that cuts one
+    written byte loses it, and one that keeps a chunk too many costs
+    nothing the next reduction cannot give back.
+    """
+    return shrink_target(lv_size, max(image_end, written_end), chunksize, initial_size,
+                         extent_size)
+
+
+def live_reduction_refused(*, status: str, jobs: int, exports: int, lv_vmid: int | None,
+                           vmid: int, attached: bool) -> str | None:
+    """Why a running VM's copy target must not be paused and reduced now;
+    None when it may.
+
+    ``status``: ``query-status``'s; only ``running`` (a VM paused by someone
+    else is theirs to resume, and an incoming migration's is not ours yet).
+    ``jobs``: the VM's block jobs; any at all refuses, because a job keeps
+    writing while the guest is paused (a mirror's target is written by the
+    job, and ``stop`` does not stop it). ``exports``: the VM's block exports
+    (``query-block-exports``); any refuses, because QEMU's NBD server serves
+    a writable export's clients while the guest is paused (Proxmox exports
+    a VM's disks for a migration's target, whose VM is not running, and its
+    backup providers' images during a backup's job). ``lv_vmid``: the VMID the LV's name
+    carries; a clone's target, mirrored by the source VM, is the clone's and
+    not this VM's to reduce. ``attached``: a device of the VM sits on the
+    drive, so it is the VM's disk and not a node left over from a job.
+    """
+    if status != "running":
+        return f"the VM is {status}, not running"
+    if jobs:
+        return f"{jobs} block job{'s' if jobs > 1 else ''} of the VM run{'s' if jobs == 1 else ''}"
+    if exports:
+        return f"{exports} block export{'s' if exports > 1 else ''} of the VM may write"
+    if lv_vmid != vmid:
+        return "the LV is not one of this VM's disks"
+    if not attached:
+        return "no device of the VM sits on it"
+    return None
+
+
 __all__ = [
     "MAX_VOLUMES_PER_GUEST", "NewVolume", "ShrinkRefused",
     "VolumeError", "VolumeId", "VolumeRole", "check_virtual_size", "check_vmid", "copy_over",
-    "initial_lv_size", "new_volume", "next_disk_name", "parse_volname", "parse_volume_id",
-    "shrink_target",
+    "initial_lv_size", "live_reduction_refused", "live_reduction_target", "new_volume",
+    "next_disk_name", "parse_volname", "parse_volume_id", "shrink_target",
 ]

@@ -1,0 +1,162 @@
+"""A running VM's thick copy target reduced under it: real pvestord, QEMU and LVM.
+
+A live move disk or a migration with local disks leaves the VM running on a
+thick LV tagged ``pvestord-copy`` (the mirror's target). The daemon's
+reconcile pass pauses the VM for a moment, reduces the LV to its data plus a
+chunk, re-arms the threshold and resumes it (pvestord/engine/livereduce.py).
+The VMs here stand where such a mirror leaves them: a disk on a tagged LV at
+its maximum, holding what the mirror wrote, with Proxmox VE 9's block graph.
+What is asserted: the LV's size, the tag, the threshold, the VM running,
+every byte written before and after, the image clean; the VM never left
+paused, neither by a daemon killed in its pause nor when the reduction waits
+for a job.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pvestord.adapters import pausemarks, vghealth
+from pvestord.policy.capacity import COPY_TAG
+from tests.harness.daemonlog import records
+from tests.harness.daemons import NodeBed, ThinStorageSpec, daemons
+from tests.harness.lvmbed import VG, GiB, MiB, measured_maximum, qcow2_check, sh
+from tests.harness.pacedwrite import EXTEND_TIMEOUT, paced_write
+from tests.harness.polling import wait_until
+from tests.harness.qemu import QemuVM
+from tests.integration.node.test_engine import file_node, fmt_node, thin_vm
+
+#: Where the daemon under test notes its pauses (its default VG marks' folder).
+PAUSE_NOTES = pausemarks.folder_beside(vghealth.DEFAULT_DIR)
+CHUNK = 256 * MiB
+#: What the mirror copied into the target before the VM went on running on it.
+MIRRORED = 300 * MiB
+
+
+@pytest.fixture
+def bed(vg: VG, tmp_path: Path, out_dir: Path) -> NodeBed:
+    return NodeBed(tmp_path, [ThinStorageSpec("thin1", vg.name)], logs_dir=out_dir)
+
+
+def lv_tags(vg: VG, lv: str) -> set[str]:
+    out = sh("lvs", "--reportformat", "json", "-o", "lv_tags", f"{vg.name}/{lv}")
+    return set(filter(None, json.loads(out)["report"][0]["lv"][0]["lv_tags"].split(",")))
+
+
+def status(vm: QemuVM) -> str:
+    return str(vm.qmp("query-status")["status"])
+
+
+def mirrored_vm(bed: NodeBed, vg: VG, vmid: int) -> tuple[QemuVM, str, int]:
+    """A VM on a thick copy target, at the image's maximum and tagged, as a
+    mirror leaves it (the test writes what the mirror copied): (the VM, not
+    launched yet; its LV; the LV's size)."""
+    virtual = 2 * GiB
+    maximum = measured_maximum(virtual, vg.extent_size())
+    lv = f"vm-{vmid}-disk-0.qcow2"
+    vm = thin_vm(bed, vg, vmid, lv_size=maximum, virtual=virtual)
+    sh("lvchange", "--addtag", COPY_TAG, f"{vg.name}/{lv}")
+    return vm, lv, maximum
+
+
+def assert_reduced(vg: VG, lv: str, maximum: int) -> int:
+    """The LV holds the mirrored data plus a chunk, in whole extents; untagged."""
+    size = vg.lv_size(lv)
+    assert COPY_TAG not in lv_tags(vg, lv)
+    # The image's end is the data plus its qcow2 metadata (a few MiB).
+    assert MIRRORED + CHUNK <= size <= MIRRORED + CHUNK + 8 * MiB < maximum
+    assert size % vg.extent_size() == 0
+    return size
+
+
+def test_a_mirrors_thick_target_is_reduced_under_its_running_vm(bed: NodeBed, vg: VG) -> None:
+    vm, lv, maximum = mirrored_vm(bed, vg, 601)
+    with vm:
+        assert vm.write_pattern(fmt_node(vm), 0, MIRRORED, 0x3C, timeout=300).ok
+        with daemons(bed) as (_, pvestord):
+            wait_until(lambda: COPY_TAG not in lv_tags(vg, lv), EXTEND_TIMEOUT,
+                       "the copy target reduced")
+            size = assert_reduced(vg, lv, maximum)
+            assert status(vm) == "running"
+            assert not pausemarks.noted(PAUSE_NOTES, 601)
+            # Re-armed for the new end, half a chunk below it.
+            assert vm.named_node(file_node(vm))["write_threshold"] == size - CHUNK // 2
+            (done,) = records(pvestord.log_text(), "INFO", VMID="601", LIVE_REDUCTION="done")
+            assert (int(done.fields["OLD_SIZE"]), int(done.fields["NEW_SIZE"])) == (maximum,
+                                                                                   size)
+            for offset in range(0, MIRRORED, 100 * MiB):
+                assert vm.read_verify(fmt_node(vm), offset, 100 * MiB, 0x3C), offset
+            # The guest writes on past the reduced end: the LV grows again.
+            outcome = paced_write(vm, fmt_node(vm), MIRRORED, 400 * MiB, 0x3D)
+            assert outcome.errors == []
+            wait_until(lambda: bed.entries() == [], EXTEND_TIMEOUT, "queue drained")
+            assert vg.lv_size(lv) > size
+            for offset in range(0, MIRRORED, 100 * MiB):
+                assert vm.read_verify(fmt_node(vm), offset, 100 * MiB, 0x3C), offset
+            for offset in range(MIRRORED, MIRRORED + 400 * MiB, 100 * MiB):
+                assert vm.read_verify(fmt_node(vm), offset, 100 * MiB, 0x3D), offset
+            # Reduced once: the tag went with the reduction.
+            assert len(records(pvestord.log_text(), VMID="601", LIVE_REDUCTION="done")) == 1
+    assert qcow2_check(vg.lv_path(lv))["exit"] == 0
+
+
+def test_a_pause_left_by_a_killed_daemon_is_resumed_and_no_other(bed: NodeBed, vg: VG) -> None:
+    """VM 602 is as a daemon killed between its ``stop`` and its ``cont``
+    leaves it: paused, with the note written before the stop. VM 603 was
+    paused by someone else (no note): the next daemon resumes 602, reduces
+    its LV, and leaves 603 paused."""
+    vm, lv, maximum = mirrored_vm(bed, vg, 602)
+    other = thin_vm(bed, vg, 603, index=1)
+    with vm, other:
+        assert vm.write_pattern(fmt_node(vm), 0, MIRRORED, 0x4E, timeout=300).ok
+        pausemarks.note(PAUSE_NOTES, 602)
+        vm.qmp("stop")
+        other.qmp("stop")
+        with daemons(bed) as (_, pvestord):
+            wait_until(lambda: status(vm) == "running", EXTEND_TIMEOUT, "VM 602 resumed")
+            wait_until(lambda: COPY_TAG not in lv_tags(vg, lv), EXTEND_TIMEOUT,
+                       "the copy target reduced")
+            assert_reduced(vg, lv, maximum)
+            assert records(pvestord.log_text(), "WARNING", VMID="602",
+                           LIVE_REDUCTION="resumed")
+            # VM 603's reconcile ran (it armed its threshold) and left it paused.
+            wait_until(lambda: other.named_node(file_node(other))["write_threshold"] > 0,
+                       EXTEND_TIMEOUT, "VM 603 reconciled")
+            assert status(other) == "paused"
+            assert not pausemarks.noted(PAUSE_NOTES, 602)
+            for offset in range(0, MIRRORED, 100 * MiB):
+                assert vm.read_verify(fmt_node(vm), offset, 100 * MiB, 0x4E), offset
+    assert qcow2_check(vg.lv_path(lv))["exit"] == 0
+
+
+def test_no_pause_while_a_job_runs_in_the_vm(bed: NodeBed, vg: VG) -> None:
+    """A block job writes on while the guest is paused, so the reduction
+    waits for the VM's jobs to end: here a mirror out of the disk, left
+    ready (as a move disk's mirror is until qemu-server completes it)."""
+    vm, lv, maximum = mirrored_vm(bed, vg, 604)
+    with vm:
+        assert vm.write_pattern(fmt_node(vm), 0, MIRRORED, 0x5F, timeout=300).ok
+        vm.qmp("blockdev-add", {"driver": "null-co", "node-name": "elsewhere",
+                                "size": 2 * GiB})
+        vm.qmp("blockdev-mirror", {"job-id": "move", "device": fmt_node(vm),
+                                   "target": "elsewhere", "sync": "full"})
+        vm.wait_event("BLOCK_JOB_READY", timeout=300)
+        with daemons(bed, pvestord_args=("--reconcile-interval", "5")) as (_, pvestord):
+            wait_until(lambda: records(pvestord.log_text(), "INFO", VMID="604",
+                                       LIVE_REDUCTION="waits"),
+                       EXTEND_TIMEOUT, "the reduction waits for the job")
+            assert vg.lv_size(lv) == maximum
+            assert COPY_TAG in lv_tags(vg, lv)
+            assert status(vm) == "running"
+            vm.qmp("block-job-cancel", {"device": "move"})
+            vm.wait_event("BLOCK_JOB_COMPLETED", timeout=60)
+            wait_until(lambda: COPY_TAG not in lv_tags(vg, lv), EXTEND_TIMEOUT,
+                       "reduced once the job ended")
+            assert_reduced(vg, lv, maximum)
+            assert status(vm) == "running"
+            for offset in range(0, MIRRORED, 100 * MiB):
+                assert vm.read_verify(fmt_node(vm), offset, 100 * MiB, 0x5F), offset
+    assert qcow2_check(vg.lv_path(lv))["exit"] == 0
