@@ -10,8 +10,8 @@ pass over the VM, for each drive whose LV carries the tag:
 
 1. under the VG's storage lock (taken first: no lock wait while the guest
    is paused), one QMP session checks that the VM runs with no block job at
-   all (a job writes on while the guest is paused), that the LV is one of
-   this VM's disks with a device on it
+   all (a job writes on while the guest is paused) and no block export, and
+   that the LV is one of this VM's disks
    (:func:`pvestord.policy.volumes.live_reduction_refused`), notes the pause
    (:mod:`pvestord.adapters.pausemarks`) and pauses the VM: QMP ``stop``
    drains and flushes every drive, so the image on the LV is whole and
@@ -54,7 +54,6 @@ from pvestord.engine.lvmchanges import LvmChanges, VgGates
 from pvestord.engine.memory import OncePerChange
 from pvestord.errors import PvestordError
 from pvestord.policy.capacity import COPY_TAG
-from pvestord.policy.devices import device_on
 from pvestord.policy.lvnames import chain_vmid
 from pvestord.policy.sizes import format_size
 from pvestord.policy.volumes import live_reduction_refused, live_reduction_target
@@ -211,11 +210,9 @@ class LiveReductions:
         node = drive.view.file_node
         async with self._monitor(vm) as monitor:
             run = await monitor.run_state()
-            devices = await monitor.block_devices()
             refused = live_reduction_refused(
                 status=run.status, jobs=len(run.jobs), exports=await monitor.block_exports(),
-                lv_vmid=chain_vmid(drive.lv),
-                vmid=vm.vmid, attached=any(device_on(d, drive.identity) for d in devices))
+                lv_vmid=chain_vmid(drive.lv), vmid=vm.vmid)
             if refused is not None:
                 self._said.say((vm.vmid, node, "live-reduce-wait"), logging.INFO,
                                "VM %d %s: copy target LV %s/%s stays thick for now: %s",

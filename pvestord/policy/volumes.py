@@ -294,7 +294,7 @@ def live_reduction_target(lv_size: int, image_end: int, written_end: int, chunks
 
 
 def live_reduction_refused(*, status: str, jobs: int, exports: int, lv_vmid: int | None,
-                           vmid: int, attached: bool) -> str | None:
+                           vmid: int) -> str | None:
     """Why a running VM's copy target must not be paused and reduced now;
     None when it may.
 
@@ -306,10 +306,13 @@ def live_reduction_refused(*, status: str, jobs: int, exports: int, lv_vmid: int
     (``query-block-exports``); any refuses, because QEMU's NBD server serves
     a writable export's clients while the guest is paused (Proxmox exports
     a VM's disks for a migration's target, whose VM is not running, and its
-    backup providers' images during a backup's job). ``lv_vmid``: the VMID the LV's name
-    carries; a clone's target, mirrored by the source VM, is the clone's and
-    not this VM's to reduce. ``attached``: a device of the VM sits on the
-    drive, so it is the VM's disk and not a node left over from a job.
+    backup providers' images during a backup's job). ``lv_vmid``: the VMID
+    the LV's name carries; a clone's target, mirrored by the source VM, is
+    the clone's and not this VM's to pause for.
+
+    With none of these, nothing but the guest writes the LV, and a paused
+    guest writes nothing: a node a finished job left behind (a move disk's
+    source before qemu-server deletes it) is as safe to reduce as the disk.
     """
     if status != "running":
         return f"the VM is {status}, not running"
@@ -319,8 +322,6 @@ def live_reduction_refused(*, status: str, jobs: int, exports: int, lv_vmid: int
         return f"{exports} block export{'s' if exports > 1 else ''} of the VM may write"
     if lv_vmid != vmid:
         return "the LV is not one of this VM's disks"
-    if not attached:
-        return "no device of the VM sits on it"
     return None
 
 
