@@ -30,6 +30,7 @@ from bench import (
     fleet,
     jobahead,
     latency,
+    livepause,
     lvm_shell,
     pausefree,
     placement,
@@ -51,8 +52,9 @@ class Sizes:
     placement_runs: int
     #: Extensions under the QMP proxy (scenario 8).
     qmp_extensions: int
-    #: Rounds of scenarios 9 (both jobs on both sides each) and 10 (a stream
-    #: at each rate), and the data each job copies.
+    #: Rounds of scenarios 9 (both jobs on both sides each), 10 (a stream
+    #: at each rate) and 11 (a reduction of each size), and the data each
+    #: job of 9 and 10 copies.
     blockjob_rounds: int
     blockjob_data: int
 
@@ -117,6 +119,7 @@ def figures_for(results: dict[str, Any]) -> list[Figure]:
     rows += qmp_sessions.figures(results.get("qmp_sessions"))
     rows += blockjobs.figures(results.get("blockjobs"))
     rows += jobahead.figures(results.get("jobahead"))
+    rows += livepause.figures(results.get("livepause"))
     return rows
 
 
@@ -206,6 +209,7 @@ def scenarios(out: Path, sizes: Sizes) -> list[tuple[str, Scenario]]:
             sizes.blockjob_rounds, sizes.blockjob_data)}),
         ("jobahead", lambda: {"jobahead": jobahead.run(
             out, sizes.blockjob_rounds, sizes.blockjob_data)}),
+        ("livepause", lambda: {"livepause": livepause.run(out, sizes.blockjob_rounds)}),
     ]
 
 
@@ -220,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", default=None, metavar="SCENARIO",
                         help="run only this scenario (repeatable): latency (with floor, "
                         "naive floor and original), lvm_shell, pause_free, fleet, placement, "
-                        "qmp_sessions, blockjobs, jobahead")
+                        "qmp_sessions, blockjobs, jobahead, livepause")
     args = parser.parse_args(argv)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)

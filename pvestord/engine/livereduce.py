@@ -104,9 +104,14 @@ class LiveReductions:
         Run by every pass before anything else: a note left behind means a
         daemon was killed between its ``stop`` and its ``cont`` (or its
         ``cont`` failed). A VM running, or paused for another reason (an I/O
-        error, a migration), is not ours to resume: the note just goes.
+        error, a migration), is not ours to resume: the note just goes, as
+        does a note of an earlier QEMU of the VMID.
         """
-        if not pausemarks.noted(self.marks, vm.vmid):
+        note = pausemarks.noted(self.marks, vm.vmid, vm.pid)
+        if note is pausemarks.Note.NONE:
+            return
+        if note is pausemarks.Note.STALE:
+            pausemarks.clear(self.marks, vm.vmid)
             return
         async with self._monitor(vm) as monitor:
             run = await monitor.run_state()
@@ -223,7 +228,7 @@ class LiveReductions:
             self._said.over((vm.vmid, node, "live-reduce-wait"))
             # Noted before the stop: a daemon killed the moment after leaves
             # a note of a VM that may be paused, never a pause with no note.
-            pausemarks.note(self.marks, vm.vmid)
+            pausemarks.note(self.marks, vm.vmid, vm.pid)
             paused_at = time.monotonic()
             await monitor.stop()
             return _written_end(await monitor.block_nodes(), node), paused_at

@@ -7,14 +7,18 @@ The reduction itself (QMP ``stop``, ``qemu-img check -U``, ``lvreduce``,
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from pvestord import policy
 from pvestord.adapters import pausemarks
 from pvestord.adapters.lvm import LvInfo
+from pvestord.adapters.pausemarks import Note
 from pvestord.adapters.settings import DaemonSettings
 from pvestord.engine.lvfigures import LvFigures
 from pvestord.policy.capacity import COPY_TAG
@@ -85,17 +89,34 @@ def test_each_refusal_says_why() -> None:
     assert why(lv_vmid=102) == "the LV is not one of this VM's disks"
 
 
-def test_a_pause_note_is_kept_until_cleared(tmp_path: Path) -> None:
+def test_a_pause_note_names_the_qemu_it_was_written_for(tmp_path: Path) -> None:
     folder = pausemarks.folder_beside(tmp_path / "vg-health")
     assert folder == tmp_path / "paused-for-reduction"
-    assert not pausemarks.noted(folder, 101)
+    qemu = os.getpid()  # a live process stands for the QEMU
+    assert pausemarks.noted(folder, 101, qemu) is Note.NONE
     pausemarks.clear(folder, 101)  # nothing noted: no error
-    pausemarks.note(folder, 101)
-    pausemarks.note(folder, 101)  # noted again: one note
-    assert pausemarks.noted(folder, 101)
-    assert not pausemarks.noted(folder, 1010)
+    pausemarks.note(folder, 101, qemu)
+    pausemarks.note(folder, 101, qemu)  # noted again: one note
+    assert pausemarks.noted(folder, 101, qemu) is Note.OURS
+    assert pausemarks.noted(folder, 1010, qemu) is Note.NONE
+    # The VM's QEMU is another process now (stopped and started again):
+    # the note is of the one that ended, and resumes nothing.
+    assert pausemarks.noted(folder, 101, os.getppid()) is Note.STALE
     pausemarks.clear(folder, 101)
-    assert not pausemarks.noted(folder, 101)
+    assert pausemarks.noted(folder, 101, qemu) is Note.NONE
+
+
+def test_a_pause_is_not_noted_for_a_qemu_that_is_gone(tmp_path: Path) -> None:
+    gone = subprocess.Popen(["true"])
+    gone.wait(timeout=30)
+    with pytest.raises(OSError):
+        pausemarks.note(tmp_path, 101, gone.pid)
+    assert pausemarks.noted(tmp_path, 101, os.getpid()) is Note.NONE
+
+
+def test_a_note_that_cannot_be_read_resumes_nothing(tmp_path: Path) -> None:
+    (tmp_path / "101").mkdir()  # a folder where the note would be
+    assert pausemarks.noted(tmp_path, 101, os.getpid()) is Note.STALE
 
 
 def _info(lv: str, tags: tuple[str, ...]) -> LvInfo:

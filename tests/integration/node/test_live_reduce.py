@@ -26,7 +26,7 @@ from tests.harness.daemons import NodeBed, ThinStorageSpec, daemons
 from tests.harness.lvmbed import VG, GiB, MiB, measured_maximum, qcow2_check, sh
 from tests.harness.pacedwrite import EXTEND_TIMEOUT, paced_write
 from tests.harness.polling import wait_until
-from tests.harness.qemu import QemuVM
+from tests.harness.qemu import QemuVM, pve9_disk
 from tests.integration.node.test_engine import file_node, fmt_node, thin_vm
 
 #: Where the daemon under test notes its pauses (its default VG marks' folder).
@@ -81,7 +81,7 @@ def test_a_mirrors_thick_target_is_reduced_under_its_running_vm(bed: NodeBed, vg
                        "the copy target reduced")
             size = assert_reduced(vg, lv, maximum)
             assert status(vm) == "running"
-            assert not pausemarks.noted(PAUSE_NOTES, 601)
+            assert pausemarks.noted(PAUSE_NOTES, 601, vm.pid) is pausemarks.Note.NONE
             # Re-armed for the new end, half a chunk below it.
             assert vm.named_node(file_node(vm))["write_threshold"] == size - CHUNK // 2
             (done,) = records(pvestord.log_text(), "INFO", VMID="601", LIVE_REDUCTION="done")
@@ -112,7 +112,7 @@ def test_a_pause_left_by_a_killed_daemon_is_resumed_and_no_other(bed: NodeBed, v
     other = thin_vm(bed, vg, 603, index=1)
     with vm, other:
         assert vm.write_pattern(fmt_node(vm), 0, MIRRORED, 0x4E, timeout=300).ok
-        pausemarks.note(PAUSE_NOTES, 602)
+        pausemarks.note(PAUSE_NOTES, 602, vm.pid)
         vm.qmp("stop")
         other.qmp("stop")
         with daemons(bed) as (_, pvestord):
@@ -126,7 +126,7 @@ def test_a_pause_left_by_a_killed_daemon_is_resumed_and_no_other(bed: NodeBed, v
             wait_until(lambda: other.named_node(file_node(other))["write_threshold"] > 0,
                        EXTEND_TIMEOUT, "VM 603 reconciled")
             assert status(other) == "paused"
-            assert not pausemarks.noted(PAUSE_NOTES, 602)
+            assert pausemarks.noted(PAUSE_NOTES, 602, vm.pid) is pausemarks.Note.NONE
             for offset in range(0, MIRRORED, 100 * MiB):
                 assert vm.read_verify(fmt_node(vm), offset, 100 * MiB, 0x4E), offset
     assert qcow2_check(vg.lv_path(lv))["exit"] == 0
@@ -141,7 +141,7 @@ def test_no_pause_while_a_job_runs_in_the_vm(bed: NodeBed, vg: VG) -> None:
         assert vm.write_pattern(fmt_node(vm), 0, MIRRORED, 0x5F, timeout=300).ok
         vm.qmp("blockdev-add", {"driver": "null-co", "node-name": "elsewhere",
                                 "size": 2 * GiB})
-        vm.qmp("blockdev-mirror", {"job-id": "move", "device": fmt_node(vm),
+        vm.qmp("blockdev-mirror", {"job-id": "move", "device": pve9_disk(vm).top_node,
                                    "target": "elsewhere", "sync": "full"})
         vm.wait_event("BLOCK_JOB_READY", timeout=300)
         with daemons(bed, pvestord_args=("--reconcile-interval", "5")) as (_, pvestord):
