@@ -10,8 +10,9 @@ pass over the VM, for each drive whose LV carries the tag:
 
 1. under the VG's storage lock (taken first: no lock wait while the guest
    is paused), one QMP session checks that the VM runs with no block job at
-   all (a job writes on while the guest is paused) and no block export, and
-   that the LV is one of this VM's disks
+   all (a job writes on while the guest is paused), no block export and no
+   lock on its config (qemu-server at work on it), and that the LV is one
+   of this VM's disks
    (:func:`pvestord.policy.volumes.live_reduction_refused`), notes the pause
    (:mod:`pvestord.adapters.pausemarks`) and pauses the VM: QMP ``stop``
    drains and flushes every drive, so the image on the LV is whole and
@@ -47,6 +48,7 @@ from pvestord.adapters import lvm, pausemarks, qemu_img
 from pvestord.adapters.qmp import BlockNodes, ThinDriveView, VmMonitor
 from pvestord.adapters.service import fields
 from pvestord.adapters.settings import DaemonSettings
+from pvestord.adapters.vmconfig import read_config_lock
 from pvestord.adapters.vms import LocalVm
 from pvestord.engine.drive import DriveCandidate, ms_since
 from pvestord.engine.lvfigures import LvFigures
@@ -213,11 +215,13 @@ class LiveReductions:
         pause began. None when it may not (said once, at info: the normal
         state while a job runs)."""
         node = drive.view.file_node
+        found = read_config_lock(self.settings.reports_dir, self.settings.node, vm.vmid)
         async with self._monitor(vm) as monitor:
             run = await monitor.run_state()
             refused = live_reduction_refused(
                 status=run.status, jobs=len(run.jobs), exports=await monitor.block_exports(),
-                lv_vmid=chain_vmid(drive.lv), vmid=vm.vmid)
+                lv_vmid=chain_vmid(drive.lv), vmid=vm.vmid,
+                config_lock=None if found is None else found.lock)
             if refused is not None:
                 self._said.say((vm.vmid, node, "live-reduce-wait"), logging.INFO,
                                "VM %d %s: copy target LV %s/%s stays thick for now: %s",

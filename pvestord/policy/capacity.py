@@ -153,7 +153,9 @@ def maximum_tag(maximum: int) -> str:
 #: qemu-server runs into it with nobody to grow it (clone, move, import,
 #: restore, a migration's NBD target). The Proxmox plugin has it reduced to
 #: its data plus a chunk, and the tag dropped, once the copy is over
-#: (:mod:`pvestord.features.volumes.copies`); the Perl reads it by this name.
+#: (:mod:`pvestord.features.volumes.copies`), or the daemon does under the
+#: running VM whose disk it became (:mod:`pvestord.engine.livereduce`); the
+#: Perl reads it by this name.
 COPY_TAG = "pvestord-copy"
 
 

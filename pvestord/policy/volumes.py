@@ -294,7 +294,7 @@ def live_reduction_target(lv_size: int, image_end: int, written_end: int, chunks
 
 
 def live_reduction_refused(*, status: str, jobs: int, exports: int, lv_vmid: int | None,
-                           vmid: int) -> str | None:
+                           vmid: int, config_lock: str | None = None) -> str | None:
     """Why a running VM's copy target must not be paused and reduced now;
     None when it may.
 
@@ -308,7 +308,10 @@ def live_reduction_refused(*, status: str, jobs: int, exports: int, lv_vmid: int
     a VM's disks for a migration's target, whose VM is not running, and its
     backup providers' images during a backup's job). ``lv_vmid``: the VMID
     the LV's name carries; a clone's target, mirrored by the source VM, is
-    the clone's and not this VM's to pause for.
+    the clone's and not this VM's to pause for. ``config_lock``: qemu-server's
+    ``lock`` in the VM's config: an operation runs (a backup, a snapshot, a
+    migration, a suspend to disk) that may pause and resume the VM itself,
+    and whose pause a ``cont`` of ours would undo.
 
     With none of these, nothing but the guest writes the LV, and a paused
     guest writes nothing: a node a finished job left behind (a move disk's
@@ -316,6 +319,8 @@ def live_reduction_refused(*, status: str, jobs: int, exports: int, lv_vmid: int
     """
     if status != "running":
         return f"the VM is {status}, not running"
+    if config_lock is not None:
+        return f"its config is locked ({config_lock}): qemu-server is at work on it"
     if jobs:
         return f"{jobs} block job{'s' if jobs > 1 else ''} of the VM run{'s' if jobs == 1 else ''}"
     if exports:

@@ -63,12 +63,14 @@ states = st.sampled_from(["running", "paused", "io-error", "inmigrate", "postmig
                           "prelaunch", "suspended"])
 
 
-@given(states, st.integers(0, 3), st.integers(0, 2), st.one_of(st.none(), st.integers(100, 103)))
-def test_only_a_running_vm_with_no_job_or_export_is_paused_for_its_own_disk(
-        status: str, jobs: int, exports: int, lv_vmid: int | None) -> None:
+@given(states, st.integers(0, 3), st.integers(0, 2), st.one_of(st.none(), st.integers(100, 103)),
+       st.sampled_from([None, "backup", "snapshot", "migrate", "suspending"]))
+def test_only_an_unlocked_running_vm_with_no_job_or_export_is_paused_for_its_own_disk(
+        status: str, jobs: int, exports: int, lv_vmid: int | None, lock: str | None) -> None:
     refused = live_reduction_refused(status=status, jobs=jobs, exports=exports,
-                                     lv_vmid=lv_vmid, vmid=101)
-    allowed = status == "running" and jobs == 0 and exports == 0 and lv_vmid == 101
+                                     lv_vmid=lv_vmid, vmid=101, config_lock=lock)
+    allowed = (status == "running" and jobs == 0 and exports == 0 and lv_vmid == 101
+               and lock is None)
     assert (refused is None) == allowed
     if refused is not None:
         assert refused  # a reason to log
@@ -86,6 +88,8 @@ def test_each_refusal_says_why() -> None:
     assert why(jobs=1) == "1 block job of the VM runs"
     assert why(jobs=2) == "2 block jobs of the VM run"
     assert why(exports=1) == "1 block export of the VM may write"
+    assert why(config_lock="backup") == ("its config is locked (backup): qemu-server is at "
+                                         "work on it")
     assert why(lv_vmid=102) == "the LV is not one of this VM's disks"
 
 

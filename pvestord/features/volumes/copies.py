@@ -12,8 +12,10 @@ another (``qemu-img commit`` or ``rebase`` offline, a ``block-commit`` or
 into ahead of it (``commit``), so without a reduction a chain would ratchet
 up towards its maximum with every delete. That LV is tagged as well, a
 snapshot LV (``snap_...``) as much as a disk's top: offline the plugin has it
-reduced right after the delete; for a running VM, whose QEMU has it open, at
-its next deactivation (the VM's stop), as a mirror's target is.
+reduced right after the delete; for a running VM, whose QEMU has it open, the
+daemon reduces it under the VM once no job runs, as a mirror's target
+(:mod:`pvestord.engine.livereduce`), or else its next deactivation does (the
+VM's stop).
 
 Once the copy is over, the Proxmox plugin calls :func:`reduce_copy_target`
 (``pvestord volume reduce-copy``) and the LV is reduced as ``pvestord volume
@@ -23,7 +25,8 @@ extents, with the same core (:func:`~.shrinking.plan_reduction`,
 
 * before Proxmox deactivates it (every offline copy ends with
   ``deactivate_volumes``; a mirror or migration target is deactivated when
-  its VM stops);
+  its VM stops, if the daemon has not reduced it under the running VM
+  first: :mod:`pvestord.engine.livereduce`);
 * after Proxmox activates it, when the image already holds data
   (:func:`pvestord.policy.volumes.copy_over`): a full clone on the same node
   never deactivates its new volumes, and ``clone_disk`` activates the new

@@ -23,6 +23,8 @@ from pvestord.adapters import pausemarks, vghealth
 from pvestord.policy.capacity import COPY_TAG
 from tests.harness.daemonlog import records
 from tests.harness.daemons import NodeBed, ThinStorageSpec, daemons
+from tests.harness.faultbed import node
+from tests.harness.faults import LvmFaults, kill_unit
 from tests.harness.lvmbed import VG, GiB, MiB, measured_maximum, qcow2_check, sh
 from tests.harness.pacedwrite import EXTEND_TIMEOUT, paced_write
 from tests.harness.polling import wait_until
@@ -132,10 +134,11 @@ def test_a_pause_left_by_a_killed_daemon_is_resumed_and_no_other(bed: NodeBed, v
     assert qcow2_check(vg.lv_path(lv))["exit"] == 0
 
 
-def test_no_pause_while_a_job_runs_in_the_vm(bed: NodeBed, vg: VG) -> None:
+def test_no_pause_while_a_job_runs_or_the_config_is_locked(bed: NodeBed, vg: VG) -> None:
     """A block job writes on while the guest is paused, so the reduction
     waits for the VM's jobs to end: here a mirror out of the disk, left
-    ready (as a move disk's mirror is until qemu-server completes it)."""
+    ready (as a move disk's mirror is until qemu-server completes it). Then
+    it waits for qemu-server's lock on the config to go."""
     vm, lv, maximum = mirrored_vm(bed, vg, 604)
     with vm:
         assert vm.write_pattern(fmt_node(vm), 0, MIRRORED, 0x5F, timeout=300).ok
@@ -151,12 +154,52 @@ def test_no_pause_while_a_job_runs_in_the_vm(bed: NodeBed, vg: VG) -> None:
             assert vg.lv_size(lv) == maximum
             assert COPY_TAG in lv_tags(vg, lv)
             assert status(vm) == "running"
+            # qemu-server's lock on the config (a backup about to start): no
+            # pause either, once the job has ended.
+            bed.write_vm_config(604, f"thin1:{lv}", lock="backup")
             vm.qmp("block-job-cancel", {"device": "move"})
             vm.wait_event("BLOCK_JOB_COMPLETED", timeout=60)
+            wait_until(lambda: len(records(pvestord.log_text(), "INFO", VMID="604",
+                                           LIVE_REDUCTION="waits")) == 2,
+                       EXTEND_TIMEOUT, "the reduction waits for the lock")
+            assert vg.lv_size(lv) == maximum
+            assert status(vm) == "running"
+            bed.write_vm_config(604, f"thin1:{lv}")
             wait_until(lambda: COPY_TAG not in lv_tags(vg, lv), EXTEND_TIMEOUT,
-                       "reduced once the job ended")
+                       "reduced once the job ended and the lock went")
             assert_reduced(vg, lv, maximum)
             assert status(vm) == "running"
             for offset in range(0, MIRRORED, 100 * MiB):
                 assert vm.read_verify(fmt_node(vm), offset, 100 * MiB, 0x5F), offset
+    assert qcow2_check(vg.lv_path(lv))["exit"] == 0
+
+
+def test_pvestord_killed_while_the_vm_is_paused_for_a_reduction(
+        bed: NodeBed, vg: VG, faults: LvmFaults) -> None:
+    """kill -9 of pvestord, and of its ``lvreduce``, while the guest is paused
+    for the reduction: the VM stays paused (nobody else resumes it) until the
+    restarted daemon's first pass over it resumes it, then reduces the LV."""
+    vm, lv, maximum = mirrored_vm(bed, vg, 605)
+    with vm:
+        assert vm.write_pattern(fmt_node(vm), 0, MIRRORED, 0x71, timeout=300).ok
+        faults.rule("lvreduce", "before hang")
+        with node(bed, faults) as running:
+            wait_until(lambda: faults.started("lvreduce"), EXTEND_TIMEOUT,
+                       "lvreduce under the paused VM")
+            assert status(vm) == "paused"
+            kill_unit(running.pvestord, with_children=True)
+            faults.clear()
+            assert status(vm) == "paused"
+            assert vg.lv_size(lv) == maximum
+            assert pausemarks.noted(PAUSE_NOTES, 605, vm.pid) is pausemarks.Note.OURS
+            restarted = running.start_pvestord()
+            wait_until(lambda: status(vm) == "running", EXTEND_TIMEOUT, "VM 605 resumed")
+            wait_until(lambda: COPY_TAG not in lv_tags(vg, lv), EXTEND_TIMEOUT,
+                       "the copy target reduced by the restarted daemon")
+            assert_reduced(vg, lv, maximum)
+            assert records(restarted.log_text(), "WARNING", VMID="605",
+                           LIVE_REDUCTION="resumed")
+            assert status(vm) == "running"
+            for offset in range(0, MIRRORED, 100 * MiB):
+                assert vm.read_verify(fmt_node(vm), offset, 100 * MiB, 0x71), offset
     assert qcow2_check(vg.lv_path(lv))["exit"] == 0
