@@ -22,7 +22,7 @@ import pytest
 from pvestord.adapters import pausemarks, vghealth
 from pvestord.policy.capacity import COPY_TAG
 from tests.harness.daemonlog import records
-from tests.harness.daemons import NodeBed, ThinStorageSpec, daemons
+from tests.harness.daemons import Daemon, NodeBed, ThinStorageSpec, daemons
 from tests.harness.faultbed import node
 from tests.harness.faults import LvmFaults, kill_unit
 from tests.harness.lvmbed import VG, GiB, MiB, measured_maximum, qcow2_check, sh
@@ -74,6 +74,25 @@ def assert_reduced(vg: VG, lv: str, maximum: int) -> int:
     return size
 
 
+def assert_holds(vm: QemuVM, pattern: int, start: int = 0, length: int = MIRRORED) -> None:
+    """Every byte of ``length`` from ``start`` reads back as ``pattern``."""
+    for offset in range(start, start + length, 100 * MiB):
+        assert vm.read_verify(fmt_node(vm), offset, 100 * MiB, pattern), offset
+
+
+def assert_resumed_then_reduced(vm: QemuVM, vg: VG, lv: str, maximum: int,
+                                pvestord: Daemon) -> None:
+    """A pause of pvestord's found noted is ended by ``pvestord``'s first
+    pass over the VM, and the reduction follows."""
+    wait_until(lambda: status(vm) == "running", EXTEND_TIMEOUT, f"VM {vm.vmid} resumed")
+    wait_until(lambda: COPY_TAG not in lv_tags(vg, lv), EXTEND_TIMEOUT,
+               "the copy target reduced")
+    assert_reduced(vg, lv, maximum)
+    assert records(pvestord.log_text(), "WARNING", VMID=str(vm.vmid),
+                   LIVE_REDUCTION="resumed")
+    assert pausemarks.noted(PAUSE_NOTES, vm.vmid, vm.pid) is pausemarks.Note.NONE
+
+
 def test_a_mirrors_thick_target_is_reduced_under_its_running_vm(bed: NodeBed, vg: VG) -> None:
     vm, lv, maximum = mirrored_vm(bed, vg, 601)
     with vm:
@@ -89,17 +108,14 @@ def test_a_mirrors_thick_target_is_reduced_under_its_running_vm(bed: NodeBed, vg
             (done,) = records(pvestord.log_text(), "INFO", VMID="601", LIVE_REDUCTION="done")
             assert (int(done.fields["OLD_SIZE"]), int(done.fields["NEW_SIZE"])) == (maximum,
                                                                                    size)
-            for offset in range(0, MIRRORED, 100 * MiB):
-                assert vm.read_verify(fmt_node(vm), offset, 100 * MiB, 0x3C), offset
+            assert_holds(vm, 0x3C)
             # The guest writes on past the reduced end: the LV grows again.
             outcome = paced_write(vm, fmt_node(vm), MIRRORED, 400 * MiB, 0x3D)
             assert outcome.errors == []
             wait_until(lambda: bed.entries() == [], EXTEND_TIMEOUT, "queue drained")
             assert vg.lv_size(lv) > size
-            for offset in range(0, MIRRORED, 100 * MiB):
-                assert vm.read_verify(fmt_node(vm), offset, 100 * MiB, 0x3C), offset
-            for offset in range(MIRRORED, MIRRORED + 400 * MiB, 100 * MiB):
-                assert vm.read_verify(fmt_node(vm), offset, 100 * MiB, 0x3D), offset
+            assert_holds(vm, 0x3C)
+            assert_holds(vm, 0x3D, MIRRORED, 400 * MiB)
             # Reduced once: the tag went with the reduction.
             assert len(records(pvestord.log_text(), VMID="601", LIVE_REDUCTION="done")) == 1
     assert qcow2_check(vg.lv_path(lv))["exit"] == 0
@@ -118,19 +134,12 @@ def test_a_pause_left_by_a_killed_daemon_is_resumed_and_no_other(bed: NodeBed, v
         vm.qmp("stop")
         other.qmp("stop")
         with daemons(bed) as (_, pvestord):
-            wait_until(lambda: status(vm) == "running", EXTEND_TIMEOUT, "VM 602 resumed")
-            wait_until(lambda: COPY_TAG not in lv_tags(vg, lv), EXTEND_TIMEOUT,
-                       "the copy target reduced")
-            assert_reduced(vg, lv, maximum)
-            assert records(pvestord.log_text(), "WARNING", VMID="602",
-                           LIVE_REDUCTION="resumed")
+            assert_resumed_then_reduced(vm, vg, lv, maximum, pvestord)
             # VM 603's reconcile ran (it armed its threshold) and left it paused.
             wait_until(lambda: other.named_node(file_node(other))["write_threshold"] > 0,
                        EXTEND_TIMEOUT, "VM 603 reconciled")
             assert status(other) == "paused"
-            assert pausemarks.noted(PAUSE_NOTES, 602, vm.pid) is pausemarks.Note.NONE
-            for offset in range(0, MIRRORED, 100 * MiB):
-                assert vm.read_verify(fmt_node(vm), offset, 100 * MiB, 0x4E), offset
+            assert_holds(vm, 0x4E)
     assert qcow2_check(vg.lv_path(lv))["exit"] == 0
 
 
@@ -169,8 +178,7 @@ def test_no_pause_while_a_job_runs_or_the_config_is_locked(bed: NodeBed, vg: VG)
                        "reduced once the job ended and the lock went")
             assert_reduced(vg, lv, maximum)
             assert status(vm) == "running"
-            for offset in range(0, MIRRORED, 100 * MiB):
-                assert vm.read_verify(fmt_node(vm), offset, 100 * MiB, 0x5F), offset
+            assert_holds(vm, 0x5F)
     assert qcow2_check(vg.lv_path(lv))["exit"] == 0
 
 
@@ -192,14 +200,6 @@ def test_pvestord_killed_while_the_vm_is_paused_for_a_reduction(
             assert status(vm) == "paused"
             assert vg.lv_size(lv) == maximum
             assert pausemarks.noted(PAUSE_NOTES, 605, vm.pid) is pausemarks.Note.OURS
-            restarted = running.start_pvestord()
-            wait_until(lambda: status(vm) == "running", EXTEND_TIMEOUT, "VM 605 resumed")
-            wait_until(lambda: COPY_TAG not in lv_tags(vg, lv), EXTEND_TIMEOUT,
-                       "the copy target reduced by the restarted daemon")
-            assert_reduced(vg, lv, maximum)
-            assert records(restarted.log_text(), "WARNING", VMID="605",
-                           LIVE_REDUCTION="resumed")
-            assert status(vm) == "running"
-            for offset in range(0, MIRRORED, 100 * MiB):
-                assert vm.read_verify(fmt_node(vm), offset, 100 * MiB, 0x71), offset
+            assert_resumed_then_reduced(vm, vg, lv, maximum, running.start_pvestord())
+            assert_holds(vm, 0x71)
     assert qcow2_check(vg.lv_path(lv))["exit"] == 0
