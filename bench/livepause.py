@@ -36,7 +36,7 @@ CHUNK = 256 * MiB
 VMID = 9300
 STORE = "livepause"
 #: What the mirror copied, per run size.
-DATA = (256 * MiB, 2 * GiB)
+DATA = (256 * MiB, 1536 * MiB)
 START_TIMEOUT = 300.0
 REDUCE_TIMEOUT = 300.0
 
