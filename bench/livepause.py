@@ -58,7 +58,8 @@ def run(out: Path, rounds: int) -> dict[str, Any]:
     with _bed(out) as (bed, vg):
         for _ in range(rounds):
             for data in DATA:
-                runs.append(_reduce(bed, vg, data))
+                # A VMID per run: the daemons' logs go on across runs.
+                runs.append(_reduce(bed, vg, data, VMID + len(runs)))
     result: dict[str, Any] = {"rounds": rounds, "disk_bytes": DISK, "chunk_bytes": CHUNK}
     for data in DATA:
         done = [r for r in runs if r.data == data]
@@ -80,23 +81,23 @@ def _bed(out: Path) -> Iterator[tuple[NodeBed, VG]]:
         yield NodeBed(Path(tmp), [spec], logs_dir=logs, verbose=False), vg
 
 
-def _reduce(bed: NodeBed, vg: VG, data: int) -> PauseRun:
-    lv = f"vm-{VMID}-disk-0.qcow2"
+def _reduce(bed: NodeBed, vg: VG, data: int, vmid: int) -> PauseRun:
+    lv = f"vm-{vmid}-disk-0.qcow2"
     maximum = measured_maximum(DISK, vg.extent_size())
     vg.create_lv(lv, maximum)
     create_qcow2(vg.lv_path(lv), DISK)
     sh("lvchange", "-q", f"--addtag={COPY_TAG}", vg.lv_path(lv))
     disk = Pve9Disk.for_volume(vg.lv_path(lv), f"{STORE}:{lv}")
     try:
-        with QemuVM(VMID, bed.run_dir, disks=[disk], event_socket=bed.event_socket) as vm:
+        with QemuVM(vmid, bed.run_dir, disks=[disk], event_socket=bed.event_socket) as vm:
             assert vm.write_pattern(disk.block_node, 0, data, 0x6A, timeout=900).ok
             vm.qmp("query-status")  # the harness's monitor now collects events
             with daemons(bed, start_timeout=START_TIMEOUT) as (_, pvestord):
                 stop = vm.wait_event("STOP", timeout=REDUCE_TIMEOUT)
                 resume = vm.wait_event("RESUME", timeout=REDUCE_TIMEOUT)
-                wait_until(lambda: records(pvestord.log_text(), VMID=str(VMID),
-                                      LIVE_REDUCTION="done"), REDUCE_TIMEOUT, "reduced")
-                (done,) = records(pvestord.log_text(), VMID=str(VMID), LIVE_REDUCTION="done")
+                wait_until(lambda: records(pvestord.log_text(), VMID=str(vmid),
+                                           LIVE_REDUCTION="done"), REDUCE_TIMEOUT, "reduced")
+                (done,) = records(pvestord.log_text(), VMID=str(vmid), LIVE_REDUCTION="done")
             assert vm.read_verify(disk.block_node, 0, min(data, 64 * MiB), 0x6A)
         return PauseRun(data, _stamp(resume) - _stamp(stop),
                         int(done.fields["DURATION_MS"]) / 1000, maximum, vg.lv_size(lv))

@@ -25,10 +25,18 @@ from tests.harness.daemonlog import records
 from tests.harness.daemons import Daemon, NodeBed, ThinStorageSpec, daemons
 from tests.harness.faultbed import node
 from tests.harness.faults import LvmFaults, kill_unit
-from tests.harness.lvmbed import VG, GiB, MiB, measured_maximum, qcow2_check, sh
+from tests.harness.lvmbed import (
+    VG,
+    GiB,
+    MiB,
+    measured_maximum,
+    qcow2_check,
+    qcow2_create,
+    sh,
+)
 from tests.harness.pacedwrite import EXTEND_TIMEOUT, paced_write
 from tests.harness.polling import wait_until
-from tests.harness.qemu import QemuVM, pve9_disk
+from tests.harness.qemu import Pve9Disk, QemuVM, pve9_disk
 from tests.integration.node.test_engine import file_node, fmt_node, thin_vm
 
 #: Where the daemon under test notes its pauses (its default VG marks' folder).
@@ -119,6 +127,42 @@ def test_a_mirrors_thick_target_is_reduced_under_its_running_vm(bed: NodeBed, vg
             # Reduced once: the tag went with the reduction.
             assert len(records(pvestord.log_text(), VMID="601", LIVE_REDUCTION="done")) == 1
     assert qcow2_check(vg.lv_path(lv))["exit"] == 0
+
+
+def test_a_live_move_disk_lands_thin_under_both_daemons(bed: NodeBed, vg: VG) -> None:
+    """The whole flow, as qemu-server runs a live move disk: the target, a
+    tagged LV at the maximum, added under the disk's throttle node and
+    mirrored into with ``replaces`` (BlockJob.pm ``blockdev_mirror``), the
+    job completed; both daemons run throughout. After it, the VM's disk is
+    the target's new nodes, which no pass knew before, and the next
+    reconcile reduces it."""
+    virtual = 2 * GiB
+    source = "vm-606-disk-0.qcow2"
+    target = "vm-606-disk-1.qcow2"
+    with thin_vm(bed, vg, 606, virtual=virtual) as vm, \
+            daemons(bed, pvestord_args=("--reconcile-interval", "5")):
+        outcome = paced_write(vm, fmt_node(vm), 0, MIRRORED, 0x66)
+        assert outcome.errors == []
+        maximum = measured_maximum(virtual, vg.extent_size())
+        qcow2_create(vg.create_lv(target, maximum), virtual)
+        sh("lvchange", "--addtag", COPY_TAG, f"{vg.name}/{target}")
+        disk = Pve9Disk.for_volume(vg.lv_path(target), f"thin1:{target}", "scsi1")
+        vm.qmp("blockdev-add", disk.format_blockdev())
+        vm.qmp("blockdev-mirror", {"job-id": "mirror-drive-scsi0",
+                                   "device": pve9_disk(vm).top_node,
+                                   "target": disk.block_node, "sync": "full",
+                                   "replaces": fmt_node(vm)})
+        assert vm.run_job_to_completion("mirror-drive-scsi0", timeout=600)
+        wait_until(lambda: COPY_TAG not in lv_tags(vg, target), EXTEND_TIMEOUT,
+                   "the new disk reduced")
+        assert_reduced(vg, target, maximum)
+        assert status(vm) == "running"
+        assert vm.named_node(disk.file_block_node)["write_threshold"] == (
+            vg.lv_size(target) - CHUNK // 2)
+        for offset in range(0, MIRRORED, 100 * MiB):
+            assert vm.read_verify(disk.block_node, offset, 100 * MiB, 0x66), offset
+    assert qcow2_check(vg.lv_path(target))["exit"] == 0
+    assert qcow2_check(vg.lv_path(source))["exit"] == 0
 
 
 def test_a_pause_left_by_a_killed_daemon_is_resumed_and_no_other(bed: NodeBed, vg: VG) -> None:
