@@ -168,13 +168,24 @@ def compile_repository(bed: Bed | None = None) -> None:
             raise GuestError(f"{package} does not compile; see the errors above")
 
 
+def _vng_path() -> str:
+    """PATH with the venv's tools first: where scripts/install-deps puts vng."""
+    return f"{VENV_BIN}:{os.environ.get('PATH', '')}"
+
+
+def vng_env() -> dict[str, str]:
+    """vng's environment: ours, with :func:`_vng_path` (vng starts its own
+    tools by name)."""
+    return dict(os.environ, PATH=_vng_path())
+
+
 def vng_argv(command: str, out: Path, *, memory: str, cpus: int, name: str = "node",
              bed: Bed | None = None, kernel_messages: bool = False) -> list[str]:
     """vng's argument list to boot ``bed`` and run the shell ``command``.
 
     ``kernel_messages``: show the kernel's boot messages on the console too
     (vng hides them), to see why a guest died before it ran ``command``."""
-    vng = shutil.which("vng", path=f"{VENV_BIN}:{os.environ.get('PATH', '')}")
+    vng = shutil.which("vng", path=_vng_path())
     if vng is None:
         raise GuestError("vng (virtme-ng) not found: run scripts/install-deps")
     bed = bed or host_bed()
@@ -280,7 +291,7 @@ class _Boot:
 def _boot_and_wait(argv: list[str], log: TextIO, deadline: float, *, echo: bool) -> _Boot:
     """Run vng until it exits or ``deadline`` passes (then kill it), copying its
     output to ``log`` (and our stdout if ``echo``)."""
-    env = dict(os.environ, PATH=f"{VENV_BIN}:{os.environ.get('PATH', '')}")
+    env = vng_env()
     tail: deque[str] = deque(maxlen=CONSOLE_TAIL_LINES)
     start = time.monotonic()
     timed_out = False

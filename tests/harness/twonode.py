@@ -44,11 +44,11 @@ from tests.harness.nodeguest import (
     BEDS,
     BOOT_ATTEMPTS,
     DEFAULT_BED,
-    VENV_BIN,
     Bed,
     GuestError,
     compile_repository,
     vng_argv,
+    vng_env,
 )
 from tests.harness.polling import wait_until
 from tests.harness.qemu import Pve9Disk
@@ -272,7 +272,7 @@ def _boot(work: Path, node: Node, san: Path, memory: str, bed: Bed, *,
                     memory=memory, cpus=1, name=node.name, bed=bed,
                     kernel_messages=kernel_messages)
     argv.append("--qemu-opts=" + _qemu_opts(work, node.name, san))
-    env = dict(os.environ, PATH=f"{VENV_BIN}:{os.environ.get('PATH', '')}")
+    env = vng_env()
     # A second boot's console follows the first one's.
     log = node.console_log.open("a" if kernel_messages else "w")
     node.proc = subprocess.Popen(  # noqa: S603 - argument list
