@@ -373,11 +373,12 @@ async def add_tags(vg: str, lv: str, tags: Sequence[str]) -> None:
     await _change(vg, lv, f"tagging LV {vg}/{lv}", "lvchange", *args)
 
 
-async def remove_tags(vg: str, lv: str, tags: Sequence[str]) -> None:
+async def remove_tags(vg: str, lv: str, tags: Sequence[str], *,
+                      timeout: float = CHANGE_TIMEOUT) -> None:  # noqa: ASYNC109
     """``lvchange --deltag`` each of ``tags`` (VG metadata: callers hold the
     storage lock, as for :func:`extend`). A tag not there is no error."""
     args = [arg for tag in tags for arg in ("--deltag", tag)]
-    await _change(vg, lv, f"untagging LV {vg}/{lv}", "lvchange", *args)
+    await _change(vg, lv, f"untagging LV {vg}/{lv}", "lvchange", *args, timeout=timeout)
 
 
 async def remove(vg: str, lv: str) -> None:
@@ -395,7 +396,8 @@ async def deactivate(vg: str, lv: str) -> None:
     await _change(vg, lv, f"deactivating LV {vg}/{lv}", "lvchange", "-aln")
 
 
-async def reduce(vg: str, lv: str, size: int) -> None:
+async def reduce(vg: str, lv: str, size: int, *,
+                 timeout: float = CHANGE_TIMEOUT) -> None:  # noqa: ASYNC109
     """Shrink ``vg/lv`` to exactly ``size`` bytes (extent-aligned by the caller).
 
     ``-f`` because lvreduce otherwise asks for confirmation (it cannot know
@@ -403,7 +405,7 @@ async def reduce(vg: str, lv: str, size: int) -> None:
     hold the storage lock, as for :func:`extend`.
     """
     await _change(vg, lv, f"reducing LV {vg}/{lv} to {size} bytes", "lvreduce", "-f",
-                  "--size", f"{size}b", done_if=SIZE_UNCHANGED)
+                  "--size", f"{size}b", done_if=SIZE_UNCHANGED, timeout=timeout)
 
 
 async def vg_space(vg: str, *, timeout: float = REPORT_TIMEOUT,  # noqa: ASYNC109

@@ -181,7 +181,8 @@ class LiveReductions:
                     await self._still_as_paused(monitor, node, written)
                     if target < before.size:
                         with self._changes.running(vm.vmid, node, (vg, lv)):
-                            await lvm.reduce(vg, lv, target)
+                            await lvm.reduce(vg, lv, target,
+                                             timeout=self.settings.lvm_timeout)
                         self._figures.reduced(vg, lv, target)
                         if threshold > 0:
                             await monitor.set_threshold(node, threshold)
@@ -194,7 +195,7 @@ class LiveReductions:
                 await self.resume_if_left_paused(vm)
             # The LV holds what it holds plus a chunk now; a crash before
             # this line makes the next reconcile's pass a no-op reduction.
-            await lvm.remove_tags(vg, lv, [COPY_TAG])
+            await lvm.remove_tags(vg, lv, [COPY_TAG], timeout=self.settings.lvm_timeout)
             self._figures.untagged(vg, lv)
         reduced = LiveReduced(vm.vmid, vg, lv, before.size, target, end, written,
                               threshold, paused_ms)
