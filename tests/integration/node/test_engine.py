@@ -40,39 +40,16 @@ from tests.harness.lvmbed import (
     loop_vg,
     measured_maximum,
     qcow2_check,
-    qcow2_create,
 )
 from tests.harness.pacedwrite import EXTEND_TIMEOUT, paced_write
 from tests.harness.polling import wait_until
-from tests.harness.qemu import Pve9Disk, QemuVM, pve9_disk
+from tests.harness.qemu import pve9_disk
+from tests.harness.thinvm import file_node, fmt_node, thin_vm
 
 
 @pytest.fixture
 def bed(vg: VG, tmp_path: Path, out_dir: Path) -> NodeBed:
     return NodeBed(tmp_path, [ThinStorageSpec("thin1", vg.name)], logs_dir=out_dir)
-
-
-def thin_vm(bed: NodeBed, vg: VG, vmid: int, *, lv_size: int = 256 * MiB,
-            virtual: int = 8 * GiB, index: int = 0, **kwargs: object) -> QemuVM:
-    """A VM whose disk has Proxmox VE 9's block graph (``scsi<index>``:
-    throttle over qcow2 ``f<hash>`` over host_device ``e<hash>``)."""
-    lv = f"vm-{vmid}-disk-{index}.qcow2"
-    path = vg.create_lv(lv, lv_size)
-    qcow2_create(path, virtual)
-    storeid = next(s.storeid for s in bed.storages if s.vgname == vg.name)
-    disk = Pve9Disk.for_volume(path, f"{storeid}:{lv}", f"scsi{index}")
-    return QemuVM(vmid, bed.run_dir, disks=[disk], event_socket=bed.event_socket,
-                  log_path=bed.logs / f"qemu-{vmid}.log", **kwargs)  # type: ignore[arg-type]
-
-
-def file_node(vm: QemuVM) -> str:
-    """The host_device node of the VM's disk: where the threshold lives."""
-    return pve9_disk(vm).file_block_node
-
-
-def fmt_node(vm: QemuVM) -> str:
-    """The qcow2 node of the VM's disk: where the writer writes."""
-    return pve9_disk(vm).block_node
 
 
 def test_thin_disk_grows_chunk_by_chunk_to_its_maximum(bed: NodeBed, vg: VG) -> None:

@@ -37,7 +37,7 @@ from tests.harness.lvmbed import (
 from tests.harness.pacedwrite import EXTEND_TIMEOUT, paced_write
 from tests.harness.polling import wait_until
 from tests.harness.qemu import Pve9Disk, QemuVM, pve9_disk
-from tests.integration.node.test_engine import file_node, fmt_node, thin_vm
+from tests.harness.thinvm import file_node, fmt_node, thin_vm
 
 #: Where the daemon under test notes its pauses (its default VG marks' folder).
 PAUSE_NOTES = pausemarks.folder_beside(vghealth.DEFAULT_DIR)
