@@ -22,11 +22,16 @@ pass over the VM, for each drive whose LV carries the tag:
    :func:`~pvestord.policy.volumes.live_reduction_target`: the larger end
    plus a chunk, in whole extents, at least ``initial-size``;
 3. one more QMP session, held to the end: the VM is still paused with no
-   job and QEMU has written nothing since; then ``lvreduce``, the tag
-   dropped, the threshold armed for the new size, and ``cont``. Holding
+   job and QEMU has written nothing since; then ``lvreduce``, the threshold
+   armed for the new size, and ``cont``; the tag is dropped after, still
+   under the storage lock. Holding
    the session keeps every other QMP client (qemu-server starting a job, an
    admin's ``qm resume``) out between the last look and the ``lvreduce``;
    they wait for the ``lvreduce`` alone, well within their 5 s.
+
+An LV that cannot be reduced whatever the image holds (no more than
+``initial-size`` plus a chunk past what QEMU has written already) is only
+untagged, without a pause.
 
 Anything unexpected after the pause (the image not clean, QEMU wrote, a job
 appeared, an error) leaves the LV as it was, tagged, for the next reconcile
@@ -162,6 +167,17 @@ class LiveReductions:
             self._figures.remember(before)
             if COPY_TAG not in before.tags:
                 return None  # reduced meanwhile (by a stopped VM's deactivation, by hand)
+            # What QEMU has written so far only grows: if the LV is no larger
+            # than it plus a chunk (or initial-size), no image end can reduce it.
+            if live_reduction_target(before.size, 0, drive.view.allocation, storage.chunksize,
+                                     storage.initial_size, before.extent_size) >= before.size:
+                await lvm.remove_tags(vg, lv, [COPY_TAG], timeout=self.settings.lvm_timeout)
+                self._figures.untagged(vg, lv)
+                log.info("VM %d %s: copy target LV %s/%s (%s) has nothing to give back: "
+                         "untagged, no pause", vm.vmid, node, vg, lv, format_size(before.size),
+                         extra=fields(VMID=vm.vmid, BLOCK_NODE=node, VG=vg, LV=lv,
+                                      LIVE_REDUCTION="untagged"))
+                return None
             try:
                 paused = await self._pause(vm, drive)
                 if paused is None:
@@ -233,7 +249,11 @@ class LiveReductions:
             self._said.over((vm.vmid, node, "live-reduce-wait"))
             # Noted before the stop: a daemon killed the moment after leaves
             # a note of a VM that may be paused, never a pause with no note.
-            pausemarks.note(self.marks, vm.vmid, vm.pid)
+            try:
+                pausemarks.note(self.marks, vm.vmid, vm.pid)
+            except OSError as err:
+                raise NotNow(f"cannot note the pause in {self.marks}: {err}; not "
+                             "paused") from err
             paused_at = time.monotonic()
             await monitor.stop()
             return _written_end(await monitor.block_nodes(), node), paused_at

@@ -165,6 +165,27 @@ def test_a_live_move_disk_lands_thin_under_both_daemons(bed: NodeBed, vg: VG) ->
     assert qcow2_check(vg.lv_path(source))["exit"] == 0
 
 
+def test_a_copy_target_with_nothing_to_give_back_is_untagged_without_a_pause(
+        bed: NodeBed, vg: VG) -> None:
+    """A tagged LV no larger than what QEMU wrote plus a chunk (a merge
+    target that needed little room) cannot be reduced: the daemon drops the
+    tag and never pauses the guest."""
+    with thin_vm(bed, vg, 607) as vm:
+        lv = "vm-607-disk-0.qcow2"
+        sh("lvchange", "--addtag", COPY_TAG, f"{vg.name}/{lv}")
+        vm.qmp("query-status")  # the harness's monitor now collects events
+        with daemons(bed) as (_, pvestord):
+            wait_until(lambda: COPY_TAG not in lv_tags(vg, lv), EXTEND_TIMEOUT,
+                       "the copy target untagged")
+            assert records(pvestord.log_text(), "INFO", VMID="607",
+                           LIVE_REDUCTION="untagged")
+            wait_until(lambda: vm.named_node(file_node(vm))["write_threshold"] > 0,
+                       EXTEND_TIMEOUT, "armed as any thin disk")
+        assert vg.lv_size(lv) == 256 * MiB
+        assert status(vm) == "running"
+        assert [e["event"] for e in vm.events() if e["event"] in ("STOP", "RESUME")] == []
+
+
 def test_a_pause_left_by_a_killed_daemon_is_resumed_and_no_other(bed: NodeBed, vg: VG) -> None:
     """VM 602 is as a daemon killed between its ``stop`` and its ``cont``
     leaves it: paused, with the note written before the stop. VM 603 was
