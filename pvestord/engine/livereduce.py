@@ -138,8 +138,10 @@ class LiveReductions:
             return []
         async with self._monitor(vm) as monitor:
             nodes = await monitor.block_nodes()
+        drives = self._found(nodes.drives)
+        self._figures.keep_tags_of(vm.vmid, {(d.vg, d.lv) for d in drives})
         done: list[LiveReduced] = []
-        for drive in self._found(nodes.drives):
+        for drive in drives:
             if drive.storage is None or not self._figures.copy_target(drive.vg, drive.lv):
                 continue
             key = (vm.vmid, drive.view.file_node, "live-reduce")

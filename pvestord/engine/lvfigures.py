@@ -115,6 +115,14 @@ class LvFigures:
         return any(COPY_TAG in tags and chain_vmid(lv) == vmid
                    for (_, lv), tags in self._lv_tags.items())
 
+    def keep_tags_of(self, vmid: int, drives: set[tuple[str, str]]) -> None:
+        """Forget the tags of ``vmid``'s LVs other than ``drives`` (its disks
+        now): a disk detached while tagged must not cost its VM a QMP session
+        on every reconcile."""
+        for key in [key for key in self._lv_tags
+                    if chain_vmid(key[1]) == vmid and key not in drives]:
+            del self._lv_tags[key]
+
     def reduced(self, vg: str, lv: str, size: int) -> None:
         """We reduced ``vg/lv`` to ``size``."""
         self._lv_sizes[(vg, lv)] = size

@@ -142,3 +142,10 @@ def test_the_pass_remembers_which_lvs_are_copy_targets() -> None:
     assert figures.size("san1", "vm-101-disk-0.qcow2") == 560 * MiB
     assert not figures.copy_target("san1", "vm-101-disk-0.qcow2")
     assert not figures.has_copy_targets(101)
+    # A tagged disk detached from its VM is forgotten when the VM's disks are
+    # listed without it; another VM's are kept.
+    figures.remember(_info("vm-101-disk-1.qcow2", (COPY_TAG,)))
+    assert figures.has_copy_targets(101)
+    figures.keep_tags_of(101, {("san1", "vm-101-disk-0.qcow2")})
+    assert not figures.has_copy_targets(101)
+    assert figures.has_copy_targets(1010)
