@@ -82,7 +82,7 @@ class StuckProcess:
 
     def alive(self) -> bool:
         """Still the same process, and not a zombie waiting to be reaped."""
-        found = _stat(self.pid)
+        found = process_stat(self.pid)
         return found is not None and found[1] == self.start_ticks and found[0] != "Z"
 
 
@@ -108,7 +108,7 @@ class UnkillableCommandError(CommandError):
         return str(self.args[0])
 
 
-def _stat(pid: int) -> tuple[str, int, int] | None:
+def process_stat(pid: int) -> tuple[str, int, int] | None:
     """(state, start time in ticks, process group) of ``pid``, or None if it is gone."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
@@ -134,7 +134,7 @@ def stuck_processes(pid: int, pipe_inodes: Sequence[int] = ()) -> tuple[StuckPro
         other = int(entry.name)
         if other == os.getpid():
             continue
-        stat = _stat(other)
+        stat = process_stat(other)
         if stat is None or stat[0] == "Z":
             continue
         member = other == pid or stat[2] == pid

@@ -9,7 +9,6 @@ never resumes one that someone else paused. So the daemon writes
 the next daemon's first pass over the VM finds the file and resumes a VM it
 finds paused.
 
-
 The note names the QEMU paused (its pid and start time): a note left for a
 QEMU that has ended since (the VM stopped, or crashed, meanwhile) is stale,
 and must not resume a new QEMU of the same VMID that someone else paused.
@@ -23,7 +22,7 @@ from __future__ import annotations
 import enum
 from pathlib import Path
 
-from pvestord.policy.procstat import fields_after_name
+from pvestord.adapters.command import process_stat
 
 
 class Note(enum.Enum):
@@ -43,12 +42,8 @@ def folder_beside(vg_health_dir: Path) -> Path:
 
 def _identity(pid: int) -> str | None:
     """``<pid> <start time>`` of a live process; None when it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = fields_after_name(stat)
-    return f"{pid} {fields[19]}" if len(fields) > 19 else None
+    stat = process_stat(pid)
+    return None if stat is None else f"{pid} {stat[1]}"
 
 
 def note(folder: Path, vmid: int, qemu_pid: int) -> None:
