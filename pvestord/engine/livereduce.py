@@ -173,8 +173,7 @@ class LiveReductions:
             # than it plus a chunk (or initial-size), no image end can reduce it.
             if live_reduction_target(before.size, 0, drive.view.allocation, storage.chunksize,
                                      storage.initial_size, before.extent_size) >= before.size:
-                await lvm.remove_tags(vg, lv, [COPY_TAG], timeout=self.settings.lvm_timeout)
-                self._figures.untagged(vg, lv)
+                await self._untag(vg, lv)
                 log.info("VM %d %s: copy target LV %s/%s (%s) has nothing to give back: "
                          "untagged, no pause", vm.vmid, node, vg, lv, format_size(before.size),
                          extra=fields(VMID=vm.vmid, BLOCK_NODE=node, VG=vg, LV=lv,
@@ -213,8 +212,7 @@ class LiveReductions:
                 await self.resume_if_left_paused(vm)
             # The LV holds what it holds plus a chunk now; a crash before
             # this line makes the next reconcile's pass a no-op reduction.
-            await lvm.remove_tags(vg, lv, [COPY_TAG], timeout=self.settings.lvm_timeout)
-            self._figures.untagged(vg, lv)
+            await self._untag(vg, lv)
         reduced = LiveReduced(vm.vmid, vg, lv, before.size, target, end, written,
                               threshold, paused_ms)
         log.info("VM %d %s: copy target LV %s/%s reduced from %s to %s under the running VM "
@@ -227,6 +225,11 @@ class LiveReductions:
                               DURATION_MS=reduced.paused_ms, THRESHOLD=threshold,
                               LIVE_REDUCTION="done"))
         return reduced
+
+    async def _untag(self, vg: str, lv: str) -> None:
+        """Drop the copy target's tag (under the storage lock, as any change)."""
+        await lvm.remove_tags(vg, lv, [COPY_TAG], timeout=self.settings.lvm_timeout)
+        self._figures.untagged(vg, lv)
 
     async def _pause(self, vm: LocalVm, drive: DriveCandidate) -> tuple[int, float] | None:
         """Pause ``vm`` if it may be paused for ``drive`` now: the highest
