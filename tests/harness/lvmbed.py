@@ -64,6 +64,10 @@ class VG:
                  "lv_size", f"{self.name}/{lv}")
         return int(json.loads(out)["report"][0]["lv"][0]["lv_size"])
 
+    def lv_tags(self, lv: str) -> set[str]:
+        out = sh("lvs", "--reportformat", "json", "-o", "lv_tags", f"{self.name}/{lv}")
+        return set(filter(None, json.loads(out)["report"][0]["lv"][0]["lv_tags"].split(",")))
+
     def device_size(self, lv: str) -> int:
         """The size device-mapper gives the LV now (what QEMU sees)."""
         return block_device_size(self.lv_path(lv))

@@ -14,7 +14,6 @@ for a job.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -51,11 +50,6 @@ def bed(vg: VG, tmp_path: Path, out_dir: Path) -> NodeBed:
     return NodeBed(tmp_path, [ThinStorageSpec("thin1", vg.name)], logs_dir=out_dir)
 
 
-def lv_tags(vg: VG, lv: str) -> set[str]:
-    out = sh("lvs", "--reportformat", "json", "-o", "lv_tags", f"{vg.name}/{lv}")
-    return set(filter(None, json.loads(out)["report"][0]["lv"][0]["lv_tags"].split(",")))
-
-
 def status(vm: QemuVM) -> str:
     return str(vm.qmp("query-status")["status"])
 
@@ -75,7 +69,7 @@ def mirrored_vm(bed: NodeBed, vg: VG, vmid: int) -> tuple[QemuVM, str, int]:
 def assert_reduced(vg: VG, lv: str, maximum: int) -> int:
     """The LV holds the mirrored data plus a chunk, in whole extents; untagged."""
     size = vg.lv_size(lv)
-    assert COPY_TAG not in lv_tags(vg, lv)
+    assert COPY_TAG not in vg.lv_tags(lv)
     # The image's end is the data plus its qcow2 metadata (a few MiB).
     assert MIRRORED + CHUNK <= size <= MIRRORED + CHUNK + 8 * MiB < maximum
     assert size % vg.extent_size() == 0
@@ -93,7 +87,7 @@ def assert_resumed_then_reduced(vm: QemuVM, vg: VG, lv: str, maximum: int,
     """A pause of pvestord's found noted is ended by ``pvestord``'s first
     pass over the VM, and the reduction follows."""
     wait_until(lambda: status(vm) == "running", EXTEND_TIMEOUT, f"VM {vm.vmid} resumed")
-    wait_until(lambda: COPY_TAG not in lv_tags(vg, lv), EXTEND_TIMEOUT,
+    wait_until(lambda: COPY_TAG not in vg.lv_tags(lv), EXTEND_TIMEOUT,
                "the copy target reduced")
     assert_reduced(vg, lv, maximum)
     assert records(pvestord.log_text(), "WARNING", VMID=str(vm.vmid),
@@ -106,7 +100,7 @@ def test_a_mirrors_thick_target_is_reduced_under_its_running_vm(bed: NodeBed, vg
     with vm:
         assert vm.write_pattern(fmt_node(vm), 0, MIRRORED, 0x3C, timeout=300).ok
         with daemons(bed) as (_, pvestord):
-            wait_until(lambda: COPY_TAG not in lv_tags(vg, lv), EXTEND_TIMEOUT,
+            wait_until(lambda: COPY_TAG not in vg.lv_tags(lv), EXTEND_TIMEOUT,
                        "the copy target reduced")
             size = assert_reduced(vg, lv, maximum)
             assert status(vm) == "running"
@@ -153,7 +147,7 @@ def test_a_live_move_disk_lands_thin_under_both_daemons(bed: NodeBed, vg: VG) ->
                                    "target": disk.block_node, "sync": "full",
                                    "replaces": fmt_node(vm)})
         assert vm.run_job_to_completion("mirror-drive-scsi0", timeout=600)
-        wait_until(lambda: COPY_TAG not in lv_tags(vg, target), EXTEND_TIMEOUT,
+        wait_until(lambda: COPY_TAG not in vg.lv_tags(target), EXTEND_TIMEOUT,
                    "the new disk reduced")
         assert_reduced(vg, target, maximum)
         assert status(vm) == "running"
@@ -175,7 +169,7 @@ def test_a_copy_target_with_nothing_to_give_back_is_untagged_without_a_pause(
         sh("lvchange", "--addtag", COPY_TAG, f"{vg.name}/{lv}")
         vm.qmp("query-status")  # the harness's monitor now collects events
         with daemons(bed) as (_, pvestord):
-            wait_until(lambda: COPY_TAG not in lv_tags(vg, lv), EXTEND_TIMEOUT,
+            wait_until(lambda: COPY_TAG not in vg.lv_tags(lv), EXTEND_TIMEOUT,
                        "the copy target untagged")
             assert records(pvestord.log_text(), "INFO", VMID="607",
                            LIVE_REDUCTION="untagged")
@@ -226,7 +220,7 @@ def test_no_pause_while_a_job_runs_or_the_config_is_locked(bed: NodeBed, vg: VG)
                                        LIVE_REDUCTION="waits"),
                        EXTEND_TIMEOUT, "the reduction waits for the job")
             assert vg.lv_size(lv) == maximum
-            assert COPY_TAG in lv_tags(vg, lv)
+            assert COPY_TAG in vg.lv_tags(lv)
             assert status(vm) == "running"
             # qemu-server's lock on the config (a backup about to start): no
             # pause either, once the job has ended.
@@ -239,7 +233,7 @@ def test_no_pause_while_a_job_runs_or_the_config_is_locked(bed: NodeBed, vg: VG)
             assert vg.lv_size(lv) == maximum
             assert status(vm) == "running"
             bed.write_vm_config(604, f"thin1:{lv}")
-            wait_until(lambda: COPY_TAG not in lv_tags(vg, lv), EXTEND_TIMEOUT,
+            wait_until(lambda: COPY_TAG not in vg.lv_tags(lv), EXTEND_TIMEOUT,
                        "reduced once the job ended and the lock went")
             assert_reduced(vg, lv, maximum)
             assert status(vm) == "running"
